@@ -1,0 +1,35 @@
+"""jaxroll: the residual-aware attention rollout in JAX.
+
+A theory of position bias in causal transformers from architecture alone
+(Herasimchyk, Labryga, Prusina, Laue, arXiv 2602.16837): layer t mixes the
+identity and an attention kernel, ``R_t = (1 - lambda_t) I + lambda_t A_t``,
+and the last row of ``P_T = R_T ... R_1`` is the predicted influence of each
+input position on the last one.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from . import metrics as metrics
+from . import presets as presets
+from . import schedules as schedules
+from .errors import ConfigError as ConfigError
+from .io import (
+    load_config as load_config,
+    read_profile as read_profile,
+    save_config as save_config,
+    write_profile as write_profile,
+)
+from .kernels import alibi_slopes as alibi_slopes
+from .model import RolloutModel as RolloutModel
+from .rollout import (
+    attention_kernel as attention_kernel,
+    influence as influence,
+    influence_with_mass as influence_with_mass,
+    rollout_matrix as rollout_matrix,
+    transition as transition,
+)
+
+try:
+    __version__ = version("jaxroll")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0"

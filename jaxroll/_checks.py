@@ -1,0 +1,72 @@
+"""Input checks shared by the constructors: one-line errors, never deep in JAX.
+
+Checks run on concrete (NumPy) values only, at construction time; traced values
+inside `jit` or `grad` are never inspected, so transformations stay pure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+def is_concrete(value) -> bool:
+    """True when `value` holds numbers rather than JAX tracers."""
+    try:
+        np.asarray(value)
+    except Exception:  # a jax Tracer refuses conversion
+        return False
+    return True
+
+
+def as_float_array(field: str, value) -> np.ndarray:
+    """`value` as a float64 array; a one-line ConfigError when it is not numeric."""
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field}: expected numbers, got {_short(value)}") from None
+    return array
+
+
+def check_finite(field: str, array: np.ndarray) -> None:
+    bad = ~np.isfinite(array)
+    if bad.any():
+        raise ConfigError(
+            f"{field}: value {array[bad].flat[0]} at index {_index(bad)} is not finite; "
+            "allowed: finite numbers"
+        )
+
+
+def check_range(field: str, array: np.ndarray, low=None, high=None, *, low_open=False) -> None:
+    """Raise unless every entry lies in [low, high] (or (low, high] with `low_open`)."""
+    check_finite(field, array)
+    bad = np.zeros(array.shape, dtype=bool)
+    if low is not None:
+        bad |= (array <= low) if low_open else (array < low)
+    if high is not None:
+        bad |= array > high
+    if bad.any():
+        left = "(" if low_open else "["
+        low_text = "-inf" if low is None else f"{low:g}"
+        high_text = "inf" if high is None else f"{high:g}"
+        raise ConfigError(
+            f"{field}: value {array[bad].flat[0]!r} at index {_index(bad)} is outside "
+            f"the allowed range {left}{low_text}, {high_text}]"
+        )
+
+
+def check_positive_int(field: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{field}: got {value!r}; allowed: an integer >= {minimum}")
+    return int(value)
+
+
+def _index(mask: np.ndarray):
+    position = tuple(int(k) for k in np.argwhere(mask)[0])
+    return position[0] if len(position) == 1 else list(position)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,144 @@
+"""The ``jaxroll`` command.
+
+Every command has ``--help``; every bad input ends with one line on stderr
+and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message):
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 1")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from . import presets
+
+    parser = _Parser(prog="jaxroll", description=(
+        "Residual-aware attention rollouts: predicted position bias of causal "
+        "transformers (arXiv 2602.16837)."))
+    parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    rollout = commands.add_parser(
+        "rollout", help="influence profile of a configuration or preset",
+        description="Compute the influence profile p_T(j) = P_T[N-1, j] of a rollout "
+                    "configuration (or a built-in preset) and write profile.csv, "
+                    "profile.png and config.yaml into --out.")
+    rollout.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
+    rollout.add_argument("--preset", choices=presets.names(), default=None,
+                         help=f"built-in model geometry (default {presets.DEFAULT} without CONFIG)")
+    rollout.add_argument("--length", type=_positive_int, default=None,
+                         help="sequence length N (default: the configuration's)")
+    rollout.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    rollout.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
+                         help="how to multiply by the kernels (default auto)")
+    rollout.add_argument("--float64", action="store_true", help="compute in float64")
+    rollout.set_defaults(run=_run_rollout)
+
+    listing = commands.add_parser("presets", help="list the built-in presets",
+                                  description="List the built-in model geometries.")
+    listing.set_defaults(run=_run_presets)
+    return parser
+
+
+def _run_presets(arguments) -> None:
+    from .presets import GEOMETRIES
+
+    print(f"{'name':14} {'model':22} {'layers':>6} {'heads':>5} {'lambda_0':>8} {'beta':>6}")
+    for name, geometry in GEOMETRIES.items():
+        print(f"{name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d} "
+              f"{geometry.lambda_0:8.4f} {geometry.beta:6.4f}")
+
+
+def _run_rollout(arguments) -> None:
+    import dataclasses
+
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+
+    from . import io, plot, presets
+    from .rollout import influence_with_mass
+
+    if arguments.config is not None and arguments.preset is not None:
+        raise ConfigError("rollout: give CONFIG or --preset, not both")
+    if arguments.config is not None:
+        model = io.load_config(arguments.config)
+        source = str(arguments.config)
+    else:
+        name = arguments.preset or presets.DEFAULT
+        model = presets.get(name)
+        source = f"preset {name}"
+    if arguments.length is not None:
+        model = dataclasses.replace(model, sequence_length=arguments.length)
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+
+    profile, mass = influence_with_mass(model, method=arguments.method)
+    attention_only = influence_with_mass(
+        dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)), method=arguments.method
+    )[0]
+    profile = np.asarray(profile, dtype=np.float64)
+    if not np.all(np.isfinite(profile)):
+        raise ConfigError("rollout: the profile is not finite; try --float64")
+
+    io.write_profile(profile, out / "profile.csv", overwrite=True)
+    io.save_config(model, out / "config.yaml", overwrite=True)
+    plot.plot_profile(out / "profile.png", profile, attention_only,
+                      title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
+    _print_summary(model, profile, float(mass), source, out)
+
+
+def _print_summary(model, profile, mass, source, out) -> None:
+    import numpy as np
+
+    from .metrics import edge_count
+
+    n = profile.size
+    k = edge_count(n, 0.1)
+    start = (n - k) // 2
+    print(f"jaxroll rollout: {source}")
+    print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
+    print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
+    print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
+    print(f"  mass of the first / middle / last tenth ({k} positions each): "
+          f"{profile[:k].sum():.6g} / {profile[start:start + k].sum():.6g} / {profile[-k:].sum():.6g}")
+    print(f"  wrote {out}/profile.csv, profile.png, config.yaml")
+
+
+def main(argv=None) -> int:
+    parser = _build_parser()
+    try:
+        arguments = parser.parse_args(argv)
+        arguments.run(arguments)
+    except ConfigError as error:
+        print(f"jaxroll: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Files: rollout configurations (YAML) and influence profiles (CSV).
+
+The YAML schema is the one the paper's authors published (see the README);
+`load_config` also reads their files that put tab characters inside flow
+lists, which strict YAML parsers reject. Profiles are CSV files with header
+``token_position,probability``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .errors import ConfigError
+from .model import RolloutModel
+
+__all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml"]
+
+PROFILE_HEADER = ("token_position", "probability")
+
+
+def _readable_file(path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; allowed: a file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    return path
+
+
+def read_yaml(path) -> dict:
+    """Parse a YAML mapping, tolerating tabs used as spaces inside flow lists."""
+    path = _readable_file(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        # The published configurations put tabs between list items. Tabs are
+        # never meaningful in this schema (no key holds free text), so
+        # reading them as spaces is safe.
+        try:
+            data = yaml.safe_load(text.replace("\t", " "))
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or type(error).__name__
+            raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def load_config(path) -> RolloutModel:
+    """Read a rollout configuration file into a `RolloutModel`.
+
+    Raises:
+        ConfigError: a missing file, a directory, malformed YAML or any
+        schema violation; the message names the file and the field.
+    """
+    data = read_yaml(path)
+    try:
+        return RolloutModel.from_config(data)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+def save_config(model: RolloutModel, path, *, overwrite: bool = False) -> Path:
+    """Write `model` in the rollout YAML schema; `load_config` reads it back exactly.
+
+    Numbers are written with Python's shortest round-trip representation, so
+    every float64 value survives the round trip bit for bit.
+
+    Raises:
+        ConfigError: when `path` exists and `overwrite` is false.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path}: exists; pass overwrite=True to replace it")
+    text = yaml.safe_dump(model.to_config(), sort_keys=False, default_flow_style=None, width=100)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_profile(profile, path, *, overwrite: bool = False) -> Path:
+    """Write a profile as CSV, header ``token_position,probability``.
+
+    Values are written with 17 significant digits (exact for float64).
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path}: exists; pass overwrite=True to replace it")
+    values = np.asarray(profile, dtype=np.float64)
+    if values.ndim != 1:
+        raise ConfigError(f"profile: got shape {values.shape}; allowed: one dimension (n,)")
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(PROFILE_HEADER)
+        for position, value in enumerate(values):
+            writer.writerow((position, repr(float(value))))
+    return path
+
+
+def read_profile(path) -> np.ndarray:
+    """Read a ``token_position,probability`` CSV into a float64 array ``(n,)``.
+
+    Positions must be 0, 1, ..., n-1 in order; probabilities finite and >= 0.
+    The sum is not checked here (callers that need a distribution do).
+    """
+    path = _readable_file(path)
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(cell.strip() for cell in rows[0]) != PROFILE_HEADER:
+        found = ",".join(rows[0]) if rows else "an empty file"
+        raise ConfigError(f"{path}: header {found!r}; allowed: 'token_position,probability'")
+    values = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        try:
+            position, value = int(row[0]), float(row[1])
+        except (ValueError, IndexError):
+            raise ConfigError(f"{path}: line {line}: {','.join(row)!r} is not 'position,probability'") from None
+        if position != len(values):
+            raise ConfigError(f"{path}: line {line}: position {position}; expected {len(values)}")
+        if not np.isfinite(value) or value < 0:
+            raise ConfigError(f"{path}: line {line}: probability {value}; allowed: finite and >= 0")
+        values.append(value)
+    if not values:
+        raise ConfigError(f"{path}: no profile rows")
+    return np.asarray(values, dtype=np.float64)
+
+
+def prepare_output_dir(directory, *, force: bool) -> Path:
+    """Create `directory`; refuse one that holds files unless `force`."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"--out {directory}: exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise ConfigError(f"--out {directory}: directory is not empty; pass --force to overwrite")
+    os.makedirs(directory, exist_ok=True)
+    return directory

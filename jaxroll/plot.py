@@ -1,0 +1,36 @@
+"""Figures. Matplotlib with the Agg backend: files, never a window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_profile(path, profile, attention_only=None, *, title: str = "") -> Path:
+    """The influence profile against position, its minimum marked.
+
+    `attention_only` (the lambda = 1 profile of the same kernels) is drawn
+    dashed beside it, for contrast: the collapse that residuals prevent.
+    """
+    profile = np.asarray(profile, dtype=np.float64)
+    positions = np.arange(profile.size)
+    figure, axes = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    axes.plot(positions, profile, color="C0", label="residual-aware rollout")
+    if attention_only is not None:
+        axes.plot(positions, np.asarray(attention_only), color="C3", linestyle="--",
+                  label="attention only (lambda = 1)")
+    lowest = int(np.argmin(profile))
+    axes.plot([lowest], [profile[lowest]], "o", color="k", label=f"minimum at {lowest}")
+    axes.set_yscale("log")
+    axes.set_xlabel("input position j")
+    axes.set_ylabel("influence on the last position, p_T(j)")
+    axes.set_title(title)
+    axes.legend()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)

@@ -1,0 +1,162 @@
+"""Transitions, the rollout matrix and the influence profile.
+
+Layer t's transition is ``R_t = (1 - lambda_t) I + lambda_t A_t``; the rollout
+is ``P_T = R_T ... R_1`` (layer 1 acts first) and the influence profile is its
+last row, ``p_T(j) = P_T[N-1, j]``: how much input position j contributes to
+the last position after T layers (arXiv 2602.16837; the ``lambda = 1`` case is
+the attention rollout of Abnar & Zuidema 2020).
+
+The profile needs one row, not the matrix: ``p^T = e_{N-1}^T R_T ... R_1`` is
+T vector-times-matrix products, applied from layer T down to layer 1 in one
+`jax.lax.scan`. `P_T` is never formed for it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._checks import check_positive_int
+from .errors import ConfigError
+from .kernels import layer_kernel
+from .model import RolloutModel
+
+__all__ = ["METHODS", "attention_kernel", "transition", "influence",
+           "influence_with_mass", "rollout_matrix"]
+
+METHODS = ("auto", "dense", "structured")
+
+
+def _length(model: RolloutModel, n: int | None) -> int:
+    return model.sequence_length if n is None else check_positive_int("n", n)
+
+
+def _layers(model: RolloutModel):
+    """The per-layer arrays, stacked along axis 0, as `lax.scan` consumes them."""
+    return (model.lambdas, model.alibi_slopes, model.diagonal_scores,
+            model.base_scores, model.head_weights)
+
+
+def _dense_kernel(model: RolloutModel, layer, n: int) -> Float[Array, "n n"]:
+    _, slopes, diagonal, base, weights = layer
+    return layer_kernel(slopes, diagonal, base, weights, model.temperature, n,
+                        model.mask, model.window)
+
+
+def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
+    """The dense layer kernel ``A_t`` of layer `layer` (0-based), shape ``(n, n)``.
+
+    ``A_t = sum_h w_{t,h} rowsoftmax(s_{t,h})`` with ``A[i, j]`` the weight with
+    which token i reads token j; rows sum to 1.
+    """
+    n = _length(model, n)
+    if not 0 <= layer < model.num_layers:
+        raise ConfigError(f"layer: got {layer}; allowed: 0 to {model.num_layers - 1}")
+    return _dense_kernel(model, jax.tree.map(lambda x: x[layer], _layers(model)), n)
+
+
+def transition(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
+    """``R_t = (1 - lambda_t) I + lambda_t A_t`` for layer `layer` (0-based)."""
+    n = _length(model, n)
+    kernel = attention_kernel(model, layer, n)
+    weight = model.lambdas[layer]
+    return (1.0 - weight) * jnp.eye(n, dtype=kernel.dtype) + weight * kernel
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _rollout_matrix(model: RolloutModel, n: int) -> Float[Array, "n n"]:
+    def apply_layer(product, layer):
+        weight = layer[0]
+        kernel = _dense_kernel(model, layer, n)
+        return (1.0 - weight) * product + weight * (kernel @ product), None
+
+    identity = jnp.eye(n, dtype=jnp.result_type(float))
+    product, _ = jax.lax.scan(apply_layer, identity, _layers(model))
+    return product
+
+
+def rollout_matrix(model: RolloutModel, n: int | None = None) -> Float[Array, "n n"]:
+    """The full rollout ``P_T = R_T ... R_1``, shape ``(n, n)``.
+
+    Under causal masking ``P_T`` is lower triangular and row-stochastic, and
+    its top-left ``m x m`` block is the rollout at length m. Costs O(T n^3);
+    use `influence` when the last row is all you need.
+    """
+    return _rollout_matrix(model, _length(model, n))
+
+
+def _row_times_kernel(model: RolloutModel, method: str, n: int):
+    """``(v, layer) -> v^T A_t`` by the chosen method."""
+    if method == "dense":
+        return lambda row, layer: row @ _dense_kernel(model, layer, n)
+    from . import structured  # only the structured path needs it
+
+    def product(row, layer):
+        _, slopes, diagonal, base, weights = layer
+        return structured.row_times_kernel(
+            row, slopes, diagonal, base, weights, model.temperature, model.mask, model.window
+        )
+
+    return product
+
+
+@functools.partial(jax.jit, static_argnames=("n", "method"))
+def _influence_with_mass(model: RolloutModel, n: int, method: str):
+    row_times_kernel = _row_times_kernel(model, method, n)
+
+    def apply_layer(row, layer):
+        weight = layer[0]
+        return (1.0 - weight) * row + weight * row_times_kernel(row, layer), None
+
+    last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
+    row, _ = jax.lax.scan(apply_layer, last, _layers(model), reverse=True)
+    mass = jnp.sum(row)
+    return row / mass, mass
+
+
+def _resolve(method: str) -> str:
+    if method not in METHODS:
+        raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
+    return "dense" if method == "auto" else method
+
+
+def influence_with_mass(
+    model: RolloutModel, n: int | None = None, method: str = "auto"
+) -> tuple[Float[Array, " n"], Float[Array, ""]]:
+    """The influence profile and its mass before normalisation.
+
+    Returns ``(p, mass)`` with ``mass = sum_j (e_{n-1}^T R_T ... R_1)_j`` and
+    ``p`` that row divided by `mass`. Every ``R_t`` is row-stochastic, so
+    `mass` is 1 up to rounding; it is reported to make rounding visible.
+    """
+    return _influence_with_mass(model, _length(model, n), _resolve(method))
+
+
+def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:
+    """The influence profile ``p_T(j) = P_T[n-1, j]``, shape ``(n,)``, summing to 1.
+
+    Computed as ``p^T = e_{n-1}^T R_T ... R_1``: T vector-times-kernel
+    products in one `lax.scan` from layer T down to layer 1, with
+    ``R_t = (1 - lambda_t) I + lambda_t A_t``. `P_T` is never formed.
+
+    Args:
+        model: the rollout parameters.
+        n: the sequence length (default ``model.sequence_length``).
+        method: ``"dense"`` forms each ``(n, n)`` kernel (O(T H n^2));
+            ``"structured"`` uses the O(T H n) products of
+            `jaxroll.structured`; ``"auto"`` picks the fast one available.
+
+    Returns:
+        ``p``, a probability vector over positions 0..n-1.
+
+    Example:
+        >>> import jaxroll
+        >>> model = jaxroll.presets.get("mpt-7b")
+        >>> p = jaxroll.influence(model, 128)
+        >>> p.shape
+        (128,)
+    """
+    return influence_with_mass(model, n, method)[0]
