@@ -1,0 +1,33 @@
+"""Shared test setup.
+
+float64 is on for the whole suite, as in lineax and diffrax, so oracles can be
+compared at 1e-12; tests of the float32 default wrap their calls in the
+`float32` fixture's context.
+"""
+
+from pathlib import Path
+
+import jax
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+REFERENCE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
+ROLLOUT_CONFIGS = sorted((REFERENCE_CONFIGS / "rollout").rglob("*.yaml"))
+
+
+def pytest_report_header(config):
+    return f"reference configs: {REFERENCE_CONFIGS} ({len(ROLLOUT_CONFIGS)} rollout files)"
+
+
+@pytest.fixture
+def float32():
+    """A context manager that turns float64 off: ``with float32: ...``."""
+    return jax.enable_x64(False)
+
+
+@pytest.fixture(scope="session")
+def reference_configs() -> Path:
+    if not REFERENCE_CONFIGS.is_dir():
+        pytest.fail(f"the reference configurations are missing: {REFERENCE_CONFIGS}")
+    return REFERENCE_CONFIGS

@@ -1,0 +1,96 @@
+"""A plain NumPy float64 implementation of the rollout, written for the tests.
+
+It follows design.md literally: dense per-head score matrices, a masked row
+softmax, the head-weighted average, ``R_t = (1 - lambda_t) I + lambda_t A_t``
+and the full matrix product ``P_T = R_T ... R_1`` layer by layer. It shares no
+code with jaxroll, and reads configurations with PyYAML itself.
+"""
+
+import numpy as np
+import yaml
+
+
+def read_config(path) -> dict:
+    text = open(path, encoding="utf-8").read().replace("\t", " ")
+    return yaml.safe_load(text)
+
+
+def _broadcast(nested, num_layers, num_heads):
+    array = np.asarray(nested, dtype=np.float64)
+    return np.broadcast_to(array, (num_layers, num_heads))
+
+
+def config_arrays(config: dict) -> dict:
+    """The config as explicit (T,), (T, H) float64 arrays."""
+    T = config["num_layers"]
+    attention = config["attention_config"]
+    H = attention["num_heads"]
+    schedule = config["lambda_schedule_config"]
+    kind = schedule["schedule_type"]
+    if kind == "constant":
+        lambdas = np.clip(np.full(T, schedule["lambda_const"], dtype=np.float64), 0, 1)
+    elif kind == "power_decay":
+        t = np.arange(T, dtype=np.float64)
+        lambdas = np.clip(schedule["lambda_0"] / (t + 1) ** schedule["beta"], 0, 1)
+    else:
+        lambdas = np.asarray(schedule["lambdas_custom"], dtype=np.float64)
+    weights = attention.get("head_weights")
+    weights = np.ones((T, H)) if weights is None else _broadcast(weights, T, H)
+    mask = config.get("mask_config", {}) or {}
+    return {
+        "lambdas": lambdas,
+        "slopes": _broadcast(attention["alibi_slopes"], T, H),
+        "diagonal": _broadcast(config["content_config"]["diagonal_scores"], T, H),
+        "base": _broadcast(config["content_config"]["base_scores"], T, H),
+        "weights": weights,
+        "temperature": float(attention.get("softmax_temperature", 1.0)),
+        "mask": mask.get("mask_type", "causal"),
+        "window": mask.get("window_size"),
+    }
+
+
+def allowed(n, mask, window):
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    if mask == "full":
+        return np.ones((n, n), dtype=bool)
+    if mask == "causal":
+        return j <= i
+    return (j <= i) & (j > i - window)  # sliding / sliding_window
+
+
+def head_kernels(slopes, diagonals, bases, temperature, n, mask="causal", window=None):
+    """Row-softmax kernels of H heads at once, shape (H, n, n)."""
+    slopes, diagonals, bases = (np.asarray(x, dtype=np.float64).reshape(-1, 1, 1)
+                                for x in (slopes, diagonals, bases))
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    scores = (-slopes * (i - j) + diagonals * (i == j) + bases) / temperature
+    keep = allowed(n, mask, window)
+    scores = np.where(keep, scores, -np.inf)
+    scores = scores - scores.max(axis=2, keepdims=True)
+    weights = np.where(keep, np.exp(scores), 0.0)
+    return weights / weights.sum(axis=2, keepdims=True)
+
+
+def layer_kernel(arrays, t, n):
+    w = arrays["weights"][t] / arrays["weights"][t].sum()
+    kernels = head_kernels(arrays["slopes"][t], arrays["diagonal"][t], arrays["base"][t],
+                           arrays["temperature"], n, arrays["mask"], arrays["window"])
+    return np.einsum("h,hij->ij", w, kernels)
+
+
+def rollout_matrix(arrays, n):
+    product = np.eye(n)
+    for t, lam in enumerate(arrays["lambdas"]):
+        transition = (1 - lam) * np.eye(n) + lam * layer_kernel(arrays, t, n)
+        product = transition @ product
+    return product
+
+
+def influence(arrays, n):
+    """Last row of P_T by row-vector products (cheaper, same maths)."""
+    row = np.zeros(n)
+    row[-1] = 1.0
+    for t in reversed(range(len(arrays["lambdas"]))):
+        lam = arrays["lambdas"][t]
+        row = (1 - lam) * row + lam * (row @ layer_kernel(arrays, t, n))
+    return row
