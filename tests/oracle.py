@@ -11,7 +11,8 @@ import yaml
 
 
 def read_config(path) -> dict:
-    text = open(path, encoding="utf-8").read().replace("\t", " ")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().replace("\t", " ")
     return yaml.safe_load(text)
 
 
