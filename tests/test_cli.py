@@ -1,0 +1,118 @@
+"""The `jaxroll` command, run as a subprocess the way a user runs it."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jaxroll
+import oracle
+from jaxroll.cli import main
+from conftest import REFERENCE_CONFIGS
+
+
+def run(*arguments, cwd=None):
+    return subprocess.run([sys.executable, "-m", "jaxroll.cli", *map(str, arguments)],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def run_here(capsys, *arguments):
+    """In-process (no interpreter start-up): the exit status and captured output."""
+    status = main([str(a) for a in arguments])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(arguments, status, captured.out, captured.err)
+
+
+def test_rollout_of_a_reference_config_matches_the_oracle(tmp_path):
+    path = REFERENCE_CONFIGS / "rollout/alibi/mean_content/fineweb-edu/mpt-7b.yaml"
+    result = run("rollout", path, "--length", 64, "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    config = oracle.read_config(path)
+    expected = oracle.influence(oracle.config_arrays(config), 64)
+    written = jaxroll.read_profile(tmp_path / "out/profile.csv")
+    # float32 by default: 1e-6 absolute on values of at most 1 after 32 layers.
+    np.testing.assert_allclose(written, expected, rtol=0, atol=1e-6)
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"profile.csv", "profile.png", "config.yaml"}
+    rerun = jaxroll.load_config(tmp_path / "out/config.yaml")
+    assert rerun.sequence_length == 64
+    for line in ("N = 64, T = 32, H = 32", "argmin =", "p[0] =", "first / middle / last tenth"):
+        assert line in result.stdout
+
+
+def test_rollout_default_preset_float64(tmp_path):
+    result = run("rollout", "--out", "results", "--float64", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    model = jaxroll.presets.get("bloom-176b")
+    arrays = {"lambdas": np.asarray(model.lambdas), "slopes": np.asarray(model.alibi_slopes),
+              "diagonal": np.asarray(model.diagonal_scores), "base": np.asarray(model.base_scores),
+              "weights": np.asarray(model.head_weights), "temperature": 1.0, "mask": "causal", "window": None}
+    expected = oracle.influence(arrays, 256)
+    np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "results/profile.csv"), expected, rtol=0, atol=1e-12)
+
+
+def test_presets_and_version():
+    listing = run("presets")
+    assert listing.returncode == 0
+    for name in jaxroll.presets.names():
+        assert name in listing.stdout
+    version = run("--version")
+    assert version.returncode == 0 and "jaxroll" in version.stdout
+
+
+@pytest.mark.parametrize("command", [["--help"], ["rollout", "--help"], ["presets", "--help"]])
+def test_help(command):
+    result = run(*command)
+    assert result.returncode == 0 and "usage" in result.stdout
+
+
+BAD = {
+    "custom lambda > 1": ("sequence_length: 8\nnum_layers: 1\nattention_config: {num_heads: 1, alibi_slopes: [[0.5]]}\n"
+                          "lambda_schedule_config: {schedule_type: custom, lambdas_custom: [1.5]}\n", "lambdas_custom"),
+    "negative slope": ("sequence_length: 8\nnum_layers: 1\nattention_config: {num_heads: 1, alibi_slopes: [[-0.5]]}\n"
+                       "lambda_schedule_config: {schedule_type: constant, lambda_const: 0.5}\n", "alibi_slopes"),
+    "malformed": ("sequence_length: [8\n", "malformed YAML"),
+    "unknown key": ("sequence_length: 8\nnum_layers: 1\nmodel: x\n", "unknown key 'model'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_config_exits_2_with_one_line_and_writes_nothing(case, tmp_path, capsys):
+    text, message = BAD[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = run_here(capsys, "rollout", path, "--out", tmp_path / "out")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["rollout", "--length", "0"], "--length"),
+    (["rollout", "--length", "many"], "--length"),
+    (["rollout", "--preset", "gpt-5"], "--preset"),
+    (["rollout", "absent.yaml"], "no such file"),
+    (["rollout", "."], "is a directory"),
+    (["rollout", "--preset"], "expected one argument"),
+    (["rollout", "absent.yaml", "--preset", "mpt-7b"], "not both"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_bad_arguments_exit_2_with_one_line(arguments, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_here(capsys, *arguments, "--out", tmp_path / "out") if arguments else run_here(capsys)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_output_is_not_overwritten_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    result = run("rollout", "--preset", "mpt-7b", "--length", 16, "--out", out)
+    assert result.returncode == 2 and "--force" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    forced = run("rollout", "--preset", "mpt-7b", "--length", 16, "--out", out, "--force")
+    assert forced.returncode == 0 and (out / "mine.txt").read_text() == "keep me"
+    assert (out / "profile.csv").exists()
