@@ -1,0 +1,123 @@
+"""Text sources and the paper's sequence protocol.
+
+Protocol (arXiv 2602.16837's measurement runs): walk the documents in order,
+tokenise each with the tokenizer's defaults, keep those with at least N
+tokens, take their first N tokens, no padding, stop after S kept documents;
+record each kept document's index. Everything is local: no network.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["read_texts", "select_sequences", "load_tokenizer"]
+
+
+def read_texts(path) -> list[str]:
+    """Documents from a local source, in order.
+
+    - ``.txt``: one document per block of lines separated by blank lines;
+    - ``.jsonl``: one JSON object per line with a ``text`` field;
+    - a directory written by ``datasets.Dataset.save_to_disk`` (needs the
+      ``datasets`` package), its ``text`` column.
+
+    Raises:
+        ConfigError: a missing or empty source, a line without ``text``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return _read_dataset(path)
+    if not path.is_file():
+        raise ConfigError(f"--texts {path}: no such file or directory")
+    if path.suffix == ".jsonl":
+        documents = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"--texts {path}: line {number} is not JSON ({error.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ConfigError(f"--texts {path}: line {number} has no string field 'text'")
+            documents.append(record["text"])
+    elif path.suffix == ".txt":
+        blocks, current = [], []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                current.append(line)
+            elif current:
+                blocks.append("\n".join(current))
+                current = []
+        if current:
+            blocks.append("\n".join(current))
+        documents = blocks
+    else:
+        raise ConfigError(f"--texts {path}: suffix {path.suffix!r}; allowed: .txt, .jsonl or a saved dataset directory")
+    if not documents:
+        raise ConfigError(f"--texts {path}: no documents (the file is empty)")
+    return documents
+
+
+def _read_dataset(path: Path) -> list[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"--texts {path}: a saved dataset needs the 'datasets' package; allowed: .txt, .jsonl") from None
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as error:  # datasets raises several types for a bad directory
+        raise ConfigError(f"--texts {path}: not a saved dataset ({type(error).__name__})") from None
+    if isinstance(dataset, datasets.DatasetDict):
+        if "train" not in dataset:
+            raise ConfigError(f"--texts {path}: a DatasetDict without a 'train' split")
+        dataset = dataset["train"]
+    if "text" not in dataset.column_names:
+        raise ConfigError(f"--texts {path}: no 'text' column; columns: {', '.join(dataset.column_names)}")
+    documents = list(dataset["text"])
+    if not documents:
+        raise ConfigError(f"--texts {path}: no documents")
+    return documents
+
+
+def select_sequences(documents, tokenizer, length: int, samples: int | None = None):
+    """Token ids ``(S, N)`` and document indices ``(S,)`` by the paper's protocol.
+
+    Raises:
+        ConfigError: fewer than `samples` documents reach `length` tokens.
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise ConfigError(f"length: got {length!r}; allowed: an integer >= 1")
+    if samples is not None and (not isinstance(samples, int) or isinstance(samples, bool) or samples < 1):
+        raise ConfigError(f"samples: got {samples!r}; allowed: an integer >= 1")
+    rows, indices = [], []
+    for index, text in enumerate(documents):
+        ids = tokenizer(text)["input_ids"]
+        if len(ids) >= length:
+            rows.append(ids[:length])
+            indices.append(index)
+            if samples is not None and len(rows) == samples:
+                break
+    wanted = samples if samples is not None else 1
+    if len(rows) < wanted:
+        raise ConfigError(
+            f"samples: {len(rows)} of {len(documents)} documents have at least {length} tokens; "
+            f"allowed: at most that many samples, or a shorter --length"
+        )
+    return np.asarray(rows, dtype=np.int64), np.asarray(indices, dtype=np.int64)
+
+
+def load_tokenizer(directory):
+    """The tokenizer saved in `directory`, from local files only."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"tokenizer {directory}: cannot load from local files ({first})") from None
