@@ -16,6 +16,7 @@ from .measure import (
     Measurement as Measurement,
     influence_gradients as influence_gradients,
     measure as measure,
+    parse_stats as parse_stats,
 )
 from .outputs import read_measurement as read_measurement, write_measurement as write_measurement
 from .texts import load_tokenizer as load_tokenizer, read_texts as read_texts, select_sequences as select_sequences

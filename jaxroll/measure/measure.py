@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from .hooks import Hooks
 from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
 
-__all__ = ["measure", "Measurement", "STATS", "DEFAULT_STATS", "influence_gradients"]
+__all__ = ["measure", "Measurement", "STATS", "DEFAULT_STATS", "influence_gradients", "parse_stats"]
 
 STATS = ("lambda", "content", "influence", "attention", "qk")
 DEFAULT_STATS = ("lambda", "content", "influence")
@@ -117,7 +117,8 @@ class Measurement:
         )
 
 
-def _check_stats(stats) -> tuple[str, ...]:
+def parse_stats(stats) -> tuple[str, ...]:
+    """Statistic names from a sequence or a comma-separated string, checked."""
     if isinstance(stats, str):
         stats = [item.strip() for item in stats.split(",") if item.strip()]
     stats = tuple(dict.fromkeys(stats))
@@ -242,7 +243,7 @@ def measure(
         ConfigError: bad input, a model outside the layer maps, a statistic
         the architecture cannot give; one line.
     """
-    stats = _check_stats(stats)
+    stats = parse_stats(stats)
     if falcon_alibi not in FALCON_VARIANTS:
         raise ConfigError(f"falcon_alibi: got {falcon_alibi!r}; allowed: one of {', '.join(FALCON_VARIANTS)}")
     if not isinstance(positions, int) or positions < 1:
