@@ -13,6 +13,7 @@ from . import metrics as metrics
 from . import presets as presets
 from . import schedules as schedules
 from .errors import ConfigError as ConfigError
+from .fit import FitResult as FitResult, compare_variants as compare_variants, fit as fit
 from .io import (
     load_config as load_config,
     read_profile as read_profile,
