@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import metrics as metrics
 from . import presets as presets
 from . import schedules as schedules
+from . import theory as theory
 from .errors import ConfigError as ConfigError
 from .fit import FitResult as FitResult, compare_variants as compare_variants, fit as fit
 from .io import (
