@@ -34,3 +34,26 @@ def plot_profile(path, profile, attention_only=None, *, title: str = "") -> Path
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return Path(path)
+
+
+def plot_forces(path, profiles, names, *, title: str = "") -> Path:
+    """The four rungs of `jaxroll.theory.forces` overlaid, each labelled by the force it adds.
+
+    `profiles` is ``(4, n)`` (causal, + residual, + ALiBi, + content); log scale,
+    since causal masking alone puts nearly all mass on token 0.
+    """
+    profiles = np.asarray(profiles, dtype=np.float64)
+    positions = np.arange(profiles.shape[-1])
+    figure, axes = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    labels = ["causal masking alone"] + [f"+ {name}" for name in names[1:]]
+    for k, (profile, label) in enumerate(zip(profiles, labels)):
+        axes.plot(positions, np.maximum(profile, 1e-300), color=f"C{k}",
+                  linestyle="-" if k == len(labels) - 1 else "--", label=label)
+    axes.set_yscale("log")
+    axes.set_xlabel("input position j")
+    axes.set_ylabel("influence on the last position, p_T(j)")
+    axes.set_title(title)
+    axes.legend()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)
