@@ -225,8 +225,9 @@ def layer_map_for(model) -> LayerMap:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in LAYER_MAPS:
+        kind = ", ".join(getattr(config, "architectures", None) or [type(model).__name__])
         raise ConfigError(
-            f"architecture: model_type {model_type!r} ({type(model).__name__}) has no layer map; "
+            f"architecture: model_type {model_type!r} ({kind}) has no layer map; "
             f"allowed: {', '.join(sorted(LAYER_MAPS))}, or pass layer_map=LayerMap(blocks, attention, "
             "output_projection, query_key, split, ...)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
+from .layer_maps import layer_map_for
 
 __all__ = ["load_model", "DTYPES"]
 
@@ -36,6 +37,12 @@ def load_model(directory, *, dtype: str = "float32", attn_implementation: str = 
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(f"model {directory}: no loadable config.json ({_first_line(error)})") from None
+    # Before the weights: an architecture without a map fails fast.
+    layer_map_for(type("Unloaded", (), {"config": config})())
+    from transformers.utils import logging
+
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # stderr keeps to one line per error
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(path), local_files_only=True, dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
@@ -43,6 +50,9 @@ def load_model(directory, *, dtype: str = "float32", attn_implementation: str = 
         raise ConfigError(
             f"model {directory}: cannot load a causal LM of type {config.model_type!r} ({_first_line(error)})"
         ) from None
+    finally:
+        if bar:
+            logging.enable_progress_bar()
     return model
 
 

@@ -347,7 +347,9 @@ def measure(
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, total=num_sequences, initial=sums.count, desc="measure", unit="seq")
+        # disable=None: a bar on a terminal, silence in logs and pipes.
+        iterator = tqdm(iterator, total=num_sequences, initial=sums.count, desc="measure", unit="seq",
+                        disable=None)
     model.eval()
     try:
         # Only the embeddings need gradients: weights that do not require

@@ -1,0 +1,183 @@
+"""`jaxroll measure` end to end on tiny locally saved models of each family.
+
+Models and tokenizers are built here from config objects and a word-level
+vocabulary, saved with ``save_pretrained`` into temporary directories and
+loaded back with ``local_files_only=True``: no network.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import transformers  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+import jaxroll  # noqa: E402
+from jaxroll.cli import main  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(60)]
+VOCAB = 64
+
+
+def _config(family):
+    if family == "bloom":
+        return transformers.BloomConfig(n_layer=2, n_head=4, hidden_size=32, vocab_size=VOCAB)
+    if family == "mpt":
+        return transformers.MptConfig(n_layers=2, n_heads=4, d_model=32, vocab_size=VOCAB, max_seq_len=64)
+    if family == "falcon":
+        return transformers.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+                                         vocab_size=VOCAB, alibi=True, parallel_attn=False,
+                                         new_decoder_architecture=False, multi_query=False, bias=True)
+    if family == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0)
+    if family == "llama":
+        return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        hidden_size=32, intermediate_size=64, vocab_size=VOCAB)
+    if family == "opt":  # an architecture without a layer map
+        return transformers.OPTConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, ffn_dim=16,
+                                      vocab_size=VOCAB, max_position_embeddings=32, word_embed_proj_dim=8)
+    raise AssertionError(family)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A directory per family with a tiny model and a word-level tokenizer."""
+    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    directories = {}
+    for family in ("bloom", "mpt", "falcon", "gpt2", "llama", "opt"):
+        torch.manual_seed(0)
+        directory = tmp_path_factory.mktemp(family)
+        transformers.AutoModelForCausalLM.from_config(_config(family)).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        directories[family] = directory
+    return directories
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    lengths = [4, 20, 3, 18, 25, 16, 2, 30]  # documents 1, 3, 4, 5, 7 reach 16 tokens
+    path = tmp_path_factory.mktemp("texts") / "docs.txt"
+    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=n)) for n in lengths) + "\n", encoding="utf-8")
+    return path
+
+
+def _run(argv, capsys):
+    code = main([str(item) for item in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "falcon", "gpt2", "llama"])
+def test_measure_end_to_end(family, saved, texts, tmp_path, capsys):
+    out = tmp_path / "out"
+    stats = "lambda,influence,attention" if family == "llama" else "lambda,content,influence,attention,qk"
+    code, stdout, stderr = _run(["measure", saved[family], "--texts", texts, "--length", 16, "--samples", 3,
+                                 "--out", out, "--stats", stats, "--positions", 4], capsys)
+    assert code == 0, stderr
+    for name in ("measurement.npz", "metadata.json", "config.yaml", "influence.csv", "lambdas.png", "influence.png"):
+        assert (out / name).is_file(), name
+    assert not (out / "checkpoint.npz").exists()
+    with np.load(out / "measurement.npz") as data:
+        arrays = {name: data[name] for name in data.files}
+    assert arrays["lambdas"].shape == arrays["lambdas_std"].shape == (2,)
+    assert arrays["lambdas_per_sequence"].shape == (3, 2)
+    assert arrays["token_ids"].shape == (3, 16)
+    np.testing.assert_array_equal(arrays["document_indices"], [1, 3, 4])  # the paper's protocol
+    assert arrays["influence"].shape == (16,) and abs(arrays["influence"].sum() - 1) < 1e-12
+    assert arrays["alibi_slopes"].shape == (4,) and arrays["logit_scale"].shape == ()
+    assert arrays["attention_mean"].shape == (2, 16, 16)
+    np.testing.assert_allclose(arrays["attention_mean"].sum(-1), 1.0, atol=1e-6)  # float32 model
+    if family != "llama":
+        assert arrays["content_diagonal"].shape == arrays["content_base"].shape == (2, 4)
+        assert arrays["qk_mean"].shape == (2, 4, 4, 4)
+    for values in arrays.values():
+        assert np.all(np.isfinite(values))
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["dtype"] == "float32" and metadata["versions"]["transformers"] == transformers.__version__
+    assert metadata["falcon_alibi"] == ("once" if family == "falcon" else None)
+    assert metadata["protocol"]["length"] == 16
+    # The config is a rollout config with the measured values, and `jaxroll rollout` reads it.
+    loaded = jaxroll.load_config(out / "config.yaml")
+    np.testing.assert_array_equal(np.asarray(loaded.lambdas), arrays["lambdas"])
+    np.testing.assert_array_equal(np.asarray(loaded.alibi_slopes)[0], arrays["alibi_slopes_logit"])
+    if family != "llama":
+        np.testing.assert_array_equal(np.asarray(loaded.diagonal_scores),
+                                      arrays["logit_scale"] * arrays["content_diagonal"])
+    code, _, stderr = _run(["rollout", out / "config.yaml", "--out", tmp_path / "rollout", "--float64"], capsys)
+    assert code == 0, stderr
+    assert "jaxroll measure" in stdout
+
+
+def test_falcon_doubled_option_is_recorded(saved, texts, tmp_path, capsys):
+    code, _, stderr = _run(["measure", saved["falcon"], "--texts", texts, "--length", 16, "--samples", 2,
+                            "--out", tmp_path, "--falcon-alibi", "doubled", "--stats", "lambda"], capsys)
+    assert code == 0, stderr
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert metadata["falcon_alibi"] == "doubled" and metadata["logit_formula"].endswith("c = 2")
+
+
+def test_resume_after_interruption(saved, texts, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    measure_module = importlib.import_module("jaxroll.measure.measure")
+
+    out = tmp_path / "out"
+    full = tmp_path / "full"
+    arguments = ["--texts", texts, "--length", 16, "--samples", 4, "--stats", "lambda,content,influence"]
+    assert _run(["measure", saved["bloom"], *arguments, "--out", full], capsys)[0] == 0
+
+    original = measure_module._forward_backward
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+    monkeypatch.setattr(measure_module, "_forward_backward", interrupted)
+    code, _, stderr = _run(["measure", saved["bloom"], *arguments, "--out", out], capsys)
+    assert code == 2 and "--resume" in stderr and len(stderr.strip().splitlines()) == 1
+    assert (out / "checkpoint.npz").is_file() and not (out / "measurement.npz").exists()
+    monkeypatch.setattr(measure_module, "_forward_backward", original)
+    code, _, stderr = _run(["measure", saved["bloom"], *arguments, "--out", out, "--resume"], capsys)
+    assert code == 0, stderr
+    with np.load(out / "measurement.npz") as resumed, np.load(full / "measurement.npz") as reference:
+        for name in ("lambdas_per_sequence", "influence", "content_diagonal", "content_base"):
+            np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-12)  # float32 model
+
+
+def test_bad_input_exits_2_with_one_line(saved, texts, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "mine.txt").write_text("keep me", encoding="utf-8")
+    base = ["--length", 16, "--samples", 2, "--out", tmp_path / "o"]
+    cases = {
+        "no such directory": ["measure", tmp_path / "missing", "--texts", texts, *base],
+        "no layer map": ["measure", saved["opt"], "--texts", texts, *base],
+        "empty": ["measure", saved["bloom"], "--texts", empty, *base],
+        "documents have at least": ["measure", saved["bloom"], "--texts", texts, "--length", 26,
+                                    "--samples", 2, "--out", tmp_path / "o2"],
+        "not empty": ["measure", saved["bloom"], "--texts", texts, "--length", 16, "--samples", 2,
+                      "--out", busy],
+        "stats": ["measure", saved["bloom"], "--texts", texts, *base[:4], "--out", tmp_path / "o3",
+                  "--stats", "lambda,entropy"],
+        "rotary": ["measure", saved["llama"], "--texts", texts, *base[:4], "--out", tmp_path / "o4"],
+        "no checkpoint": ["measure", saved["bloom"], "--texts", texts, *base[:4], "--out", tmp_path / "o5",
+                          "--resume"],
+    }
+    for expected, argv in cases.items():
+        code, _, stderr = _run(argv, capsys)
+        assert code == 2, (expected, stderr)
+        assert len(stderr.strip().splitlines()) == 1 and expected in stderr, (expected, stderr)
+    assert (busy / "mine.txt").read_text() == "keep me"
