@@ -207,11 +207,11 @@ def check_profile(name: str, p, *, normalize: bool = False) -> np.ndarray:
     bad = ~np.isfinite(array)
     if bad.any():
         index = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ConfigError(f"{name}: value {array[index]} at index {_show(index)} is not finite; "
+        raise ConfigError(f"{name}: value {float(array[index])} at index {_show(index)} is not finite; "
                           "allowed: finite numbers >= 0")
     if (array < 0).any():
         index = tuple(int(i) for i in np.argwhere(array < 0)[0])
-        raise ConfigError(f"{name}: value {array[index]!r} at index {_show(index)} is negative; "
+        raise ConfigError(f"{name}: value {float(array[index])!r} at index {_show(index)} is negative; "
                           "allowed: numbers >= 0")
     total = array.sum(axis=-1, keepdims=True)
     if (total <= 0).any():
