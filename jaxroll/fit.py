@@ -53,7 +53,8 @@ from .errors import ConfigError
 from .model import RolloutModel
 from .rollout import METHODS, influence
 
-__all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "FitResult", "fit", "compare_variants"]
+__all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "VARIANTS", "FitResult", "fit", "objective",
+           "compare_variants", "default_optimizer"]
 
 FIELDS = ("lambdas", "diagonal_scores", "alibi_slopes", "head_weights", "temperature")
 SCHEDULES = ("free", "power_decay", "constant")
@@ -85,8 +86,9 @@ class FitResult(eqx.Module):
             parametrisation can represent the starting model (not so for a
             power-decay fit started from a schedule of another shape, or
             per-layer content started from per-head content).
-        metrics: ``metrics.compare(profile, target)`` (distances and shape
-            statistics), as Python floats.
+        metrics: ``metrics.compare(profile, target)``, a `metrics.Comparison`
+            (Wasserstein, Spearman, KL, JS, total variation, and the shape
+            statistics of both profiles).
         steps: the number of optimisation steps taken per restart.
         restart_losses: ``(restarts,)``, the best loss of each restart.
         schedule_parameters: the fitted ``{"lambda_0", "beta"}`` of a
@@ -99,7 +101,7 @@ class FitResult(eqx.Module):
     losses: np.ndarray
     initial_loss: float
     final_loss: float
-    metrics: dict
+    metrics: metrics.Comparison
     steps: int
     restart_losses: np.ndarray
     schedule_parameters: dict
@@ -202,9 +204,6 @@ def _l2(p, target):
 
 def _kl(p, target):
     """``KL(q || p)``: the target is the data, the rollout the model."""
-    if not hasattr(metrics, "kl"):
-        raise ConfigError("loss: 'kl' needs jaxroll.metrics.kl, which this version lacks; "
-                          "allowed: wasserstein, l2 or a callable")
     return metrics.kl(target, p)
 
 
@@ -255,7 +254,11 @@ def _run_chunk(carry, fixed, target, *, problem: _Problem, length: int):
             better = value < best_loss
             best_raw = jax.tree.map(lambda b, r: jnp.where(better, r, b), best_raw, raw)
             best_loss = jnp.where(better, value, best_loss)
-            updates, state = problem.optimizer.update(grad, state, raw)
+            # value and value_fn serve optimisers with a line search
+            # (optax.lbfgs); the others ignore them.
+            updates, state = problem.optimizer.update(
+                grad, state, raw, value=value, grad=grad,
+                value_fn=lambda r: _objective(r, fixed, target, problem))
             return (optax.apply_updates(raw, updates), state, best_raw, best_loss), value
 
         return jax.lax.scan(step, carry, None, length=length)
@@ -286,23 +289,17 @@ def default_optimizer(steps: int, learning_rate: float = 0.05) -> optax.Gradient
 
 
 def _check_target(target, n: int) -> np.ndarray:
-    values = as_float_array("target", target)
+    values = metrics.check_profile("target", target, normalize=True)  # finite, >= 0, mass > 0
     if values.ndim != 1:
         raise ConfigError(f"target: got shape {values.shape}; allowed: one dimension (n,)")
     if values.size != n:
-        raise ConfigError(f"target: length {values.size} differs from n = {n}; allowed: length n (pass n= or --length)")
-    bad = ~np.isfinite(values)
-    if bad.any():
-        index = int(np.argmax(bad))
-        raise ConfigError(f"target: value {values[index]} at position {index} is not finite; allowed: finite numbers >= 0")
-    if (values < 0).any():
-        index = int(np.argmax(values < 0))
-        raise ConfigError(f"target: value {values[index]!r} at position {index} is negative; allowed: >= 0")
-    total = float(values.sum())
+        raise ConfigError(f"target: length {values.size} differs from n = {n}; "
+                          "allowed: length n (pass n= or --length)")
+    total = float(np.sum(np.asarray(target, dtype=np.float64)))
     if abs(total - 1.0) > TARGET_SUM_TOLERANCE:
         raise ConfigError(f"target: sums to {total:.6g}; allowed: a probability vector summing to 1 "
                           f"within {TARGET_SUM_TOLERANCE:g}")
-    return values / total
+    return values
 
 
 def _check_names(names) -> tuple[str, ...]:
@@ -334,13 +331,62 @@ def _as_numpy_model(model: RolloutModel, n: int) -> RolloutModel:
                           "try fewer free arrays or a smaller learning rate") from None
 
 
-def _compare(p, target) -> dict[str, float]:
-    """`metrics.compare` as Python floats (W1 alone where `compare` is absent)."""
-    if hasattr(metrics, "compare"):
-        result = metrics.compare(p, target)
-        items = result.items() if isinstance(result, dict) else result._asdict().items()
-        return {key: float(np.asarray(value)) for key, value in items}
-    return {"wasserstein": float(metrics.wasserstein(p, target))}
+def _compare(p, target) -> metrics.Comparison:
+    # normalize: a float32 profile may miss a sum of 1 by more than compare's 1e-6.
+    return metrics.compare(np.asarray(p, dtype=np.float64), target, normalize=True)
+
+
+def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
+    """Check the arguments; the static problem, the fixed part of the model, the target."""
+    if not isinstance(model, RolloutModel):
+        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel")
+    names = _check_names(names)
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule: got {schedule!r}; allowed: one of {', '.join(SCHEDULES)}")
+    if schedule != "free" and "lambdas" not in names:
+        raise ConfigError(f"schedule: {schedule!r} parametrises lambdas, which are not in fit; "
+                          "allowed: 'free', or add 'lambdas' to fit")
+    if content not in CONTENTS:
+        raise ConfigError(f"content: got {content!r}; allowed: one of {', '.join(CONTENTS)}")
+    if method not in METHODS:
+        raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
+    n = model.sequence_length if n is None else check_positive_int("n", n)
+    target = jnp.asarray(_check_target(target, n))
+    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, model.num_heads)
+    problem = _Problem(parametrisation, _loss_function(loss), n, method, optimizer)
+    # The free/fixed split: the free arrays are rebuilt from the
+    # unconstrained point at every evaluation, the rest travel as they are.
+    spec = eqx.tree_at(lambda m: tuple(getattr(m, name) for name in names),
+                       jax.tree.map(lambda _: False, model), (True,) * len(names))
+    _, fixed = eqx.partition(model, spec)
+    return problem, fixed, target
+
+
+def objective(
+    model: RolloutModel,
+    target,
+    *,
+    fit: Sequence[str] | str = ("lambdas",),
+    schedule: str = "free",
+    content: str = "per_layer",
+    loss: str | Callable = "wasserstein",
+    n: int | None = None,
+    method: str = "auto",
+) -> tuple[Callable[[dict[str, Array]], Array], dict[str, np.ndarray]]:
+    """The function `fit` minimises, for use with any optimiser.
+
+    Returns ``(f, u0)``: ``f(u) = loss(p_T(theta(u)), q)``, a pure function of
+    the unconstrained point ``u`` (a dict from array name to its free vector,
+    see the module docstring) that `jax.grad` and `jax.jit` accept, and
+    ``u0``, the point that represents `model`. Arguments as in `fit`.
+    """
+    problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method, None)
+    function = functools.partial(_objective_of_point, fixed=fixed, target=target, problem=problem)
+    return function, problem.parametrisation.initial(model)
+
+
+def _objective_of_point(raw, *, fixed, target, problem):
+    return _objective(raw, fixed, target, problem)
 
 
 def _starting_points(initial: dict[str, np.ndarray], restarts: int, key) -> dict[str, Array]:
@@ -447,32 +493,13 @@ def fit(
         ``(H, n, n)`` kernel, times `restarts`; fit long or wide models at a
         reduced n, or with ``method="structured"``.
     """
-    if not isinstance(model, RolloutModel):
-        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel")
-    names = _check_names(fit)
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule: got {schedule!r}; allowed: one of {', '.join(SCHEDULES)}")
-    if schedule != "free" and "lambdas" not in names:
-        raise ConfigError(f"schedule: {schedule!r} parametrises lambdas, which are not in fit; "
-                          "allowed: 'free', or add 'lambdas' to fit")
-    if content not in CONTENTS:
-        raise ConfigError(f"content: got {content!r}; allowed: one of {', '.join(CONTENTS)}")
-    if method not in METHODS:
-        raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
     steps = check_positive_int("steps", steps)
     restarts = check_positive_int("restarts", restarts)
-    n = model.sequence_length if n is None else check_positive_int("n", n)
-    target = _check_target(target, n)
-    loss_function = _loss_function(loss)
     if optimizer is None:
         optimizer = default_optimizer(steps)
-
-    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, model.num_heads)
-    problem = _Problem(parametrisation, loss_function, n, method, optimizer)
-    spec = eqx.tree_at(lambda m: tuple(getattr(m, name) for name in names),
-                       jax.tree.map(lambda _: False, model), (True,) * len(names))
-    _, fixed = eqx.partition(model, spec)
-    target = jnp.asarray(target)
+    problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method,
+                                    optax.with_extra_args_support(optimizer))
+    parametrisation, loss_function, n = problem.parametrisation, problem.loss, problem.n
 
     raw = _starting_points(parametrisation.initial(model), restarts, key)
     initial_loss = float(loss_function(influence(model, n, method=method), target))
