@@ -63,6 +63,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     _add_measure_parser(commands)
     _add_theory_parsers(commands)
+    _add_fit_parser(commands)
     return parser
 
 
@@ -317,6 +318,89 @@ def _run_forces(arguments) -> None:
               f"{float(result.last_mass[k]):9.4f} {float(result.drift_center_of_mass[k]):+9.4f} "
               f"{float(result.drift_first[k]):+9.4f} {float(result.drift_last[k]):+9.4f}")
     print(f"  wrote {out}/forces.csv, forces.png")
+
+
+def _add_fit_parser(commands) -> None:
+    from .fit import CONTENTS, FIELDS, LOSSES, SCHEDULES
+
+    fit = commands.add_parser(
+        "fit", help="fit lambdas and content to a measured profile",
+        description="Fit the arrays named by --fit so that the configuration's influence "
+                    "profile matches PROFILE.csv (optax Adam, cosine decay). Writes "
+                    "fitted.yaml (a config `jaxroll rollout` reads), fit.csv (position, "
+                    "target, initial, fitted) and fit.png into --out, and prints the "
+                    "Wasserstein distance before and after.")
+    fit.add_argument("config", type=Path, help="rollout YAML file: the start and the fixed arrays")
+    fit.add_argument("profile", type=Path, metavar="PROFILE.csv",
+                     help="target profile, header token_position,probability")
+    fit.add_argument("--fit", default="lambdas",
+                     help=f"comma-separated free arrays, any of {','.join(FIELDS)} (default lambdas)")
+    fit.add_argument("--schedule", choices=SCHEDULES, default="free",
+                     help="parametrisation of free lambdas (default free: one per layer)")
+    fit.add_argument("--content", choices=CONTENTS, default="per_layer",
+                     help="free diagonal content per layer or per head (default per_layer)")
+    fit.add_argument("--loss", choices=LOSSES, default="wasserstein", help="default wasserstein")
+    fit.add_argument("--steps", type=_positive_int, default=2000, help="optimisation steps (default 2000)")
+    fit.add_argument("--restarts", type=_positive_int, default=1,
+                     help="random initialisations run side by side (default 1)")
+    fit.add_argument("--seed", type=int, default=0, help="seed of the restarts (default 0)")
+    fit.add_argument("--length", type=_positive_int, default=None,
+                     help="sequence length N (default: the profile's length)")
+    fit.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
+                     help="how to multiply by the kernels (default auto)")
+    fit.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    fit.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    fit.add_argument("--float64", action="store_true", help="compute in float64")
+    fit.set_defaults(run=_run_fit)
+
+
+def _run_fit(arguments) -> None:
+    import csv
+
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+
+    from . import io, plot
+    from .fit import fit, objective
+    from .rollout import influence
+
+    model = io.load_config(arguments.config)
+    target = io.read_profile(arguments.profile)
+    n = target.size if arguments.length is None else arguments.length
+    # Check everything (and fail with one line) before the output directory is touched.
+    objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
+              content=arguments.content, loss=arguments.loss, n=n, method=arguments.method)
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    result = fit(model, target, fit=arguments.fit, schedule=arguments.schedule,
+                 content=arguments.content, loss=arguments.loss, steps=arguments.steps,
+                 restarts=arguments.restarts, key=jax.random.PRNGKey(arguments.seed), n=n,
+                 method=arguments.method, progress=True)
+    target = target / target.sum()
+    initial = np.asarray(influence(model, n, method=arguments.method), dtype=np.float64)
+    io.save_config(result.model, out / "fitted.yaml", overwrite=True)
+    with open(out / "fit.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("token_position", "target", "initial", "fitted"))
+        for row in zip(range(n), target, initial, result.profile):
+            writer.writerow((row[0],) + tuple(repr(float(x)) for x in row[1:]))
+    plot.plot_fit(out / "fit.png", target, initial, result.profile, result.losses,
+                  title=f"{arguments.config.name} fitted to {arguments.profile.name} ({arguments.fit})")
+    from .metrics import wasserstein
+
+    before = float(wasserstein(initial, target))
+    print(f"jaxroll fit: {arguments.config} -> {arguments.profile}")
+    print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
+          f"schedule = {arguments.schedule}, loss = {arguments.loss}, steps = {result.steps}, "
+          f"restarts = {arguments.restarts}")
+    print(f"  Wasserstein W1/(N-1): before {before:.6g}, after {result.metrics.wasserstein:.6g}")
+    print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
+          f"Spearman after {result.metrics.spearman:.6g}")
+    for name, value in result.schedule_parameters.items():
+        print(f"  {name} = {value:.6g}")
+    print(f"  wrote {out}/fitted.yaml, fit.csv, fit.png")
 
 
 def main(argv=None) -> int:

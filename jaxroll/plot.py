@@ -57,3 +57,38 @@ def plot_forces(path, profiles, names, *, title: str = "") -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return Path(path)
+
+
+def plot_fit(path, target, initial, fitted, losses=None, *, title: str = "") -> Path:
+    """A fit: target, initial and fitted profiles against position; the loss curve beside.
+
+    The profiles panel uses a log scale (influence spans orders of
+    magnitude); the loss panel shows the loss before each optimisation step
+    of `jaxroll.fit` (``FitResult.losses``), on a log scale when positive.
+    """
+    target, initial, fitted = (np.asarray(x, dtype=np.float64) for x in (target, initial, fitted))
+    positions = np.arange(target.size)
+    panels = 2 if losses is not None and len(losses) else 1
+    figure, axes = plt.subplots(1, panels, figsize=(6 * panels + 1, 4), constrained_layout=True,
+                                squeeze=False)
+    profile_axes = axes[0, 0]
+    profile_axes.plot(positions, target, color="k", linewidth=2, label="target")
+    profile_axes.plot(positions, initial, color="C3", linestyle="--", label="initial")
+    profile_axes.plot(positions, fitted, color="C0", label="fitted")
+    profile_axes.set_yscale("log")
+    profile_axes.set_xlabel("input position j")
+    profile_axes.set_ylabel("influence on the last position, p_T(j)")
+    profile_axes.legend()
+    profile_axes.set_title(title)
+    if panels == 2:
+        losses = np.asarray(losses, dtype=np.float64)
+        loss_axes = axes[0, 1]
+        loss_axes.plot(np.arange(losses.size), losses, color="C0")
+        if np.all(losses > 0):
+            loss_axes.set_yscale("log")
+        loss_axes.set_xlabel("step")
+        loss_axes.set_ylabel("loss")
+        loss_axes.set_title("optimisation")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)
