@@ -1,0 +1,127 @@
+"""Tests of ``jaxroll fit``, run in-process through `jaxroll.cli.main`.
+
+The written files are checked against the NumPy oracle (tests/oracle.py):
+the ``initial`` and ``fitted`` columns of fit.csv are the oracle's profiles
+of the input config and of fitted.yaml, and the printed Wasserstein numbers
+are a plain NumPy W1 of those columns. Bad input exits 2 with one line on
+stderr and creates nothing.
+"""
+
+import csv
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxroll
+from jaxroll.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+import oracle  # noqa: E402
+
+N = 24
+# Tolerance of the oracle comparisons: the suite runs in float64 and both
+# sides are T = 6 products of 24 x 24 row-stochastic matrices, rounding
+# ~1e-15; the CSV stores repr() of float64, exact.
+TOL = 1e-12
+
+
+def w1(p, q):
+    return float(np.abs(np.cumsum(p - q)[:-1]).sum() / (len(p) - 1))
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A small start config (T = 6, H = 4) and the profile of another model."""
+    start = jaxroll.RolloutModel.create(num_layers=6, num_heads=4, lambdas=0.2,
+                                        diagonal_scores=0.5, sequence_length=N)
+    other = jaxroll.RolloutModel.create(num_layers=6, num_heads=4, lambdas=0.7,
+                                        diagonal_scores=-1.0, sequence_length=N)
+    config = jaxroll.save_config(start, tmp_path / "start.yaml")
+    target = oracle.influence(oracle.config_arrays(oracle.read_config(
+        jaxroll.save_config(other, tmp_path / "other.yaml"))), N)
+    profile = jaxroll.write_profile(target, tmp_path / "target.csv")
+    return config, profile, target
+
+
+def test_fit_writes_config_csv_and_figure(files, tmp_path, capsys):
+    config, profile, target = files
+    out = tmp_path / "out"
+    code = main(["fit", str(config), str(profile), "--fit", "lambdas,diagonal_scores",
+                 "--steps", "40", "--out", str(out), "--float64"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["fit.csv", "fit.png", "fitted.yaml"]
+    assert (out / "fit.png").stat().st_size > 1000
+
+    with open(out / "fit.csv", newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["token_position", "target", "initial", "fitted"]
+    table = np.array(rows[1:], dtype=np.float64)
+    np.testing.assert_array_equal(table[:, 0], np.arange(N))
+    np.testing.assert_allclose(table[:, 1], target, rtol=0, atol=TOL)
+    initial = oracle.influence(oracle.config_arrays(oracle.read_config(config)), N)
+    fitted = oracle.influence(oracle.config_arrays(oracle.read_config(out / "fitted.yaml")), N)
+    np.testing.assert_allclose(table[:, 2], initial, rtol=0, atol=TOL)
+    np.testing.assert_allclose(table[:, 3], fitted, rtol=0, atol=TOL)
+
+    printed = capsys.readouterr().out
+    match = re.search(r"Wasserstein W1/\(N-1\): before (\S+), after (\S+)", printed)
+    before, after = float(match.group(1)), float(match.group(2))
+    # Printed with 6 significant digits.
+    assert before == pytest.approx(w1(initial, target), rel=1e-5)
+    assert after == pytest.approx(w1(fitted, target), rel=1e-5)
+    assert after < before
+
+    # fitted.yaml is a config that `jaxroll rollout` reads back.
+    assert main(["rollout", str(out / "fitted.yaml"), "--out", str(tmp_path / "again"),
+                 "--float64"]) == 0
+    again = jaxroll.read_profile(tmp_path / "again" / "profile.csv")
+    np.testing.assert_allclose(again, fitted, rtol=0, atol=TOL)
+
+
+def test_power_decay_schedule_prints_its_parameters(files, tmp_path, capsys):
+    config, profile, _ = files
+    assert main(["fit", str(config), str(profile), "--schedule", "power_decay", "--steps", "20",
+                 "--out", str(tmp_path / "out"), "--float64"]) == 0
+    printed = capsys.readouterr().out
+    lambda_0 = float(re.search(r"lambda_0 = (\S+)", printed).group(1))
+    beta = float(re.search(r"beta = (\S+)", printed).group(1))
+    fitted = jaxroll.load_config(tmp_path / "out" / "fitted.yaml")
+    t = np.arange(6)
+    np.testing.assert_allclose(fitted.lambdas, lambda_0 / (t + 1) ** beta, rtol=1e-5)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fit", "lambdas,slopes"], "fit: unknown array 'slopes'"),
+    (["--length", "32"], "target: length 24 differs from n = 32"),
+    (["--schedule", "linear"], "argument --schedule: invalid choice"),
+    (["--steps", "0"], "argument --steps"),
+    (["--schedule", "constant", "--fit", "temperature"], "schedule: 'constant' parametrises lambdas"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(files, tmp_path, capsys, extra, message):
+    config, profile, _ = files
+    out = tmp_path / "out"
+    assert main(["fit", str(config), str(profile), "--out", str(out)] + extra) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
+    assert not out.exists()
+
+
+def test_bad_profile_and_occupied_out(files, tmp_path, capsys):
+    config, _, _ = files
+    bad = tmp_path / "bad.csv"
+    bad.write_text("token_position,probability\n0,0.5\n1,-0.5\n")
+    assert main(["fit", str(config), str(bad), "--out", str(tmp_path / "a")]) == 2
+    assert "probability -0.5" in capsys.readouterr().err
+    far = tmp_path / "far.csv"
+    jaxroll.write_profile(np.full(N, 0.5), far)
+    assert main(["fit", str(config), str(far), "--out", str(tmp_path / "b")]) == 2
+    assert "target: sums to 12" in capsys.readouterr().err
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "mine.txt").write_text("keep")
+    assert main(["fit", str(config), str(files[1]), "--out", str(occupied)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert [p.name for p in occupied.iterdir()] == ["mine.txt"]
