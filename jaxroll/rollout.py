@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from . import structured
 from ._checks import check_positive_int
 from .errors import ConfigError
 from .kernels import layer_kernel
@@ -92,7 +93,6 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int):
     """``(v, layer) -> v^T A_t`` by the chosen method."""
     if method == "dense":
         return lambda row, layer: row @ _dense_kernel(model, layer, n)
-    from . import structured  # only the structured path needs it
 
     def product(row, layer):
         _, slopes, diagonal, base, weights = layer
@@ -107,6 +107,8 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int):
 def _influence_with_mass(model: RolloutModel, n: int, method: str):
     row_times_kernel = _row_times_kernel(model, method, n)
 
+    # Checkpointed so reverse mode keeps one row per layer, not O(H n) per layer.
+    @jax.checkpoint
     def apply_layer(row, layer):
         weight = layer[0]
         return (1.0 - weight) * row + weight * row_times_kernel(row, layer), None
@@ -120,7 +122,8 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
 def _resolve(method: str) -> str:
     if method not in METHODS:
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
-    return "dense" if method == "auto" else method
+    # Every kernel of RolloutModel is ALiBi + diagonal content: always structured.
+    return "structured" if method == "auto" else method
 
 
 def influence_with_mass(
