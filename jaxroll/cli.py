@@ -308,8 +308,9 @@ def _run_forces(arguments) -> None:
     np.savetxt(out / "forces.csv", np.column_stack([positions, profiles.T]), delimiter=",",
                header="token_position," + ",".join(result.names), comments="",
                fmt=["%d"] + ["%.17g"] * len(result.names))
+    label = arguments.config.name if arguments.config is not None else source
     plot.plot_forces(out / "forces.png", profiles, result.names,
-                     title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
+                     title=f"{label}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
     print(f"jaxroll forces: {source} (N = {profiles.shape[1]}, T = {model.num_layers}, H = {model.num_heads})")
     print(f"  {'force':10} {'center':>9} {'first10%':>9} {'last10%':>9} "
           f"{'d center':>9} {'d first':>9} {'d last':>9}")

@@ -50,9 +50,14 @@ def plot_forces(path, profiles, names, *, title: str = "") -> Path:
         axes.plot(positions, np.maximum(profile, 1e-300), color=f"C{k}",
                   linestyle="-" if k == len(labels) - 1 else "--", label=label)
     axes.set_yscale("log")
+    # Causal masking alone leaves later tokens ~1e-300: scale the axis to the
+    # residual-aware rungs instead, so their shapes stay visible.
+    others = profiles[1:][profiles[1:] > 0]
+    if others.size:
+        axes.set_ylim(bottom=max(others.min() / 10, 1e-300), top=1.5)
     axes.set_xlabel("input position j")
     axes.set_ylabel("influence on the last position, p_T(j)")
-    axes.set_title(title)
+    axes.set_title(title, fontsize=10)
     axes.legend()
     figure.savefig(path, dpi=120)
     plt.close(figure)
