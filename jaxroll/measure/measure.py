@@ -1,7 +1,7 @@
 """One forward and one backward pass per sequence: lambda_t, content, influence.
 
 For a causal LM with L blocks, H heads, head dimension d and sequences of N
-tokens (arXiv 2602.16837, Section "Measuring the parameters"):
+tokens (the measurements of arXiv 2602.16837):
 
 - ``lambda_t``: per token ``||a|| / (||x|| + ||a||)`` (L2 over the hidden
   dimension, computed in float64, 0 where both norms vanish), ``x`` the
