@@ -150,7 +150,9 @@ def _causal_products(v, a, c, window, block):
     n = v.shape[-1]
     positions = jnp.arange(n)
     span = window - 1 if window is not None and window - 1 < n - 1 else None  # K, or no limit
-    top = jnp.maximum(c, -a)
+    if span == 0:  # a window of 1: every row reads only itself, A_h = I
+        return jnp.broadcast_to(v, a.shape + v.shape)
+    top = jnp.maximum(c, -a)  # the largest score of every row that has an off-diagonal entry
     p = jnp.exp(c - top)[:, None]
     q = jnp.exp(-a - top)[:, None]
     counts = _geometric_table(a, n, block)
@@ -163,8 +165,6 @@ def _causal_products(v, a, c, window, block):
     u = jnp.where(first, 0.0, (q * inverse) * v)  # u_0 is read by no j
     if span is None:
         later = _shift_left(reverse_discounted_cumsum(u, a, block))
-    elif span == 0:
-        later = jnp.zeros_like(u)
     else:
         later = _window_sum(u, a, span, block)
     return v * diagonal + later
