@@ -1,0 +1,189 @@
+"""Influence-profile timings: jaxroll structured vs jaxroll dense vs plain NumPy.
+
+One run prints a table and writes it as CSV: for each case N, T, H, method,
+seconds (median of repeats, after compilation; compile time separate), peak
+resident memory of the process so far, and the speed-up against (a) a plain
+NumPy float64 dense rollout written here (dense kernels, full matrices
+multiplied layer by layer, as the paper's published code does; only where
+it fits, N <= 2048) and (b) jaxroll's own dense method, both measured in the
+same run. Gradient cases time ``jax.grad`` of a Wasserstein loss with respect
+to every model array, relative to the forward pass. ``--accuracy N`` compares
+structured float32 and float64 against the NumPy float64 dense rollout on
+every reference configuration at length N.
+
+Never run in CI. JAX picks the device (a GPU if there is one).
+
+    python3 benchmarks/influence.py --out benchmarks/influence.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxroll
+
+REFERENCE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def numpy_dense_rollout(model, n: int) -> np.ndarray:
+    """The baseline: dense float64 kernels and full ``P_T = R_T ... R_1``."""
+    product = np.eye(n)
+    offsets = np.arange(n)[:, None] - np.arange(n)[None, :]
+    keep = offsets >= 0 if model.mask == "causal" else np.ones((n, n), bool)
+    if model.mask == "sliding":
+        keep = (offsets >= 0) & (offsets < model.window)
+    tau = float(model.temperature)
+    for t in range(model.num_layers):
+        weights = np.asarray(model.head_weights[t], np.float64)
+        weights = weights / weights.sum()
+        kernel = np.zeros((n, n))
+        for h in range(model.num_heads):
+            scores = (-float(model.alibi_slopes[t, h]) * offsets
+                      + float(model.diagonal_scores[t, h]) * np.eye(n)) / tau
+            scores = np.where(keep, scores, -np.inf)
+            scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+            kernel += weights[h] * scores / scores.sum(axis=1, keepdims=True)
+        lam = float(model.lambdas[t])
+        product = ((1 - lam) * np.eye(n) + lam * kernel) @ product
+    return product[-1]
+
+
+def timed(function, repeats: int):
+    start = time.perf_counter()
+    jax.block_until_ready(function())
+    compile_seconds = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(function())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), compile_seconds
+
+
+def run_cases(lengths, presets, repeats_for, dense_max, numpy_max):
+    rows = []
+    for name in presets:
+        model = jaxroll.presets.get(name)
+        for n in lengths:
+            repeats = repeats_for(n)
+            structured, compile_s = timed(lambda: jaxroll.influence(model, n, method="structured"), repeats)
+            row = {"case": name, "N": n, "T": model.num_layers, "H": model.num_heads,
+                   "method": "structured", "device": jax.devices()[0].platform,
+                   "seconds": structured, "compile_seconds": compile_s, "repeats": repeats,
+                   "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "", "speedup_vs_dense": ""}
+            if n <= dense_max:
+                dense, _ = timed(lambda: jaxroll.influence(model, n, method="dense"), 1)
+                row["speedup_vs_dense"] = dense / structured
+                rows.append({**row, "method": "jaxroll dense", "seconds": dense, "compile_seconds": "",
+                             "repeats": 1, "speedup_vs_numpy": "", "speedup_vs_dense": ""})
+            if n <= numpy_max:
+                start = time.perf_counter()
+                numpy_dense_rollout(model, n)
+                baseline = time.perf_counter() - start
+                row["speedup_vs_numpy"] = baseline / structured
+                rows.append({**row, "method": "numpy dense (baseline)", "seconds": baseline,
+                             "compile_seconds": "", "repeats": 1, "speedup_vs_numpy": 1.0,
+                             "speedup_vs_dense": ""})
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def gradient_cases(lengths, presets):
+    rows = []
+    for name in presets:
+        model = jaxroll.presets.get(name)
+        for n in lengths:
+            target = jnp.full(n, 1.0 / n)
+
+            def loss(m):
+                return jaxroll.metrics.wasserstein(jaxroll.influence(m, n, method="structured"), target)
+
+            grad = jax.jit(jax.grad(loss))
+            forward, _ = timed(lambda: jaxroll.influence(model, n, method="structured"), 2)
+            backward, compile_s = timed(lambda: grad(model), 2)
+            row = {"case": name + " grad W1", "N": n, "T": model.num_layers, "H": model.num_heads,
+                   "method": "structured grad", "device": jax.devices()[0].platform,
+                   "seconds": backward, "compile_seconds": compile_s, "repeats": 2,
+                   "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "",
+                   "speedup_vs_dense": "", "grad_over_forward": backward / forward}
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def accuracy(n: int) -> None:
+    """Structured float32/float64 vs the NumPy float64 dense rollout, every reference config."""
+    worst32 = worst64 = 0.0
+    for path in sorted((REFERENCE_CONFIGS / "rollout").rglob("*.yaml")):
+        model = jaxroll.load_config(path)
+        expected = numpy_dense_rollout(model, n)
+        with jax.enable_x64(True):
+            model64 = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), jnp.float64), model)
+            error64 = float(np.max(np.abs(np.asarray(jaxroll.influence(model64, n)) - expected)))
+        error32 = float(np.max(np.abs(np.asarray(jaxroll.influence(model, n)) - expected)))
+        worst32, worst64 = max(worst32, error32), max(worst64, error64)
+        print(f"  {path.relative_to(REFERENCE_CONFIGS)}: float32 {error32:.2e}, float64 {error64:.2e}", flush=True)
+    print(f"accuracy at N = {n}: max abs error float32 {worst32:.2e}, float64 {worst64:.2e}")
+
+
+COLUMNS = ["case", "N", "T", "H", "method", "device", "seconds", "compile_seconds", "repeats",
+           "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "grad_over_forward"]
+
+
+def fmt(value):
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def print_row(row):
+    print(" | ".join(fmt(row.get(c, "")) for c in COLUMNS), flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 16384, 131072, 1048576])
+    parser.add_argument("--presets", nargs="+", default=["bloom-176b", "mpt-7b"])
+    parser.add_argument("--gradient-lengths", type=int, nargs="*", default=[4096, 65536])
+    parser.add_argument("--dense-max", type=int, default=2048, help="largest N for jaxroll dense")
+    parser.add_argument("--numpy-max", type=int, default=2048, help="largest N for the NumPy baseline")
+    parser.add_argument("--accuracy", type=int, default=None, metavar="N",
+                        help="also check every reference config at length N")
+    parser.add_argument("--out", type=Path, default=Path("influence.csv"))
+    parser.add_argument("--force", action="store_true", help="overwrite --out")
+    arguments = parser.parse_args(argv)
+    if arguments.out.exists() and not arguments.force:
+        print(f"influence.py: error: {arguments.out} exists; pass --force to overwrite", file=sys.stderr)
+        return 2
+    print(f"devices: {jax.devices()}")
+    print(" | ".join(COLUMNS))
+    rows = run_cases(arguments.lengths, arguments.presets,
+                     lambda n: 1 if n >= 2**20 else (2 if n >= 2**17 else 5),
+                     arguments.dense_max, arguments.numpy_max)
+    rows += gradient_cases(arguments.gradient_lengths, arguments.presets)
+    with open(arguments.out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {arguments.out}")
+    if arguments.accuracy:
+        accuracy(arguments.accuracy)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
