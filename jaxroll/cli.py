@@ -162,6 +162,24 @@ def _run_presets(arguments) -> None:
               f"{geometry.lambda_0:8.4f} {geometry.beta:6.4f}")
 
 
+def _model_from_arguments(arguments):
+    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it."""
+    import dataclasses
+
+    from . import io, presets
+
+    if arguments.config is not None and arguments.preset is not None:
+        raise ConfigError(f"{arguments.command}: give CONFIG or --preset, not both")
+    if arguments.config is not None:
+        model, source = io.load_config(arguments.config), str(arguments.config)
+    else:
+        name = arguments.preset or presets.DEFAULT
+        model, source = presets.get(name), f"preset {name}"
+    if arguments.length is not None:
+        model = dataclasses.replace(model, sequence_length=arguments.length)
+    return model, source
+
+
 def _run_rollout(arguments) -> None:
     import dataclasses
 
@@ -171,20 +189,10 @@ def _run_rollout(arguments) -> None:
         jax.config.update("jax_enable_x64", True)
     import numpy as np
 
-    from . import io, plot, presets
+    from . import io, plot
     from .rollout import influence_with_mass
 
-    if arguments.config is not None and arguments.preset is not None:
-        raise ConfigError("rollout: give CONFIG or --preset, not both")
-    if arguments.config is not None:
-        model = io.load_config(arguments.config)
-        source = str(arguments.config)
-    else:
-        name = arguments.preset or presets.DEFAULT
-        model = presets.get(name)
-        source = f"preset {name}"
-    if arguments.length is not None:
-        model = dataclasses.replace(model, sequence_length=arguments.length)
+    model, source = _model_from_arguments(arguments)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
 
     profile, mass = influence_with_mass(model, method=arguments.method)
@@ -277,27 +285,15 @@ def _run_compare(arguments) -> None:
 
 
 def _run_forces(arguments) -> None:
-    import dataclasses
-
     import jax
 
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     import numpy as np
 
-    from . import io, plot, presets, theory
+    from . import io, plot, theory
 
-    if arguments.config is not None and arguments.preset is not None:
-        raise ConfigError("forces: give CONFIG or --preset, not both")
-    if arguments.config is not None:
-        model = io.load_config(arguments.config)
-        source = str(arguments.config)
-    else:
-        name = arguments.preset or presets.DEFAULT
-        model = presets.get(name)
-        source = f"preset {name}"
-    if arguments.length is not None:
-        model = dataclasses.replace(model, sequence_length=arguments.length)
+    model, source = _model_from_arguments(arguments)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
 
     result = theory.forces(model)
