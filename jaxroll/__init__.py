@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import metrics as metrics
 from . import presets as presets
+from . import published as published
 from . import schedules as schedules
 from . import theory as theory
 from .errors import ConfigError as ConfigError

@@ -12,8 +12,11 @@ import pytest
 
 jax.config.update("jax_enable_x64", True)
 
-REFERENCE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
-ROLLOUT_CONFIGS = sorted((REFERENCE_CONFIGS / "rollout").rglob("*.yaml"))
+import jaxroll  # noqa: E402  (after float64 is on)
+
+# The authors' published configurations, as shipped inside the package.
+REFERENCE_CONFIGS = jaxroll.published.ROOT
+ROLLOUT_CONFIGS = jaxroll.published.rollout_files()
 
 
 def pytest_report_header(config):
@@ -29,5 +32,5 @@ def float32():
 @pytest.fixture(scope="session")
 def reference_configs() -> Path:
     if not REFERENCE_CONFIGS.is_dir():
-        pytest.fail(f"the reference configurations are missing: {REFERENCE_CONFIGS}")
+        pytest.fail(f"the package data is missing (reinstall jaxroll): {REFERENCE_CONFIGS}")
     return REFERENCE_CONFIGS
