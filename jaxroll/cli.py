@@ -31,9 +31,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    from . import presets
+def _add_model_arguments(parser) -> None:
+    """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
+    from . import presets, published
 
+    parser.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
+    parser.add_argument("--preset", choices=presets.names(), default=None,
+                        help=f"built-in geometry with a power-decay schedule (default {presets.DEFAULT} "
+                             "without CONFIG or --published)")
+    parser.add_argument("--published", choices=published.names(), default=None,
+                        help="the paper authors' measured configuration of this model")
+    parser.add_argument("--content", choices=("none", "mean", "all"), default="none",
+                        help="with --published: no content, one score per layer, or per head (default none)")
+    parser.add_argument("--dataset", choices=published.DATASETS, default="fineweb-edu",
+                        help="with --published: the text it was measured on (default fineweb-edu)")
+    parser.add_argument("--no-residual", action="store_true",
+                        help="with --published: lambda = 1 in every layer (attention-only)")
+    parser.add_argument("--length", type=_positive_int, default=None,
+                        help="sequence length N (default: the configuration's)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaxroll", description=(
         "Residual-aware attention rollouts: predicted position bias of causal "
         "transformers (arXiv 2602.16837)."))
@@ -45,11 +63,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Compute the influence profile p_T(j) = P_T[N-1, j] of a rollout "
                     "configuration (or a built-in preset) and write profile.csv, "
                     "profile.png and config.yaml into --out.")
-    rollout.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
-    rollout.add_argument("--preset", choices=presets.names(), default=None,
-                         help=f"built-in model geometry (default {presets.DEFAULT} without CONFIG)")
-    rollout.add_argument("--length", type=_positive_int, default=None,
-                         help="sequence length N (default: the configuration's)")
+    _add_model_arguments(rollout)
     rollout.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
     rollout.add_argument("--force", action="store_true", help="write into a non-empty --out")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
@@ -156,22 +170,43 @@ def _print_measure_summary(result, out, written) -> None:
 def _run_presets(arguments) -> None:
     from .presets import GEOMETRIES
 
-    print(f"{'name':14} {'model':22} {'layers':>6} {'heads':>5} {'lambda_0':>8} {'beta':>6}")
+    print("Presets (--preset NAME): each model's geometry, standard ALiBi slopes, no content, and a")
+    print("power-decay schedule lambda_t = lambda_0 / (t + 1)^beta fitted to the measured one.")
+    print(f"  {'name':14} {'model':22} {'layers':>6} {'heads':>5} {'lambda_0':>8} {'beta':>6}")
     for name, geometry in GEOMETRIES.items():
-        print(f"{name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d} "
+        print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d} "
               f"{geometry.lambda_0:8.4f} {geometry.beta:6.4f}")
+    print()
+    print("Published (--published NAME [--content none|mean|all] [--dataset D] [--no-residual]): the")
+    print("paper authors' measured lambda schedules (one per layer) and content scores, N = 256.")
+    print("  content none: fineweb-edu, dclm, wikipedia; mean: fineweb-edu; all: fineweb-edu, dclm, wikipedia")
+    for name, geometry in GEOMETRIES.items():
+        print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d}")
 
 
 def _model_from_arguments(arguments):
     """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it."""
     import dataclasses
 
-    from . import io, presets
+    from . import io, presets, published
 
-    if arguments.config is not None and arguments.preset is not None:
-        raise ConfigError(f"{arguments.command}: give CONFIG or --preset, not both")
+    given = [flag for flag, value in (("CONFIG", arguments.config), ("--preset", arguments.preset),
+                                      ("--published", arguments.published)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{arguments.command}: give one of CONFIG, --preset, --published; got {' and '.join(given)}")
+    published_only = [flag for flag, used in (("--content", arguments.content != "none"),
+                                              ("--dataset", arguments.dataset != "fineweb-edu"),
+                                              ("--no-residual", arguments.no_residual)) if used]
+    if published_only and arguments.published is None:
+        raise ConfigError(f"{published_only[0]}: applies to --published only")
     if arguments.config is not None:
         model, source = io.load_config(arguments.config), str(arguments.config)
+    elif arguments.published is not None:
+        content = None if arguments.content == "none" else arguments.content
+        model = published.load(arguments.published, content, arguments.dataset,
+                               residual=not arguments.no_residual)
+        source = (f"published {arguments.published} ({arguments.content} content, {arguments.dataset}"
+                  f"{', no residual' if arguments.no_residual else ''})")
     else:
         name = arguments.preset or presets.DEFAULT
         model, source = presets.get(name), f"preset {name}"
@@ -250,11 +285,7 @@ def _add_theory_parsers(commands) -> None:
                     "masking alone (lambda = 1, no slopes, no content), + residuals, + "
                     "ALiBi, + content. Writes forces.csv and forces.png into --out and "
                     "prints the drift each force adds.")
-    forces.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
-    forces.add_argument("--preset", choices=presets.names(), default=None,
-                        help=f"built-in model geometry (default {presets.DEFAULT} without CONFIG)")
-    forces.add_argument("--length", type=_positive_int, default=None,
-                        help="sequence length N (default: the configuration's)")
+    _add_model_arguments(forces)
     forces.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
     forces.add_argument("--force", action="store_true", help="write into a non-empty --out")
     forces.add_argument("--float64", action="store_true", help="compute in float64")

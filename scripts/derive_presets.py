@@ -2,6 +2,9 @@
 
     python scripts/derive_presets.py [REFERENCE_CONFIGS_DIR]
 
+The directory defaults to the published configurations shipped in the package
+(`jaxroll.published.ROOT`).
+
 Fits ``lambda_t = lambda_0 / (t + 1)^beta`` (t from 0) by least squares to the
 ``lambdas_custom`` of each model's ``rollout/alibi/no_content/`` file, subject
 to keeping the total mixing ``sum_t lambda_t`` of the measured schedule (the
@@ -47,5 +50,6 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    default = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)
+    from jaxroll.published import ROOT
+
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)

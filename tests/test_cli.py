@@ -51,11 +51,30 @@ def test_rollout_default_preset_float64(tmp_path):
     np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "results/profile.csv"), expected, rtol=0, atol=1e-12)
 
 
+def test_rollout_of_a_published_model_matches_the_oracle_on_its_file(tmp_path, capsys):
+    result = run_here(capsys, "rollout", "--published", "bloom-7b1", "--content", "all", "--dataset", "dclm",
+                      "--length", 48, "--out", tmp_path / "out", "--float64")
+    assert result.returncode == 0, result.stderr
+    path = REFERENCE_CONFIGS / "rollout/alibi/all_content/dclm/bloom-7b1.yaml"
+    expected = oracle.influence(oracle.config_arrays(oracle.read_config(path)), 48)
+    np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "out/profile.csv"), expected, rtol=0, atol=1e-12)
+    assert "published bloom-7b1 (all content, dclm)" in result.stdout
+
+
+def test_rollout_of_a_published_model_without_residual_collapses(tmp_path, capsys):
+    result = run_here(capsys, "rollout", "--published", "mpt-30b", "--no-residual", "--length", 64,
+                      "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    # lambda = 1: the attention-only rollout of earlier theory collapses onto token 0.
+    assert jaxroll.read_profile(tmp_path / "out/profile.csv")[0] > 0.99
+
+
 def test_presets_and_version():
     listing = run("presets")
     assert listing.returncode == 0
-    for name in jaxroll.presets.names():
+    for name in jaxroll.presets.names() + jaxroll.published.names():
         assert name in listing.stdout
+    assert "power-decay" in listing.stdout and "measured" in listing.stdout
     version = run("--version")
     assert version.returncode == 0 and "jaxroll" in version.stdout
 
@@ -94,7 +113,15 @@ def test_bad_config_exits_2_with_one_line_and_writes_nothing(case, tmp_path, cap
     (["rollout", "absent.yaml"], "no such file"),
     (["rollout", "."], "is a directory"),
     (["rollout", "--preset"], "expected one argument"),
-    (["rollout", "absent.yaml", "--preset", "mpt-7b"], "not both"),
+    (["rollout", "absent.yaml", "--preset", "mpt-7b"], "give one of CONFIG, --preset, --published; got CONFIG and --preset"),
+    (["rollout", "--preset", "mpt-7b", "--published", "mpt-7b"], "got --preset and --published"),
+    (["rollout", "--published", "gpt-5"], "--published: invalid choice: 'gpt-5'"),
+    (["rollout", "--published", "mpt-7b", "--content", "some"], "--content: invalid choice"),
+    (["rollout", "--published", "mpt-7b", "--dataset", "c4"], "--dataset: invalid choice"),
+    (["rollout", "--published", "mpt-7b", "--content", "mean", "--dataset", "dclm"],
+     "dataset: got 'dclm' with content='mean'"),
+    (["rollout", "--content", "all"], "--content: applies to --published only"),
+    (["forces", "--no-residual"], "--no-residual: applies to --published only"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])

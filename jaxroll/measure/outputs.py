@@ -79,30 +79,12 @@ def _title(measurement: Measurement) -> str:
 
 
 def _plot_lambdas(path: Path, measurement: Measurement) -> Path:
-    from ..plot import plt
+    from ..plot import plot_lambdas
 
-    layers = np.arange(measurement.lambdas.size)
-    figure, axes = plt.subplots(figsize=(7, 4), constrained_layout=True)
-    axes.errorbar(layers, measurement.lambdas, yerr=measurement.lambdas_std, marker="o", capsize=3)
-    axes.set_xlabel("layer t")
-    axes.set_ylabel("lambda_t = ||a|| / (||x|| + ||a||)")
-    axes.set_ylim(0.0, max(1e-3, float(np.max(measurement.lambdas + measurement.lambdas_std))) * 1.1)
-    axes.set_title(_title(measurement))
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return plot_lambdas(path, measurement.lambdas, measurement.lambdas_std, title=_title(measurement))
 
 
 def _plot_influence(path: Path, measurement: Measurement) -> Path:
-    from ..plot import plt
+    from ..plot import plot_measured_influence
 
-    figure, axes = plt.subplots(figsize=(7, 4), constrained_layout=True)
-    axes.plot(np.arange(measurement.influence.size), measurement.influence)
-    if np.all(measurement.influence > 0):
-        axes.set_yscale("log")
-    axes.set_xlabel("input position j")
-    axes.set_ylabel("normalised ||df / de_j||")
-    axes.set_title(_title(measurement))
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return plot_measured_influence(path, measurement.influence, title=_title(measurement))
