@@ -33,7 +33,7 @@ def check_finite(field: str, array: np.ndarray) -> None:
     bad = ~np.isfinite(array)
     if bad.any():
         raise ConfigError(
-            f"{field}: value {array[bad].flat[0]} at index {_index(bad)} is not finite; "
+            f"{field}: value {_number(array[bad].flat[0])}{_where(bad)} is not finite; "
             "allowed: finite numbers"
         )
 
@@ -49,10 +49,10 @@ def check_range(field: str, array: np.ndarray, low=None, high=None, *, low_open=
     if bad.any():
         left = "(" if low_open else "["
         low_text = "-inf" if low is None else f"{low:g}"
-        high_text = "inf" if high is None else f"{high:g}"
+        high_text = "inf)" if high is None else f"{high:g}]"
         raise ConfigError(
-            f"{field}: value {array[bad].flat[0]!r} at index {_index(bad)} is outside "
-            f"the allowed range {left}{low_text}, {high_text}]"
+            f"{field}: value {_number(array[bad].flat[0])}{_where(bad)} is outside "
+            f"the allowed range {left}{low_text}, {high_text}"
         )
 
 
@@ -62,9 +62,17 @@ def check_positive_int(field: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-def _index(mask: np.ndarray):
-    position = tuple(int(k) for k in np.argwhere(mask)[0])
-    return position[0] if len(position) == 1 else list(position)
+def _number(value) -> str:
+    """A plain Python number as text: ``0.0``, not ``np.float64(0.0)``."""
+    return repr(float(value))
+
+
+def _where(mask: np.ndarray) -> str:
+    """`` at index i`` (or ``[i, j]``) of the first bad entry; nothing for a scalar."""
+    if mask.ndim == 0:
+        return ""
+    position = [int(k) for k in np.argwhere(mask)[0]]
+    return f" at index {position[0] if len(position) == 1 else position}"
 
 
 def _short(value) -> str:

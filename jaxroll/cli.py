@@ -49,6 +49,9 @@ def _add_model_arguments(parser) -> None:
                         help="with --published: lambda = 1 in every layer (attention-only)")
     parser.add_argument("--length", type=_positive_int, default=None,
                         help="sequence length N (default: the configuration's)")
+    parser.add_argument("--max-memory", default=None, metavar="SIZE",
+                        help="refuse runs whose estimated memory exceeds SIZE (e.g. 8G; "
+                             "default: the memory available on this machine)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -212,7 +215,19 @@ def _model_from_arguments(arguments):
         model, source = presets.get(name), f"preset {name}"
     if arguments.length is not None:
         model = dataclasses.replace(model, sequence_length=arguments.length)
+    _check_memory(model, arguments)
     return model, source
+
+
+def _check_memory(model, arguments) -> None:
+    """Refuse, before anything is written, a run that cannot fit in memory."""
+    from . import memory
+
+    limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
+    method = getattr(arguments, "method", "auto")
+    itemsize = 8 if arguments.float64 else 4
+    needed = memory.influence_bytes(model.sequence_length, model.num_heads, method, itemsize)
+    memory.check_fits(needed, f"{arguments.command}: N = {model.sequence_length}", limit)
 
 
 def _run_rollout(arguments) -> None:

@@ -9,6 +9,7 @@ lists, which strict YAML parsers reject. Profiles are CSV files with header
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import yaml
 from .errors import ConfigError
 from .model import RolloutModel
 
-__all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml"]
+__all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text"]
 
 PROFILE_HEADER = ("token_position", "probability")
 
@@ -32,10 +33,19 @@ def _readable_file(path) -> Path:
     return path
 
 
+def read_text(path, kind: str) -> str:
+    """The text of an existing file; a one-line error for a directory, a missing or a binary file."""
+    path = _readable_file(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded)") from None
+
+
 def read_yaml(path) -> dict:
     """Parse a YAML mapping, tolerating tabs used as spaces inside flow lists."""
-    path = _readable_file(path)
-    text = path.read_text(encoding="utf-8")
+    path = Path(path)
+    text = read_text(path, "YAML")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -110,9 +120,8 @@ def read_profile(path) -> np.ndarray:
     Positions must be 0, 1, ..., n-1 in order; probabilities finite and >= 0.
     The sum is not checked here (callers that need a distribution do).
     """
-    path = _readable_file(path)
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+    path = Path(path)
+    rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
     if not rows or tuple(cell.strip() for cell in rows[0]) != PROFILE_HEADER:
         found = ",".join(rows[0]) if rows else "an empty file"
         raise ConfigError(f"{path}: header {found!r}; allowed: 'token_position,probability'")

@@ -47,7 +47,7 @@ def power_decay(lambda_0, beta, num_layers: int) -> Float[Array, " layers"]:
 
     Args:
         lambda_0: the first layer's coefficient, > 0.
-        beta: the decay exponent, > 0.
+        beta: the decay exponent, >= 0 (``beta = 0`` is the constant schedule).
         num_layers: T >= 1.
 
     Returns:
@@ -60,7 +60,7 @@ def power_decay(lambda_0, beta, num_layers: int) -> Float[Array, " layers"]:
     lambda_0 = as_float_array("lambda_0", lambda_0)
     beta = as_float_array("beta", beta)
     check_range("lambda_0", lambda_0, 0.0, None, low_open=True)
-    check_range("beta", beta, 0.0, None, low_open=True)
+    check_range("beta", beta, 0.0, None)
     t = np.arange(num_layers, dtype=np.float64)
     return np.clip(float(lambda_0) / (t + 1.0) ** float(beta), 0.0, 1.0)
 

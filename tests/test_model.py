@@ -24,8 +24,8 @@ def test_power_decay_closed_form_and_clipping():
 @pytest.mark.parametrize("call, message", [
     (lambda: schedules.custom([0.2, 1.2]), r"lambdas_custom.*1\.2.*\[0, 1\]"),
     (lambda: schedules.custom([]), "non-empty"),
-    (lambda: schedules.power_decay(0.0, 1.0, 3), r"lambda_0.*\(0, inf\]"),
-    (lambda: schedules.power_decay(0.5, 0.0, 3), r"beta"),
+    (lambda: schedules.power_decay(0.0, 1.0, 3), r"lambda_0.*\(0, inf\)"),
+    (lambda: schedules.power_decay(0.5, -0.5, 3), r"beta.*-0\.5.*\[0, inf\)"),
     (lambda: schedules.constant(float("nan"), 3), "finite"),
     (lambda: schedules.constant(0.5, 0), r"num_layers.*>= 1"),
 ])

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..io import read_text
 
 __all__ = ["read_texts", "select_sequences", "load_tokenizer"]
 
@@ -36,7 +37,7 @@ def read_texts(path) -> list[str]:
         raise ConfigError(f"--texts {path}: no such file or directory")
     if path.suffix == ".jsonl":
         documents = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_text(path, "JSON lines").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
@@ -48,7 +49,7 @@ def read_texts(path) -> list[str]:
             documents.append(record["text"])
     elif path.suffix == ".txt":
         blocks, current = [], []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in read_text(path, "text").splitlines():
             if line.strip():
                 current.append(line)
             elif current:

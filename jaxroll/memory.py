@@ -1,0 +1,73 @@
+"""How much memory a run needs, checked before any work is done.
+
+XLA aborts the whole process (a C++ stack dump, no Python exception) when an
+allocation fails, so a length that cannot fit is refused up front, with the
+estimate and what the machine has, instead of crashing midway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import ConfigError
+
+__all__ = ["available_bytes", "influence_bytes", "check_fits", "parse_size", "format_size"]
+
+# Working set of one structured influence pass per position, in array
+# elements: a chunk of 16 heads with a few buffers each (scan carries,
+# normalisers, the blocked scan's inputs and outputs) and the row itself.
+# benchmarks/influence.py measures about 70 float32 elements per position
+# for BLOOM-176B at N = 2^20; 128 leaves room for XLA's temporaries.
+_STRUCTURED_ELEMENTS_PER_POSITION = 128
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def available_bytes() -> int:
+    """Memory this process may still use: MemAvailable on Linux, else physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def influence_bytes(n: int, num_heads: int, method: str, itemsize: int = 4) -> int:
+    """Peak working memory of one `jaxroll.influence` call at length `n`, in bytes (an estimate).
+
+    Structured: O(n) (``128 n`` elements); dense: each ``(n, n)`` head kernel
+    of a layer and the layer mixture, ``(H + 2) n^2`` elements.
+    """
+    if method == "dense":
+        elements = (num_heads + 2) * n * n
+    else:
+        elements = _STRUCTURED_ELEMENTS_PER_POSITION * n
+    return int(elements) * itemsize
+
+
+def parse_size(text: str) -> int:
+    """``"512M"``, ``"8G"``, ``"1.5g"``, ``"1000000"`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([bkmgt]?)i?b?\s*", str(text).lower())
+    if not match:
+        raise ConfigError(f"--max-memory: got {text!r}; allowed: a size such as 512M, 8G or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_size(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.3g} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_fits(needed: int, what: str, limit: int | None = None) -> None:
+    """Raise a one-line `ConfigError` when `needed` bytes exceed `limit` (default: available memory)."""
+    budget = available_bytes() if limit is None else limit
+    if needed > budget:
+        source = "this machine has" if limit is None else "--max-memory allows"
+        raise ConfigError(f"{what}: needs about {format_size(needed)} of memory; {source} "
+                          f"{format_size(budget)}; allowed: a shorter --length (or --max-memory SIZE to override)")
