@@ -29,6 +29,14 @@ def as_float_array(field: str, value) -> np.ndarray:
     return array
 
 
+def as_float_scalar(field: str, value) -> np.ndarray:
+    """`value` as a float64 0-d array; a one-line ConfigError for lists and non-numbers."""
+    array = as_float_array(field, value)
+    if array.shape != ():
+        raise ConfigError(f"{field}: got {_short(value)}; allowed: one number")
+    return array
+
+
 def check_finite(field: str, array: np.ndarray) -> None:
     bad = ~np.isfinite(array)
     if bad.any():

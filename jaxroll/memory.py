@@ -64,10 +64,11 @@ def format_size(size: float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_fits(needed: int, what: str, limit: int | None = None) -> None:
+def check_fits(needed: int, what: str, limit: int | None = None, *,
+               allowed: str = "a shorter --length (or --max-memory SIZE to override)") -> None:
     """Raise a one-line `ConfigError` when `needed` bytes exceed `limit` (default: available memory)."""
     budget = available_bytes() if limit is None else limit
     if needed > budget:
         source = "this machine has" if limit is None else "--max-memory allows"
         raise ConfigError(f"{what}: needs about {format_size(needed)} of memory; {source} "
-                          f"{format_size(budget)}; allowed: a shorter --length (or --max-memory SIZE to override)")
+                          f"{format_size(budget)}; allowed: {allowed}")

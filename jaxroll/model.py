@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import schedules
+from . import memory, schedules
 from ._checks import as_float_array, check_positive_int, check_range, is_concrete
 from .errors import ConfigError
 from .kernels import MASKS, alibi_slopes as standard_alibi_slopes
@@ -127,6 +127,9 @@ class RolloutModel(eqx.Module):
         num_layers = check_positive_int("num_layers", num_layers)
         num_heads = check_positive_int("num_heads", num_heads)
         sequence_length = check_positive_int("sequence_length", sequence_length)
+        # Five (T, H) float64 arrays: refuse sizes that cannot be allocated.
+        memory.check_fits(5 * 8 * num_layers * num_heads, f"num_layers x num_heads = {num_layers} x {num_heads}",
+                          allowed="fewer layers or heads")
         if mask not in MASKS:
             raise ConfigError(f"mask: got {mask!r}; allowed: one of {', '.join(MASKS)}")
         if mask == "sliding":
@@ -198,7 +201,7 @@ class RolloutModel(eqx.Module):
         num_layers = check_positive_int("num_layers", config["num_layers"])
         num_heads = check_positive_int("attention_config.num_heads", attention["num_heads"])
         mask_type = mask_config.get("mask_type", "causal")
-        if mask_type not in _SCHEMA_MASKS:
+        if not isinstance(mask_type, str) or mask_type not in _SCHEMA_MASKS:
             raise ConfigError(
                 f"mask_config.mask_type: got {mask_type!r}; allowed: one of "
                 + ", ".join(_SCHEMA_MASKS)
@@ -311,7 +314,7 @@ def _schedule_from_config(schedule: dict, num_layers: int):
     if not isinstance(schedule, dict):
         raise ConfigError(f"{field}: got {schedule!r:.60}; allowed: a mapping with schedule_type")
     kind = schedule.get("schedule_type")
-    if kind not in _SCHEDULE_KEYS:
+    if not isinstance(kind, str) or kind not in _SCHEDULE_KEYS:
         raise ConfigError(
             f"{field}.schedule_type: got {kind!r}; allowed: one of {', '.join(_SCHEDULE_KEYS)}"
         )

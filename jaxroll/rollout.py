@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from . import structured
+from . import memory, structured
 from ._checks import check_positive_int
 from .errors import ConfigError
 from .kernels import layer_kernel
@@ -135,7 +135,11 @@ def influence_with_mass(
     ``p`` that row divided by `mass`. Every ``R_t`` is row-stochastic, so
     `mass` is 1 up to rounding; it is reported to make rounding visible.
     """
-    return _influence_with_mass(model, _length(model, n), _resolve(method))
+    n, method = _length(model, n), _resolve(method)
+    # XLA aborts the process on a failed allocation: refuse first, in one line.
+    memory.check_fits(memory.influence_bytes(n, model.num_heads, method, jnp.dtype(jnp.result_type(float)).itemsize),
+                      f"influence: n = {n}", allowed="a shorter n")
+    return _influence_with_mass(model, n, method)
 
 
 def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:

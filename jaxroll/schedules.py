@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import as_float_array, check_positive_int, check_range, is_concrete
+from ._checks import as_float_array, as_float_scalar, check_positive_int, check_range, is_concrete
 from .errors import ConfigError
 
 __all__ = ["constant", "power_decay", "custom"]
@@ -34,7 +34,7 @@ def constant(value, num_layers: int) -> Float[Array, " layers"]:
     num_layers = check_positive_int("num_layers", num_layers)
     if not is_concrete(value):
         return jnp.clip(jnp.full((num_layers,), value), 0.0, 1.0)
-    value = as_float_array("lambda_const", value)
+    value = as_float_scalar("lambda_const", value)
     check_range("lambda_const", value)
     return np.clip(np.full(num_layers, float(value)), 0.0, 1.0)
 
@@ -57,8 +57,8 @@ def power_decay(lambda_0, beta, num_layers: int) -> Float[Array, " layers"]:
     if not (is_concrete(lambda_0) and is_concrete(beta)):
         t = jnp.arange(num_layers)
         return jnp.clip(lambda_0 / (t + 1.0) ** beta, 0.0, 1.0)
-    lambda_0 = as_float_array("lambda_0", lambda_0)
-    beta = as_float_array("beta", beta)
+    lambda_0 = as_float_scalar("lambda_0", lambda_0)
+    beta = as_float_scalar("beta", beta)
     check_range("lambda_0", lambda_0, 0.0, None, low_open=True)
     check_range("beta", beta, 0.0, None)
     t = np.arange(num_layers, dtype=np.float64)
