@@ -1,0 +1,82 @@
+"""Crash safety: `jaxroll measure` killed with SIGKILL midway (a real subprocess),
+then `--resume`: the results equal an uninterrupted run and no output file is
+ever half-written."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+from jaxroll.cli import main  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(60)]
+ARGUMENTS = ["--length", "24", "--samples", "48", "--stats", "lambda,content,influence"]
+
+
+@pytest.fixture(scope="module")
+def model_and_texts(tmp_path_factory):
+    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    directory = tmp_path_factory.mktemp("bloom")
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(n_layer=2, n_head=4, hidden_size=32, vocab_size=64)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    rng = np.random.default_rng(0)
+    texts = tmp_path_factory.mktemp("texts") / "docs.txt"
+    texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=30)) for _ in range(48)) + "\n")
+    return directory, texts
+
+
+def _complete_files_only(directory) -> None:
+    """Every file under its final name reads back whole (temporaries may remain)."""
+    for path in directory.iterdir():
+        if path.suffix == ".tmp":
+            continue
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                for name in data.files:
+                    data[name]  # a truncated archive fails here
+        else:
+            assert path.stat().st_size > 0, path
+
+
+def test_measure_killed_midway_resumes_to_the_uninterrupted_result(model_and_texts, tmp_path, capsys):
+    model, texts = model_and_texts
+    full, out = tmp_path / "full", tmp_path / "out"
+    assert main(["measure", str(model), "--texts", str(texts), *ARGUMENTS, "--out", str(full)]) == 0
+    capsys.readouterr()
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jaxroll.cli", "measure", str(model), "--texts", str(texts), *ARGUMENTS,
+         "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    checkpoint = out / "checkpoint.npz"
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # let it get a few sequences further, into the middle of a write or not
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed midway"
+    assert checkpoint.exists() and not (out / "measurement.npz").exists()
+    _complete_files_only(out)
+
+    assert main(["measure", str(model), "--texts", str(texts), *ARGUMENTS, "--out", str(out), "--resume"]) == 0
+    assert not checkpoint.exists()
+    _complete_files_only(out)
+    with np.load(out / "measurement.npz") as resumed, np.load(full / "measurement.npz") as reference:
+        assert resumed["lambdas_per_sequence"].shape == (48, 2)
+        for name in ("lambdas_per_sequence", "influence", "content_diagonal", "content_base", "token_ids"):
+            # The same sequences summed in the same order: equal up to float32 rounding of the model.
+            np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-12)
+    assert sorted(os.listdir(out)) == sorted(os.listdir(full))
