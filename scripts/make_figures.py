@@ -27,8 +27,8 @@ NOTEBOOKS = ROOT / "notebooks"
 # The README's figures: name -> the notebook whose tagged cell draws it.
 FIGURES = {
     "u_shape": "01_u_shape",
-    "four_forces": "02_four_forces",
     "depth_dichotomy": "03_depth_dichotomy",
+    "measure": "05_measure",
 }
 MAX_BYTES = 150_000
 

@@ -386,7 +386,7 @@ FIT = [
     """),
     code(SETUP),
     code("""
-    N, STEPS, METHOD = 128, 150, "structured"
+    N, STEPS, METHOD = 128, 100, "structured"
     target = np.asarray(jaxroll.influence(jaxroll.published.load("mpt-7b", content="all"), N))
     start = jaxroll.presets.get("mpt-7b")
     fits = {
