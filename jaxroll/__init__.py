@@ -29,8 +29,10 @@ from .rollout import (
     influence as influence,
     influence_with_mass as influence_with_mass,
     rollout_matrix as rollout_matrix,
+    rollout_row as rollout_row,
     transition as transition,
 )
+from .sweep import SweepResult as SweepResult, sweep as sweep
 
 try:
     __version__ = version("jaxroll")

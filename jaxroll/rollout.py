@@ -26,7 +26,7 @@ from .kernels import layer_kernel
 from .model import RolloutModel
 
 __all__ = ["METHODS", "attention_kernel", "transition", "influence",
-           "influence_with_mass", "rollout_matrix"]
+           "influence_with_mass", "rollout_matrix", "rollout_row"]
 
 METHODS = ("auto", "dense", "structured")
 
@@ -167,3 +167,22 @@ def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -
         (128,)
     """
     return influence_with_mass(model, n, method)[0]
+
+
+def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "auto") -> Float[Array, " n"]:
+    """``row^T R_T ... R_1`` for any row vector, not normalised; n is ``row``'s length.
+
+    With ``row = e_{n-1}`` this is the unnormalised influence profile. Under a
+    causal (or sliding) mask the first n rows of ``P_T`` at length ``N >= n``
+    are ``P_T`` at length n, so ``e_{n-1}^T P_T`` at length N is the profile at
+    length n padded with zeros: `jaxroll.sweep` runs every sequence length of
+    a sweep as a vmap over start rows at one N. Pure: jit, vmap and grad apply.
+    """
+    row_times_kernel = _row_times_kernel(model, _resolve(method), row.shape[-1])
+
+    def apply_layer(vector, layer):
+        weight = layer[0]
+        return (1.0 - weight) * vector + weight * row_times_kernel(vector, layer), None
+
+    result, _ = jax.lax.scan(apply_layer, row, _layers(model), reverse=True)
+    return result

@@ -1,0 +1,601 @@
+"""Parameter sweeps: many rollouts in one compiled, vmapped, sharded call.
+
+Every point of a sweep is a `RolloutModel` that differs from a base model in a
+few fields; its influence profile is ``p^T = e_{n-1}^T R_T ... R_1`` with
+``R_t = (1 - lambda_t) I + lambda_t A_t`` (arXiv 2602.16837). The points'
+arrays are stacked along a leading batch axis and evaluated under one
+``jit(vmap(...))``, in chunks sized to a memory budget, the batch axis sharded
+over a `jax.sharding.Mesh` with `NamedSharding`.
+
+Two evaluation paths, chosen automatically:
+
+- ``"krylov"``: when only the lambdas vary and every layer of the base model
+  has the same kernel A, the ``R_t`` commute and
+  ``p^T = sum_k c_k(lambda) e^T A^k`` with ``c_k`` the coefficients of
+  ``prod_t ((1 - lambda_t) + lambda_t x)``. The T + 1 Krylov rows
+  ``e^T A^k`` cost T structured products once; a chunk of S schedules is one
+  ``(S, T+1) x (T+1, N)`` matmul. The ``c_k`` are non-negative and sum to 1
+  (no cancellation); they are computed in float64 on the host.
+- ``"vmap"``: anything else; each point runs its own ``lax.scan`` over layers.
+
+Sequence lengths: under a causal or sliding mask the first n rows of ``P_T``
+at ``N_max`` are ``P_T`` at length n (row i reads only j <= i, and its
+softmax normaliser depends on i alone), so the profile at length n is the
+rollout started from ``e_{n-1}`` at ``N_max``, zero beyond position n - 1.
+All lengths are one compiled call, a vmap over start rows. Under the full
+mask row i reads every j < N, so P at ``N_max`` says nothing about length n:
+each length is its own call (and its own compilation), padded with zeros to
+``N_max``.
+
+Multi-host: call ``jax.distributed.initialize`` in every process first; the
+default mesh spans every device of every process, each process feeds its own
+shards (all processes build the same points from the same arguments), and the
+profiles are gathered to every process (write files from process 0 only).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from . import metrics, schedules
+from ._checks import check_positive_int, is_concrete
+from .errors import ConfigError
+from .model import RolloutModel
+from .rollout import rollout_row
+
+__all__ = ["AXES", "STATISTICS", "MEMORY_BUDGET", "SweepResult", "sweep", "make_mesh"]
+
+AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
+        "head_weights", "temperature")
+"""The fields a sweep axis may name. ``lambdas``: schedules (a number for a
+constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
+mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
+grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
+`RolloutModel.create` takes for that field."""
+
+STATISTICS = metrics.Shape._fields
+"""The shape statistics of every point in `SweepResult.table` (`jaxroll.metrics.Shape`)."""
+
+MEMORY_BUDGET = 2**30
+"""Bytes of intermediate arrays one chunk may hold (an estimate), when ``batch_size`` is None."""
+
+_LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
+_SCALAR_AXES = {  # axis -> (lower bound, open at the bound)
+    "lambda_0": (0.0, True), "beta": (0.0, True), "slope_scale": (0.0, False),
+    "temperature": (0.0, True)}
+_BATCH = "batch"
+
+
+class SweepResult(NamedTuple):
+    """What `sweep` returns.
+
+    Attributes:
+        profiles: ``(*axes, N)`` (cartesian), ``(K, N)`` (zipped), with a
+            lengths axis before N when `lengths` was given: ``(..., L, N_max)``,
+            the profile at length n in ``[..., :n]`` and zeros beyond.
+        table: one row per point (and length), as columns: ``<axis>_index``,
+            the value of scalar axes, ``lambda_0``/``beta`` for power-decay
+            schedules, ``total_mixing`` (``sum_t lambda_t``), ``length`` and
+            the `STATISTICS`; ``pandas.DataFrame(result.table)`` loads it.
+        axes: the axis values as given, by name, in order.
+        lengths: the lengths swept, or None.
+        method: ``"krylov"`` or ``"vmap"`` (see the module docstring).
+        sharding: the `NamedSharding` of the computed chunks' batch axis.
+        batch_size: points per compiled call.
+    """
+
+    profiles: np.ndarray
+    table: dict[str, np.ndarray]
+    axes: dict[str, list]
+    lengths: tuple[int, ...] | None
+    method: str
+    sharding: NamedSharding
+    batch_size: int
+
+    def to_pandas(self):
+        """`table` as a `pandas.DataFrame` (needs pandas)."""
+        import pandas
+
+        return pandas.DataFrame(self.table)
+
+
+# ---------------------------------------------------------------- checking
+
+
+def _axis_values(name: str, values) -> list:
+    if name not in AXES:
+        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(AXES)}")
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise ConfigError(f"{name}: got {type(values).__name__}; allowed: a non-empty list of values")
+    values = list(values)
+    if not values:
+        raise ConfigError(f"{name}: the axis is empty; allowed: a non-empty list of values")
+    return values
+
+
+def _reword(axis: str, index: int, error: ConfigError) -> ConfigError:
+    """``field: rest`` of a constructor's message as ``axis[index]: rest``."""
+    field, _, rest = str(error).partition(": ")
+    text = rest if field in (axis, "lambdas", "lambdas_custom", "lambda_const") else str(error)
+    return ConfigError(f"{axis}[{index}]: {text}")
+
+
+def _scalar(axis: str, index: int, value) -> float:
+    low, low_open = _SCALAR_AXES[axis]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{axis}[{index}]: got {value!r:.60}; allowed: a number") from None
+    if not np.isfinite(number) or number < low or (low_open and number == low):
+        bound = f"({low:g}, inf)" if low_open else f"[{low:g}, inf)"
+        raise ConfigError(f"{axis}[{index}]: value {number!r} is outside the allowed range {bound}")
+    return number
+
+
+def _base_fields(model: RolloutModel) -> dict[str, Any]:
+    return {"num_layers": model.num_layers, "num_heads": model.num_heads,
+            "lambdas": np.asarray(model.lambdas, np.float64),
+            "alibi_slopes": np.asarray(model.alibi_slopes, np.float64),
+            "diagonal_scores": np.asarray(model.diagonal_scores, np.float64),
+            "base_scores": np.asarray(model.base_scores, np.float64),
+            "head_weights": np.asarray(model.head_weights, np.float64),
+            "temperature": float(model.temperature), "mask": model.mask, "window": model.window,
+            "sequence_length": model.sequence_length}
+
+
+def _schedule(model: RolloutModel, value) -> np.ndarray:
+    """One value of a ``lambdas`` axis as ``(T,)`` lambdas."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"lambda_0", "beta"})
+        if unknown or len(value) != 2:
+            raise ConfigError(f"got keys {sorted(value)}; allowed: a mapping with lambda_0 and beta")
+        value = (value["lambda_0"], value["beta"])
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ConfigError(f"got a tuple of {len(value)}; allowed: (lambda_0, beta)")
+        return schedules.power_decay(value[0], value[1], model.num_layers)
+    if np.ndim(value) == 0:
+        return schedules.constant(value, model.num_layers)
+    return np.asarray(value)
+
+
+def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
+    """The axis' values as stacked arrays, each checked as `RolloutModel.create` checks it."""
+    if name in _SCALAR_AXES:
+        return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
+    base = _base_fields(model)
+    field = name
+    stacked = []
+    for k, value in enumerate(values):
+        try:
+            if not is_concrete(value):
+                raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+            if name == "lambdas":
+                value = _schedule(model, value)
+            checked = RolloutModel.create(**{**base, field: value})
+        except ConfigError as error:
+            raise _reword(name, k, error) from None
+        stacked.append(np.asarray(getattr(checked, field), np.float64))
+    return np.stack(stacked)
+
+
+def make_mesh(mesh=None) -> Mesh:
+    """The mesh of a sweep: None for every device (of every process), an int k
+    for the first k devices, or a `Mesh` (the batch axis is sharded over all
+    its axes)."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    devices = jax.devices()
+    if mesh is None:
+        return Mesh(np.array(devices), (_BATCH,))
+    if isinstance(mesh, bool) or not isinstance(mesh, (int, np.integer)) or not 1 <= mesh <= len(devices):
+        raise ConfigError(f"mesh: got {mesh!r}; allowed: 1 to {len(devices)} devices (the devices JAX sees) "
+                          "or a jax.sharding.Mesh")
+    return Mesh(np.array(devices[: int(mesh)]), (_BATCH,))
+
+
+def _check_lengths(lengths) -> tuple[int, ...] | None:
+    if lengths is None:
+        return None
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__") or not len(lengths):
+        raise ConfigError(f"lengths: got {lengths!r:.60}; allowed: a non-empty list of integers >= 1")
+    return tuple(check_positive_int(f"lengths[{k}]", n) for k, n in enumerate(lengths))
+
+
+# ---------------------------------------------------------------- planning
+
+
+class _Plan(NamedTuple):
+    """Everything a sweep computes, decided (and checked) before any compilation."""
+
+    base: RolloutModel
+    shape: tuple[int, ...]          # the points' grid, (*axes) or (K,)
+    leaves: dict[str, np.ndarray]   # batched model arrays, (S, ...)
+    columns: dict[str, np.ndarray]  # per-point table columns, (S,)
+    lengths: tuple[int, ...]        # lengths evaluated (at least one)
+    method: str
+    batch_size: int
+    mesh: Mesh
+
+
+def _points(sizes: list[int], names: list[str], zipped: bool) -> tuple[tuple[int, ...], list[np.ndarray]]:
+    """The grid's shape and each axis' value index at every point (C order)."""
+    if not sizes:
+        return (), []
+    if zipped:
+        if len(set(sizes)) > 1:
+            detail = ", ".join(f"{n} {s}" for n, s in builtins.zip(names, sizes))
+            raise ConfigError(f"zip: axes have lengths {detail}; allowed: all the same length")
+        return (sizes[0],), [np.arange(sizes[0])] * len(sizes)
+    grids = np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij")
+    return tuple(sizes), [grid.ravel() for grid in grids]
+
+
+def _equal_layers(model: RolloutModel) -> bool:
+    """True when every layer has the same kernel (slopes, content, weights)."""
+    arrays = (model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
+    return all(np.all(np.asarray(x) == np.asarray(x)[:1]) for x in arrays)
+
+
+def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
+    itemsize = jnp.dtype(jnp.result_type(float)).itemsize
+    rows = len(lengths) * n * itemsize
+    if method == "krylov":
+        return 3 * rows  # the product, its normalised copy, and the gathered copy on the host
+    # A vmapped layer step holds a few (head chunk, n) arrays per row (see jaxroll.structured).
+    return rows * (6 * min(base.num_heads, 16) + 4)
+
+
+def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
+    if not isinstance(model, RolloutModel):
+        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel")
+    names = list(axes)
+    values = {name: _axis_values(name, axes[name]) for name in names}
+    if "lambdas" in values and values.keys() & {"lambda_0", "beta"}:
+        raise ConfigError("lambdas: give a lambdas axis or lambda_0 and beta axes, not both")
+    for one, other in (("lambda_0", "beta"), ("beta", "lambda_0")):
+        if one in values and other not in values:
+            raise ConfigError(f"{other}: the {one} axis needs a {other} axis (a power-decay grid); "
+                              "give a one-value list to hold it fixed")
+    checked = {name: _checked_axis(model, name, values[name]) for name in names}
+    lengths = _check_lengths(lengths)
+    mesh = make_mesh(mesh)
+    if batch_size is not None:
+        batch_size = check_positive_int("batch_size", batch_size)
+
+    shape, indices = _points([len(values[n]) for n in names], names, zipped)
+    count = int(np.prod(shape)) if shape else 1
+    index = dict(builtins.zip(names, indices)) if names else {}
+    leaves = {field: np.broadcast_to(value, (count,) + np.shape(value)).copy()
+              for field, value in _base_fields(model).items()
+              if field in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores",
+                           "head_weights", "temperature")}
+    columns = {f"{name}_index": index[name] for name in names}
+    for name in names:
+        picked = checked[name][index[name]]
+        if name in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
+            leaves[name] = picked
+        if name in _SCALAR_AXES:
+            columns[name] = picked
+        elif all(np.ndim(v) == 0 for v in values[name]):
+            columns[name] = np.asarray(values[name], np.float64)[index[name]]
+        elif name == "lambdas" and all(isinstance(v, (tuple, dict)) for v in values[name]):
+            pairs = np.asarray([(v["lambda_0"], v["beta"]) if isinstance(v, dict) else v
+                                for v in values[name]], np.float64)
+            columns["lambda_0"], columns["beta"] = pairs[index[name], 0], pairs[index[name], 1]
+    if "lambda_0" in names:
+        # The same float64 formula as schedules.power_decay, for every point at once.
+        layers = np.arange(model.num_layers, dtype=np.float64)
+        lambda_0, beta = columns["lambda_0"][:, None], columns["beta"][:, None]
+        leaves["lambdas"] = np.clip(lambda_0 / (layers + 1.0) ** beta, 0.0, 1.0)
+    if "slope_scale" in names:
+        leaves["alibi_slopes"] = leaves["alibi_slopes"] * columns["slope_scale"][:, None, None]
+    columns["total_mixing"] = leaves["lambdas"].sum(axis=1)
+
+    method = "krylov" if set(names) <= _LAMBDA_AXES and _equal_layers(model) else "vmap"
+    evaluated = lengths if lengths is not None else (model.sequence_length,)
+    devices = mesh.devices.size
+    if batch_size is None:
+        per_point = _per_point_bytes(method, model, evaluated, max(evaluated))
+        batch_size = max(1, MEMORY_BUDGET // per_point)
+    # Whole multiples of the mesh, and never (much) more than the sweep needs.
+    batch_size = min(batch_size, -(-count // devices) * devices)
+    batch_size = max(devices, batch_size // devices * devices)
+    return _Plan(model, shape, leaves, columns, evaluated, method, batch_size, mesh)
+
+
+# ---------------------------------------------------------------- compiled work
+
+
+def _batched_model(base: RolloutModel, leaves: dict, n: int) -> RolloutModel:
+    """A RolloutModel whose arrays carry a leading batch axis (vmap over it)."""
+    return RolloutModel(**leaves, mask=base.mask, window=base.window, sequence_length=n)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "sharding"))
+def _vmapped_profiles(batched: RolloutModel, starts, n: int, sharding):
+    """``(S, L, n)``: point s's rollout from ``e_{starts[l]}`` at length n, normalised."""
+    rows = jax.nn.one_hot(starts, n, dtype=batched.lambdas.dtype)
+
+    def one_point(model):
+        return jax.vmap(lambda row: rollout_row(model, row))(rows)
+
+    profiles = jax.vmap(one_point)(batched)
+    profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
+    return jax.lax.with_sharding_constraint(profiles, sharding)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "depth"))
+def _krylov(layer: RolloutModel, starts, n: int, depth: int):
+    """``(L, depth+1, n)``: ``e_s^T A^k`` for k = 0..depth; `layer` is one layer with lambda 1.
+
+    With ``lambda = 1`` one `rollout_row` of the one-layer model is one
+    structured product ``v^T A``.
+    """
+    rows = jax.nn.one_hot(starts, n, dtype=layer.lambdas.dtype)
+
+    def powers(row):
+        def step(vector, _):
+            following = rollout_row(layer, vector)
+            return following, following
+
+        _, later = jax.lax.scan(step, row, None, length=depth)
+        return jnp.concatenate([row[None], later])
+
+    return jax.vmap(powers)(rows)
+
+
+@functools.partial(jax.jit, static_argnames=("sharding",))
+def _combine(coefficients, rows, sharding):
+    """``(S, L, n)``: ``sum_k c[s, k] rows[l, k]``, normalised: one matmul per chunk."""
+    profiles = jnp.einsum("sk,lkn->sln", coefficients, rows)
+    profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
+    return jax.lax.with_sharding_constraint(profiles, sharding)
+
+
+def polynomial_coefficients(lambdas) -> np.ndarray:
+    """``c[s, k]``, the coefficients of ``prod_t ((1 - lambda_t) + lambda_t x)``, float64.
+
+    ``(S, T) -> (S, T+1)``; every ``c`` is non-negative and each row sums to
+    1. With one kernel A in every layer, ``e^T R_T ... R_1 = sum_k c_k e^T A^k``.
+    """
+    lambdas = np.asarray(lambdas, np.float64)
+    count, depth = lambdas.shape
+    coefficients = np.zeros((count, depth + 1))
+    coefficients[:, 0] = 1.0
+    for t in range(depth):  # host NumPy, O(S T^2): no compilation, exact float64
+        weight = lambdas[:, t : t + 1]
+        shifted = np.concatenate([np.zeros((count, 1)), coefficients[:, :-1]], axis=1)
+        coefficients = (1.0 - weight) * coefficients + weight * shifted
+    return coefficients
+
+
+def _global(host: np.ndarray, sharding: NamedSharding):
+    """A global array from a host array every process holds in full."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _gather(array) -> np.ndarray:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(array)
+
+
+def _calls(plan: _Plan) -> list[tuple[int, tuple[int, ...]]]:
+    """``(n, positions of the lengths it serves)`` for each compiled call per chunk."""
+    if plan.base.mask == "full":  # no prefix property: one call per distinct length
+        return [(n, tuple(k for k, m in enumerate(plan.lengths) if m == n))
+                for n in sorted(set(plan.lengths))]
+    return [(max(plan.lengths), tuple(range(len(plan.lengths))))]
+
+
+class _Evaluator:
+    """Evaluates chunks of a plan; the Krylov rows are computed once."""
+
+    def __init__(self, plan: _Plan):
+        self.plan = plan
+        self.dtype = jnp.result_type(float)
+        self.batch = NamedSharding(plan.mesh, PartitionSpec(plan.mesh.axis_names))
+        self.replicated = NamedSharding(plan.mesh, PartitionSpec())
+        self.n_max = max(plan.lengths)
+        self.rows = None
+        if plan.method == "krylov":
+            self.rows = [self._krylov_rows(n, positions) for n, positions in _calls(plan)]
+            self.coefficients = polynomial_coefficients(plan.leaves["lambdas"])
+
+    def _krylov_rows(self, n, positions):
+        base = self.plan.base
+        layer = jax.tree.map(lambda x: np.asarray(x[:1], self.dtype) if np.ndim(x) else np.asarray(x, self.dtype),
+                             base)
+        layer = dataclasses.replace(layer, lambdas=np.ones(1, self.dtype), sequence_length=n)
+        starts = np.array([self.plan.lengths[k] - 1 for k in positions], np.int32)
+        # Computed on this process' first device, then replicated over the mesh.
+        with jax.default_device(jax.local_devices()[0]):
+            rows = np.asarray(_krylov(layer, starts, n, base.num_layers))
+        return _global(rows, self.replicated)
+
+    def chunk(self, k: int):
+        """Profiles of chunk k, ``(batch_size, L, N_max)`` as a sharded array, and its rows' range."""
+        plan = self.plan
+        count = next(iter(plan.leaves.values())).shape[0]
+        size = plan.batch_size
+        # The last chunk repeats its last point to the full size: one compiled shape.
+        take = np.minimum(np.arange(k * size, (k + 1) * size), count - 1)
+        parts = []
+        for call, (n, positions) in enumerate(_calls(plan)):
+            if plan.method == "krylov":
+                coefficients = _global(self.coefficients[take].astype(self.dtype), self.batch)
+                profiles = _combine(coefficients, self.rows[call], self.batch)
+            else:
+                leaves = {field: _global(value[take].astype(self.dtype), self.batch)
+                          for field, value in plan.leaves.items()}
+                starts = _global(np.array([plan.lengths[p] - 1 for p in positions], np.int32),
+                                 self.replicated)
+                profiles = _vmapped_profiles(_batched_model(plan.base, leaves, n), starts, n, self.batch)
+            parts.append((n, positions, profiles))
+        return parts
+
+    def host_chunk(self, k: int) -> tuple[np.ndarray, NamedSharding]:
+        """Chunk k gathered to the host: ``(batch_size, L, N_max)``, and its sharding."""
+        out = np.zeros((self.plan.batch_size, len(self.plan.lengths), self.n_max), self.dtype)
+        sharding = None
+        for n, positions, profiles in self.chunk(k):
+            sharding = profiles.sharding
+            out[:, list(positions), :n] = _gather(profiles)
+        return out, sharding
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _fingerprint(plan: _Plan) -> str:
+    digest = hashlib.sha256()
+    for field in sorted(plan.leaves):
+        digest.update(field.encode())
+        digest.update(np.ascontiguousarray(plan.leaves[field]).tobytes())
+    digest.update(repr((plan.lengths, plan.method, plan.batch_size, plan.base.mask, plan.base.window,
+                        str(jnp.result_type(float)))).encode())
+    return digest.hexdigest()
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        np.save(handle, array)
+    os.replace(temporary, path)
+
+
+def _open_checkpoint(directory, plan: _Plan) -> Path:
+    directory = Path(directory)
+    fingerprint = _fingerprint(plan)
+    stamp = directory / "fingerprint.txt"
+    if stamp.is_file() and stamp.read_text().strip() != fingerprint:
+        raise ConfigError(f"checkpoint {directory}: written by a different sweep (other axes, lengths, "
+                          "batch size or dtype); allowed: the directory of the same sweep")
+    if jax.process_index() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary = stamp.with_name("fingerprint.txt.tmp")
+        temporary.write_text(fingerprint + "\n")
+        os.replace(temporary, stamp)
+    return directory
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def _table(plan: _Plan, profiles: np.ndarray, fraction: float) -> dict[str, np.ndarray]:
+    """One row per (point, length): the point's columns, the length, the shape statistics."""
+    count, lengths = profiles.shape[0], len(plan.lengths)
+    table = {name: np.repeat(column, lengths) for name, column in plan.columns.items()}
+    table["length"] = np.tile(np.asarray(plan.lengths), count)
+    statistics = {name: np.zeros(count * lengths) for name in STATISTICS}
+    with jax.enable_x64(True):  # statistics in float64 whatever the sweep's dtype
+        for position, n in enumerate(plan.lengths):
+            shape = metrics.shape_statistics(jnp.asarray(profiles[:, position, :n], jnp.float64), fraction)
+            for name in STATISTICS:
+                statistics[name][position::lengths] = np.asarray(getattr(shape, name))
+    statistics["argmin"] = statistics["argmin"].astype(np.int64)
+    table.update(statistics)
+    return table
+
+
+def sweep(
+    model: RolloutModel,
+    *,
+    lengths=None,
+    zip: bool = False,  # noqa: A002  (the issue's name: zip axes instead of a product)
+    batch_size: int | None = None,
+    mesh=None,
+    progress: bool = True,
+    checkpoint=None,
+    fraction: float = 0.1,
+    **axes,
+) -> SweepResult:
+    """Influence profiles of many variants of `model` in one compiled, sharded call.
+
+    Each keyword in `axes` names a field and lists its values; the points are
+    their cartesian product (or, with ``zip=True``, the values taken side by
+    side). Point s is the model with those fields replaced; its profile is
+    ``p_s^T = e_{n-1}^T R_T ... R_1`` with ``R_t = (1 - lambda_t) I + lambda_t A_t``
+    and ``A[i, j]`` the weight with which token i reads token j
+    (arXiv 2602.16837).
+
+    Args:
+        model: the base `RolloutModel`.
+        lengths: sequence lengths to evaluate at every point (default: the
+            model's ``sequence_length`` only). Causal and sliding masks: one
+            compiled call, a vmap over start rows ``e_{n-1}`` at ``max(lengths)``;
+            full mask: one call per length.
+        zip: take the axes side by side (all the same length) instead of
+            their cartesian product.
+        batch_size: points per compiled call (default: what fits
+            `MEMORY_BUDGET`); rounded to a multiple of the mesh's devices.
+        mesh: None (every device), a device count, or a `jax.sharding.Mesh`;
+            the batch axis is sharded over all of its axes.
+        progress: a tqdm bar over chunks (process 0 only).
+        checkpoint: a directory; every finished chunk is written there
+            atomically and chunks already there (of the same sweep) are read
+            back instead of recomputed, so an interrupted sweep resumes.
+        fraction: edge fraction of the shape statistics (`jaxroll.metrics`).
+        **axes: ``lambdas``, ``lambda_0`` and ``beta``, ``alibi_slopes``,
+            ``slope_scale``, ``diagonal_scores``, ``head_weights``,
+            ``temperature`` (see `AXES`).
+
+    Returns:
+        A `SweepResult`: profiles ``(*axes, [L,] N)`` and the tidy table.
+
+    Raises:
+        ConfigError: one line: an empty axis, an unknown field, a value out of
+        range (naming the axis and the index of the value), axes of different
+        lengths under `zip`, a mesh larger than the devices.
+
+    Example:
+        >>> import jaxroll
+        >>> result = jaxroll.sweep(jaxroll.presets.get("mpt-7b", 128),
+        ...                        lambda_0=[0.3, 0.6], beta=[0.5, 1.0, 2.0], progress=False)
+        >>> result.profiles.shape, result.method
+        ((2, 3, 128), 'krylov')
+    """
+    if not 0 < fraction < 0.5:
+        raise ConfigError(f"fraction: got {fraction!r}; allowed: 0 < fraction < 0.5")
+    plan = _plan(model, axes, lengths, bool(zip), batch_size, mesh)
+    directory = _open_checkpoint(checkpoint, plan) if checkpoint is not None else None
+    evaluator = _Evaluator(plan)
+    count = plan.columns["total_mixing"].shape[0]
+    chunks = -(-count // plan.batch_size)
+    pieces, sharding = [], evaluator.batch
+
+    from tqdm.auto import tqdm
+
+    with tqdm(total=chunks, desc="sweep", unit="chunk", delay=2.0,
+              disable=not progress or jax.process_index() != 0) as bar:
+        for k in range(chunks):
+            path = directory / f"chunk_{k:06d}.npy" if directory is not None else None
+            if path is not None and path.is_file():
+                piece = np.load(path)
+            else:
+                piece, sharding = evaluator.host_chunk(k)
+                if path is not None and jax.process_index() == 0:
+                    _atomic_save(path, piece)
+            pieces.append(piece)
+            bar.update(1)
+    flat = np.concatenate(pieces)[:count]
+    table = _table(plan, flat, fraction)
+    profiles = flat if lengths is not None else flat[:, 0, :]
+    profiles = profiles.reshape(plan.shape + profiles.shape[1:])
+    return SweepResult(profiles, table, {name: list(axes[name]) for name in axes},
+                       plan.lengths if lengths is not None else None, plan.method, sharding,
+                       plan.batch_size)
