@@ -81,7 +81,14 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_measure_parser(commands)
     _add_theory_parsers(commands)
     _add_fit_parser(commands)
+    _add_sweep_parser(commands)
     return parser
+
+
+def _add_sweep_parser(commands) -> None:
+    from ._cli_sweep import add_sweep_parser
+
+    add_sweep_parser(commands)
 
 
 def _add_measure_parser(commands) -> None:

@@ -192,3 +192,53 @@ def plot_measured_influence(path, influence, *, title: str = "") -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return Path(path)
+
+
+def plot_sweep(directory, statistics, axes, *, title: str = "") -> list[Path]:
+    """One figure per shape statistic of a sweep: ``heatmap_<name>.png`` or ``line_<name>.png``.
+
+    `statistics` maps a name to an array over the grid ``(len(axes[0][1]), ...)``;
+    `axes` lists ``(axis name, tick values)``. Two or more axes: a heatmap over
+    the first two, the others held at their first value (said in the title);
+    one axis: a line plot. Each file is written to a temporary name and
+    renamed, so no half-written figure is left behind.
+    """
+    import os
+
+    directory = Path(directory)
+    written = []
+    held = ", ".join(f"{name} = {values[0]}" for name, values in axes[2:])
+    for name, values in statistics.items():
+        values = np.asarray(values, dtype=np.float64)
+        values = values[(slice(None),) * min(2, values.ndim) + (0,) * max(0, values.ndim - 2)]
+        figure, axes_ = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
+        if values.ndim == 0 or len(axes) == 0:
+            plt.close(figure)
+            continue
+        if values.ndim == 1:
+            (axis_name, ticks), = axes[:1]
+            axes_.plot(np.arange(len(ticks)), values, "o-", color="C0")
+            axes_.set_xticks(np.arange(len(ticks)), [_tick(t) for t in ticks], rotation=45)
+            axes_.set_xlabel(axis_name)
+            axes_.set_ylabel(name)
+            path = directory / f"line_{name}.png"
+        else:
+            (row_name, rows), (column_name, columns) = axes[:2]
+            image = axes_.imshow(values, origin="lower", aspect="auto", cmap="viridis")
+            axes_.set_yticks(np.arange(len(rows)), [_tick(t) for t in rows])
+            axes_.set_xticks(np.arange(len(columns)), [_tick(t) for t in columns], rotation=45)
+            axes_.set_ylabel(row_name)
+            axes_.set_xlabel(column_name)
+            figure.colorbar(image, ax=axes_, label=name)
+            path = directory / f"heatmap_{name}.png"
+        axes_.set_title(f"{title}\n{name}" + (f" ({held})" if held else ""), fontsize=9)
+        temporary = path.with_name(path.name + ".tmp")
+        figure.savefig(temporary, dpi=100, format="png")
+        plt.close(figure)
+        os.replace(temporary, path)
+        written.append(path)
+    return written
+
+
+def _tick(value) -> str:
+    return f"{value:.3g}" if isinstance(value, (float, np.floating)) else str(value)

@@ -1,0 +1,218 @@
+"""``jaxroll sweep SPEC.yaml --out DIR``: a parameter sweep from a YAML spec.
+
+A spec names a base model and the axes of `jaxroll.sweep`::
+
+    base: {preset: mpt-7b, sequence_length: 256}   # or config: FILE, or published: NAME
+    axes: {lambda_0: [0.2, 0.4], beta: [0.5, 1.0]}
+    lengths: [128, 256]                              # optional
+    zip: false                                       # optional
+    batch_size: 64                                   # optional
+    mesh: 2                                          # optional: devices to shard over
+
+Everything is checked before --out is touched. Finished chunks go to
+``DIR/.partial/`` atomically; ``--resume`` continues an interrupted sweep from
+there. Outputs (each written to a temporary file and renamed): sweep.csv,
+sweep.parquet (when pyarrow is installed), profiles.npz, and one figure per
+shape statistic (heatmap_<statistic>.png over the first two axes, or
+line_<statistic>.png for one axis).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+SPEC_KEYS = {"base", "axes", "lengths", "zip", "batch_size", "mesh"}
+BASE_KEYS = {"preset", "config", "published", "content", "dataset", "sequence_length"}
+PARTIAL = ".partial"
+
+
+def add_sweep_parser(commands) -> None:
+    parser = commands.add_parser(
+        "sweep", help="a parameter sweep from a YAML spec",
+        description="Evaluate the influence profile at every point of a parameter grid "
+                    "(jaxroll.sweep) and write sweep.csv (one row per point and length, with "
+                    "its shape statistics), sweep.parquet (if pyarrow is installed), "
+                    "profiles.npz and heatmap_<statistic>.png / line_<statistic>.png into --out.")
+    parser.add_argument("spec", type=Path, metavar="SPEC.yaml",
+                        help="keys: base (preset | config | published, content, dataset, "
+                             "sequence_length), axes, lengths, zip, batch_size, mesh")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the interrupted sweep in --out from its last finished chunk")
+    parser.add_argument("--float64", action="store_true", help="compute in float64")
+    parser.set_defaults(run=run_sweep)
+
+
+def _check_keys(where: str, mapping, allowed: set) -> dict:
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{where}: got {mapping!r:.60}; allowed: a mapping")
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    return mapping
+
+
+def _base_model(base: dict, spec_path: Path):
+    import dataclasses
+
+    from . import io, presets, published
+
+    sources = [key for key in ("preset", "config", "published") if key in base]
+    if len(sources) != 1:
+        raise ConfigError(f"base: got {sources or 'no source'}; allowed: exactly one of preset, config, published")
+    source = sources[0]
+    if source != "published" and base.keys() & {"content", "dataset"}:
+        raise ConfigError(f"base.{sorted(base.keys() & {'content', 'dataset'})[0]}: only with base.published")
+    if source == "preset":
+        model = presets.get(base["preset"])
+    elif source == "config":
+        path = Path(base["config"])
+        model = io.load_config(path if path.is_absolute() else spec_path.parent / path)
+    else:
+        model = published.load(base["published"], base.get("content"), base.get("dataset", "fineweb-edu"))
+    if "sequence_length" in base:
+        from ._checks import check_positive_int
+
+        length = check_positive_int("base.sequence_length", base["sequence_length"])
+        model = dataclasses.replace(model, sequence_length=length)
+    return model
+
+
+def read_spec(path: Path) -> tuple:
+    """``(model, axes, options)`` of a spec file, every key checked."""
+    from . import io
+
+    spec = _check_keys(str(path), io.read_yaml(path), SPEC_KEYS)
+    if "base" not in spec:
+        raise ConfigError(f"{path}: base: missing; this key is required")
+    model = _base_model(_check_keys("base", spec["base"], BASE_KEYS), path)
+    axes = spec.get("axes") or {}
+    if not isinstance(axes, dict):
+        raise ConfigError(f"axes: got {axes!r:.60}; allowed: a mapping of field to a list of values")
+    zipped = spec.get("zip", False)
+    if not isinstance(zipped, bool):
+        raise ConfigError(f"zip: got {zipped!r}; allowed: true or false")
+    options = {"lengths": spec.get("lengths"), "zip": zipped, "batch_size": spec.get("batch_size"),
+               "mesh": spec.get("mesh")}
+    return model, dict(axes), options
+
+
+def _atomic(path: Path):
+    return path.with_name(path.name + ".tmp")
+
+
+def _write_csv(table: dict, path: Path) -> None:
+    temporary = _atomic(path)
+    names = list(table)
+    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(names)
+        for row in zip(*(table[name] for name in names)):
+            writer.writerow([repr(float(x)) if isinstance(x, (float, np.floating)) else int(x) for x in row])
+    os.replace(temporary, path)
+
+
+def _write_parquet(table: dict, path: Path) -> bool:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        return False
+    temporary = _atomic(path)
+    pyarrow.parquet.write_table(pyarrow.Table.from_pydict({k: np.asarray(v) for k, v in table.items()}),
+                                temporary)
+    os.replace(temporary, path)
+    return True
+
+
+def _write_npz(result, lambdas: np.ndarray, path: Path) -> None:
+    arrays = {"profiles": result.profiles, "axis_names": np.asarray(list(result.axes), dtype=str),
+              "lambdas": lambdas}
+    if result.lengths is not None:
+        arrays["lengths"] = np.asarray(result.lengths)
+    for name, values in result.axes.items():
+        try:
+            arrays[f"axis_{name}"] = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):  # mixed schedules: the per-point lambdas say it all
+            pass
+    temporary = _atomic(path)
+    with open(temporary, "wb") as handle:
+        np.savez(handle, **arrays)
+    os.replace(temporary, path)
+
+
+def _figure_axes(result, options) -> list[tuple[str, list]]:
+    """The plotted axes: the sweep's (one "point" axis when zipped), then the lengths."""
+    if options["zip"] and result.axes:
+        count = len(next(iter(result.axes.values())))
+        axes = [("point", list(range(count)))]
+    else:
+        axes = [(name, [v if np.ndim(v) == 0 and not isinstance(v, dict) else k
+                        for k, v in enumerate(values)]) for name, values in result.axes.items()]
+    if result.lengths is not None:
+        axes.append(("length", list(result.lengths)))
+    return axes
+
+
+def run_sweep(arguments) -> None:
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    from . import io, plot
+    from .sweep import STATISTICS, _plan, sweep
+
+    model, axes, options = read_spec(arguments.spec)
+    # Check every point before --out is touched: nothing is written on bad input.
+    plan = _plan(model, axes, options["lengths"], options["zip"], options["batch_size"],
+                          options["mesh"])
+    out = arguments.out
+    partial = out / PARTIAL
+    main_process = jax.process_index() == 0
+    if arguments.resume:
+        if not (partial / "fingerprint.txt").is_file():
+            raise ConfigError(f"--resume: no {PARTIAL}/ in {out}; allowed: the --out of an interrupted sweep")
+        if arguments.force:
+            raise ConfigError("--resume: give --resume or --force, not both")
+    elif main_process:
+        io.prepare_output_dir(out, force=arguments.force)
+        if partial.exists():
+            shutil.rmtree(partial)  # --force: a fresh sweep, not a resumed one
+    try:
+        result = sweep(model, **axes, lengths=options["lengths"], zip=options["zip"],
+                                batch_size=options["batch_size"], mesh=options["mesh"],
+                                progress=True, checkpoint=partial)
+    except KeyboardInterrupt:
+        raise ConfigError(f"sweep: interrupted; the finished chunks are in {partial}, rerun with --resume") from None
+    if not main_process:
+        return
+    written = ["sweep.csv"]
+    _write_csv(result.table, out / "sweep.csv")
+    if _write_parquet(result.table, out / "sweep.parquet"):
+        written.append("sweep.parquet")
+    lambdas = plan.leaves["lambdas"].reshape(plan.shape + (model.num_layers,))
+    _write_npz(result, lambdas, out / "profiles.npz")
+    written.append("profiles.npz")
+    figure_axes = _figure_axes(result, options)
+    grid = tuple(len(values) for _, values in figure_axes)
+    statistics = {name: np.asarray(result.table[name], np.float64).reshape(grid)
+                  for name in STATISTICS}
+    figures = plot.plot_sweep(out, statistics, figure_axes,
+                              title=f"{arguments.spec.name}: T = {model.num_layers}, H = {model.num_heads}")
+    written += [path.name for path in figures]
+    shutil.rmtree(partial, ignore_errors=True)
+    count = result.table["length"].shape[0]
+    print(f"jaxroll sweep: {arguments.spec} ({count} profiles, grid {grid}, method {result.method}, "
+          f"{result.batch_size} points per call on {plan.mesh.devices.size} device(s))")
+    for name in ("first", "last", "center_of_mass", "u_index"):
+        column = np.asarray(result.table[name], np.float64)
+        print(f"  {name:15} min {np.nanmin(column):.6g}  max {np.nanmax(column):.6g}")
+    print(f"  wrote {out}/" + ", ".join(written))
