@@ -111,6 +111,7 @@ def lengths_case(name, largest):
     lengths = [2**k for k in range(8, int(np.log2(largest)) + 1)]
     rows, base = [], {"case": "lengths", "model": name, "N": f"{lengths[0]}..{largest}", "points": 1}
 
+    jax.clear_caches()  # every "cold" row below starts without compiled code
     start = time.perf_counter()
     jax.block_until_ready(jaxroll.influence(model, largest))
     single_cold = time.perf_counter() - start
@@ -122,6 +123,7 @@ def lengths_case(name, largest):
     looped = [np.asarray(jaxroll.influence(model, n)) for n in lengths[:-1]] + [single]
     loop_cold = time.perf_counter() - start + single_cold  # each length compiles once; the largest above
 
+    jax.clear_caches()
     functions = [sweep_module._vmapped_profiles, sweep_module._krylov, sweep_module._combine]
     before = sum(f._cache_size() for f in functions)
     start = time.perf_counter()
@@ -162,6 +164,8 @@ def main(argv=None) -> int:
                         help="influence calls timed in the loop baseline (at N >= 2^15: a quarter)")
     parser.add_argument("--temperature-points", type=int, default=64,
                         help="points of the general-path row (N = the smallest length only)")
+    parser.add_argument("--cases", nargs="+", default=["schedules", "temperatures", "lengths"],
+                        choices=["schedules", "temperatures", "lengths"])
     parser.add_argument("--largest-length", type=int, default=65536)
     parser.add_argument("--out", type=Path, default=Path("sweep.csv"))
     parser.add_argument("--force", action="store_true", help="overwrite --out")
@@ -173,17 +177,19 @@ def main(argv=None) -> int:
     print(" | ".join(COLUMNS))
     rows = []
     for name in arguments.presets:
-        for n in arguments.lengths:
+        for n in arguments.lengths if "schedules" in arguments.cases else []:
             loop_points = arguments.loop_points if n < 2**15 else max(2, arguments.loop_points // 16)
             for points in arguments.points:
                 for row in schedule_case(name, n, points, loop_points):
                     rows.append(row)
                     print_row(row)
-        for row in temperature_case(name, min(arguments.lengths), arguments.temperature_points,
-                                    min(arguments.loop_points, arguments.temperature_points)):
+        temperature_rows = temperature_case(
+            name, min(arguments.lengths), arguments.temperature_points,
+            min(arguments.loop_points, arguments.temperature_points)) if "temperatures" in arguments.cases else []
+        for row in temperature_rows:
             rows.append(row)
             print_row(row)
-        for row in lengths_case(name, arguments.largest_length):
+        for row in lengths_case(name, arguments.largest_length) if "lengths" in arguments.cases else []:
             rows.append(row)
             print_row(row)
     with open(arguments.out, "w", newline="") as handle:

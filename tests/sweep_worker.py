@@ -38,7 +38,7 @@ def devices(out):
         sharded = jaxroll.sweep(model, **axes, lengths=[7, 24], batch_size=4, progress=False)
         compiled = {f: getattr(sweep_module, f)._cache_size() for f in ("_vmapped_profiles", "_combine", "_krylov")}
         moved = {key: [v * 1.1 for v in values] for key, values in axes.items()}
-        jaxroll.sweep(model, **moved, lengths=[9, 24], batch_size=4, progress=False)
+        jaxroll.sweep(model, **moved, lengths=[7, 24], batch_size=4, progress=False)
         again = {f: getattr(sweep_module, f)._cache_size() for f in compiled}
         results[name] = {
             "method": sharded.method,

@@ -181,8 +181,8 @@ def test_no_recompilation_for_new_values():
     jaxroll.sweep(uniform, lambda_0=[0.5, 1.0], beta=[1.0, 2.0], lengths=[8, 24], progress=False)
     functions = [sweep_module._vmapped_profiles, sweep_module._combine, sweep_module._krylov]
     before = [f._cache_size() for f in functions]
-    jaxroll.sweep(model, temperature=[0.7, 3.0], slope_scale=[0.1, 5.0], lengths=[3, 24], progress=False)
-    jaxroll.sweep(uniform, lambda_0=[0.2, 0.9], beta=[0.3, 1.7], lengths=[17, 24], progress=False)
+    jaxroll.sweep(model, temperature=[0.7, 3.0], slope_scale=[0.1, 5.0], lengths=[8, 24], progress=False)
+    jaxroll.sweep(uniform, lambda_0=[0.2, 0.9], beta=[0.3, 1.7], lengths=[8, 24], progress=False)
     assert [f._cache_size() for f in functions] == before
 
 
