@@ -345,3 +345,14 @@ def test_interrupted_sweep_resumes_from_the_last_finished_chunk(tmp_path, capsys
 def test_resume_needs_an_interrupted_sweep(tmp_path, capsys):
     status, output = run(["sweep", spec_file(tmp_path, GRID), "--out", tmp_path / "out", "--resume"], capsys)
     assert status == 2 and "no .partial/" in output.err and not (tmp_path / "out").exists()
+
+
+def test_parquet_is_the_csv_table_when_pyarrow_is_installed(tmp_path, capsys):
+    parquet = pytest.importorskip("pyarrow.parquet")
+    status, output = run(["sweep", spec_file(tmp_path, GRID), "--out", tmp_path / "out"], capsys)
+    assert status == 0, output.err
+    table = parquet.read_table(tmp_path / "out" / "sweep.parquet").to_pydict()
+    rows = np.genfromtxt(tmp_path / "out" / "sweep.csv", delimiter=",", names=True)
+    assert list(table) == list(rows.dtype.names)
+    for name in table:
+        np.testing.assert_array_equal(np.asarray(table[name], np.float64), rows[name])
