@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import metrics, schedules
+from . import memory, metrics, schedules
 from ._checks import check_positive_int, is_concrete
 from .errors import ConfigError
 from .model import RolloutModel
@@ -80,7 +80,7 @@ and 32 points 0.9x. On an accelerator pass a larger ``batch_size``."""
 
 _LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
 _SCALAR_AXES = {  # axis -> (lower bound, open at the bound)
-    "lambda_0": (0.0, True), "beta": (0.0, True), "slope_scale": (0.0, False),
+    "lambda_0": (0.0, True), "beta": (0.0, False), "slope_scale": (0.0, False),
     "temperature": (0.0, True)}
 _BATCH = "batch"
 
@@ -319,6 +319,11 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
         per_point = _per_point_bytes(method, model, evaluated, max(evaluated))
         budget = MEMORY_BUDGET if method == "krylov" else VMAP_WORKING_SET
         batch_size = max(1, budget // per_point)
+    # The gathered profiles live on the host (and a float64 copy per length for the table).
+    itemsize = jnp.dtype(jnp.result_type(float)).itemsize
+    needed = count * len(evaluated) * max(evaluated) * (2 * itemsize + 8)
+    memory.check_fits(needed, f"sweep: {count} points x {len(evaluated)} lengths x N = {max(evaluated)}",
+                      allowed="fewer points or shorter lengths")
     # Whole multiples of the mesh, and never (much) more than the sweep needs.
     batch_size = min(batch_size, -(-count // devices) * devices)
     batch_size = max(devices, batch_size // devices * devices)

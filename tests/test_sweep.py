@@ -168,6 +168,7 @@ def test_chunks_and_batch_size_do_not_change_the_profiles():
     ({"temperature": [1.0], "mesh": 99}, r"^mesh: got 99; allowed: 1 to 1 devices"),
     ({"temperature": [1.0], "lengths": [4, 0]}, r"^lengths\[1\]: got 0; allowed: an integer >= 1"),
     ({"temperature": [1.0], "batch_size": 0}, r"^batch_size: got 0"),
+    ({"temperature": [1.0], "lengths": [2**34]}, r"^sweep: 1 points x 1 lengths x N = 17179869184: needs about "),
 ])
 def test_bad_input_is_one_line_naming_axis_and_index(kwargs, message):
     with pytest.raises(jaxroll.ConfigError, match=message) as error:
