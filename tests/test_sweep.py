@@ -357,3 +357,20 @@ def test_parquet_is_the_csv_table_when_pyarrow_is_installed(tmp_path, capsys):
     assert list(table) == list(rows.dtype.names)
     for name in table:
         np.testing.assert_array_equal(np.asarray(table[name], np.float64), rows[name])
+
+
+def test_config_base_relative_to_the_spec_and_one_axis_line_plots(tmp_path, capsys):
+    """A config file beside the spec; one axis: line_<statistic>.png; equal to the Python sweep."""
+    model = content_model()
+    jaxroll.save_config(model, tmp_path / "base.yaml")
+    spec = spec_file(tmp_path, "base: {config: base.yaml}\naxes:\n  temperature: [0.5, 1.0, 2.0]\n")
+    status, output = run(["sweep", spec, "--out", tmp_path / "out"], capsys)
+    assert status == 0, output.err
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"line_u_index.png", "line_first.png", "sweep.csv", "profiles.npz"} <= names
+    assert not any(name.startswith("heatmap_") for name in names)
+    saved = np.load(tmp_path / "out" / "profiles.npz")
+    assert list(saved["axis_names"]) == ["temperature"]
+    np.testing.assert_array_equal(saved["axis_temperature"], [0.5, 1.0, 2.0])
+    expected_profiles = jaxroll.sweep(model, temperature=[0.5, 1.0, 2.0], progress=False).profiles
+    np.testing.assert_allclose(saved["profiles"], expected_profiles, rtol=0, atol=TOLERANCE)
