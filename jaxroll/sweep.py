@@ -56,7 +56,8 @@ from .errors import ConfigError
 from .model import RolloutModel
 from .rollout import rollout_row
 
-__all__ = ["AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh"]
+__all__ = ["AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
+           "polynomial_coefficients"]
 
 AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
         "head_weights", "temperature")
