@@ -111,6 +111,19 @@ def test_lengths_under_every_mask(build, mask, window):
             assert np.all(result.profiles[j, k, n:] == 0)
 
 
+@pytest.mark.parametrize("mask, window", [("sliding", 5), ("full", None)])
+def test_krylov_lengths_under_sliding_and_full_masks(mask, window):
+    model = uniform_model(mask, window)
+    lengths = [24, 10, 3]
+    result = jaxroll.sweep(model, lambdas=[0.3, (0.5, 1.0)], lengths=lengths, progress=False)
+    assert result.method == "krylov"
+    for j, lambdas in enumerate([np.full(6, 0.3), power_decay(0.5, 1.0, 6)]):
+        for k, n in enumerate(lengths):
+            np.testing.assert_allclose(result.profiles[j, k, :n], expected(model, n, lambdas=lambdas),
+                                       rtol=0, atol=TOLERANCE)
+            assert np.all(result.profiles[j, k, n:] == 0)
+
+
 def test_table_statistics_equal_numpy_formulas():
     model = content_model()
     result = jaxroll.sweep(model, temperature=[0.5, 2.0], slope_scale=[0.0, 1.0, 4.0], lengths=[12, 24],
