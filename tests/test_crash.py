@@ -80,3 +80,43 @@ def test_measure_killed_midway_resumes_to_the_uninterrupted_result(model_and_tex
             # The same sequences summed in the same order: equal up to float32 rounding of the model.
             np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-12)
     assert sorted(os.listdir(out)) == sorted(os.listdir(full))
+
+
+SPEC = ("base: {preset: mpt-7b, sequence_length: 64}\n"
+        "axes: {temperature: [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], slope_scale: [0.5, 1.0, 2.0, 4.0]}\n"
+        "batch_size: 1\n")
+
+
+def test_sweep_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC, encoding="utf-8")
+    full, out = tmp_path / "full", tmp_path / "out"
+    # float64 in every run: the suite's process has it on, and a checkpoint
+    # written in float32 is (rightly) refused by a float64 resume.
+    assert main(["sweep", str(spec), "--out", str(full), "--float64"]) == 0
+    capsys.readouterr()
+
+    process = subprocess.Popen([sys.executable, "-m", "jaxroll.cli", "sweep", str(spec), "--out", str(out), "--float64"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    partial = out / ".partial"
+    while process.poll() is None and time.monotonic() < deadline and not (
+            partial.is_dir() and any(p.name.startswith("chunk_") for p in partial.iterdir())):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL, "the sweep ended before it could be killed midway"
+    assert not (out / "sweep.csv").exists() and not (out / "profiles.npz").exists()
+    chunks = sorted(p for p in partial.iterdir() if p.suffix == ".npy")
+    assert 0 < len(chunks) < 32
+    for chunk in chunks:
+        np.load(chunk, allow_pickle=False)  # whole, or not there under this name
+
+    assert main(["sweep", str(spec), "--out", str(out), "--resume", "--float64"]) == 0
+    assert not partial.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in full.iterdir())
+    assert (out / "sweep.csv").read_text() == (full / "sweep.csv").read_text()
+    with np.load(out / "profiles.npz") as resumed, np.load(full / "profiles.npz") as reference:
+        assert resumed.files == reference.files
+        for name in reference.files:
+            np.testing.assert_array_equal(resumed[name], reference[name])
