@@ -18,6 +18,7 @@ import yaml
 
 from .errors import ConfigError
 from .model import RolloutModel
+from .schema import config_from_model, model_from_config
 
 __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text"]
 
@@ -73,7 +74,7 @@ def load_config(path) -> RolloutModel:
     """
     data = read_yaml(path)
     try:
-        return RolloutModel.from_config(data)
+        return model_from_config(data)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
 
@@ -90,7 +91,7 @@ def save_config(model: RolloutModel, path, *, overwrite: bool = False) -> Path:
     path = Path(path)
     if path.exists() and not overwrite:
         raise ConfigError(f"{path}: exists; pass overwrite=True to replace it")
-    text = yaml.safe_dump(model.to_config(), sort_keys=False, default_flow_style=None, width=100)
+    text = yaml.safe_dump(config_from_model(model), sort_keys=False, default_flow_style=None, width=100)
     path.write_text(text, encoding="utf-8")
     return path
 
