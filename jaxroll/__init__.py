@@ -9,6 +9,7 @@ input position on the last one.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import kernel_types as kernel_types
 from . import metrics as metrics
 from . import presets as presets
 from . import published as published
@@ -22,8 +23,14 @@ from .io import (
     save_config as save_config,
     write_profile as write_profile,
 )
+from .kernel_types import (
+    AlibiKernel as AlibiKernel,
+    DenseKernel as DenseKernel,
+    PowerKernel as PowerKernel,
+    TableKernel as TableKernel,
+)
 from .kernels import alibi_slopes as alibi_slopes
-from .model import RolloutModel as RolloutModel
+from .model import KernelRolloutModel as KernelRolloutModel, RolloutModel as RolloutModel
 from .rollout import (
     attention_kernel as attention_kernel,
     influence as influence,

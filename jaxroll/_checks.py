@@ -6,6 +6,7 @@ inside `jit` or `grad` are never inspected, so transformations stay pure.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .errors import ConfigError
@@ -81,6 +82,39 @@ def _where(mask: np.ndarray) -> str:
         return ""
     position = [int(k) for k in np.argwhere(mask)[0]]
     return f" at index {position[0] if len(position) == 1 else position}"
+
+
+def per_layer(name: str, value, num_layers: int):
+    if not is_concrete(value):
+        return jnp.broadcast_to(value, (num_layers,))
+    array = as_float_array(name, value)
+    if array.ndim == 0:
+        return np.full(num_layers, float(array))
+    if array.shape != (num_layers,):
+        raise ConfigError(
+            f"{name}: got length {array.shape[0] if array.ndim == 1 else array.shape}; "
+            f"allowed: one value per layer (num_layers = {num_layers})"
+        )
+    return array.copy()
+
+
+def per_layer_and_head(name: str, value, num_layers: int, num_heads: int):
+    if not is_concrete(value):
+        return jnp.broadcast_to(value, (num_layers, num_heads))
+    array = as_float_array(name, value)
+    if array.ndim > 2:
+        raise ConfigError(f"{name}: got {array.ndim} dimensions; allowed: at most 2 (layers, heads)")
+    array = array.reshape((1,) * (2 - array.ndim) + array.shape)
+    outer, inner = array.shape
+    if outer not in (1, num_layers):
+        raise ConfigError(
+            f"{name}: outer list length {outer}; allowed: 1 or num_layers ({num_layers})"
+        )
+    if inner not in (1, num_heads):
+        raise ConfigError(
+            f"{name}: inner list length {inner}; allowed: 1 or num_heads ({num_heads})"
+        )
+    return np.array(np.broadcast_to(array, (num_layers, num_heads)))
 
 
 def _short(value) -> str:

@@ -17,8 +17,8 @@ import numpy as np
 import yaml
 
 from .errors import ConfigError
-from .model import RolloutModel
-from .schema import config_from_model, model_from_config
+from .model import KernelRolloutModel, RolloutModel
+from .schema import config_from_model, kernel_arrays, model_from_config
 
 __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text"]
 
@@ -65,8 +65,11 @@ def read_yaml(path) -> dict:
     return data
 
 
-def load_config(path) -> RolloutModel:
+def load_config(path) -> RolloutModel | KernelRolloutModel:
     """Read a rollout configuration file into a `RolloutModel`.
+
+    A file with a ``kernel_config`` section gives a `KernelRolloutModel`; its
+    ``file`` (an npz of kernel arrays) is read relative to the config's folder.
 
     Raises:
         ConfigError: a missing file, a directory, malformed YAML or any
@@ -74,24 +77,39 @@ def load_config(path) -> RolloutModel:
     """
     data = read_yaml(path)
     try:
-        return model_from_config(data)
+        return model_from_config(data, Path(path).parent)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
 
 
-def save_config(model: RolloutModel, path, *, overwrite: bool = False) -> Path:
+def kernel_file_path(path) -> Path:
+    """Where `save_config` puts the kernel arrays of the config at `path`: ``<stem>.kernels.npz`` beside it."""
+    path = Path(path)
+    return path.with_name(path.stem + ".kernels.npz")
+
+
+def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bool = False) -> Path:
     """Write `model` in the rollout YAML schema; `load_config` reads it back exactly.
 
     Numbers are written with Python's shortest round-trip representation, so
-    every float64 value survives the round trip bit for bit.
+    every float64 value survives the round trip bit for bit. A dense or table
+    kernel's arrays go to `kernel_file_path(path)` (float64 npz), named in
+    the config by a relative path.
 
     Raises:
-        ConfigError: when `path` exists and `overwrite` is false.
+        ConfigError: when `path` (or the kernel npz) exists and `overwrite` is false.
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise ConfigError(f"{path}: exists; pass overwrite=True to replace it")
-    text = yaml.safe_dump(config_from_model(model), sort_keys=False, default_flow_style=None, width=100)
+    arrays = kernel_arrays(model)
+    companion = kernel_file_path(path) if arrays else None
+    for target in (path, companion):
+        if target is not None and target.exists() and not overwrite:
+            raise ConfigError(f"{target}: exists; pass overwrite=True to replace it")
+    config = config_from_model(model, companion.name if companion else None)
+    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=100)
+    if companion is not None:
+        with open(companion, "wb") as handle:
+            np.savez(handle, **arrays)
     path.write_text(text, encoding="utf-8")
     return path
 

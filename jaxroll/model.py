@@ -6,21 +6,26 @@ A model of T layers and H heads holds, per layer t and head h, the ALiBi slope
 ``lambda_t``; one softmax temperature ``tau``; and, as static metadata, the
 mask, its window and the default sequence length. Layer t's transition is
 ``R_t = (1 - lambda_t) I + lambda_t A_t`` (arXiv 2602.16837).
+
+`KernelRolloutModel` is its sibling for any other kernel type
+(`jaxroll.kernel_types`: measured dense, relative-position): ``lambdas`` and
+a kernel PyTree.
 """
 
 from __future__ import annotations
 
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from . import memory
-from ._checks import as_float_array, check_positive_int, check_range, is_concrete
+from ._checks import as_float_array, check_positive_int, check_range
+from ._checks import per_layer as _per_layer, per_layer_and_head as _per_layer_and_head
 from .errors import ConfigError
+from .kernel_types import KERNEL_TYPES, DenseKernel, _Kernel
 from .kernels import MASKS, alibi_slopes as standard_alibi_slopes
 
-__all__ = ["RolloutModel"]
+__all__ = ["RolloutModel", "KernelRolloutModel"]
 
 class RolloutModel(eqx.Module):
     """Parameters of a residual-aware attention rollout (a PyTree).
@@ -150,34 +155,52 @@ class RolloutModel(eqx.Module):
         )
 
 
-def _per_layer(name: str, value, num_layers: int):
-    if not is_concrete(value):
-        return jnp.broadcast_to(value, (num_layers,))
-    array = as_float_array(name, value)
-    if array.ndim == 0:
-        return np.full(num_layers, float(array))
-    if array.shape != (num_layers,):
-        raise ConfigError(
-            f"{name}: got length {array.shape[0] if array.ndim == 1 else array.shape}; "
-            f"allowed: one value per layer (num_layers = {num_layers})"
-        )
-    return array.copy()
+class KernelRolloutModel(eqx.Module):
+    """A rollout with any kernel type: ``R_t = (1 - lambda_t) I + lambda_t A_t`` (a PyTree).
 
+    The sibling of `RolloutModel` for kernels other than ALiBi + content:
+    `kernel` is one of `jaxroll.kernel_types` (`DenseKernel` measured
+    attention, `PowerKernel` / `TableKernel` relative-position, or
+    `AlibiKernel`), T layers stacked on axis 0. ``A[i, j]`` is the weight with
+    which token i reads token j; `influence`, `rollout_matrix` and
+    `attention_kernel` dispatch on the model type.
 
-def _per_layer_and_head(name: str, value, num_layers: int, num_heads: int):
-    if not is_concrete(value):
-        return jnp.broadcast_to(value, (num_layers, num_heads))
-    array = as_float_array(name, value)
-    if array.ndim > 2:
-        raise ConfigError(f"{name}: got {array.ndim} dimensions; allowed: at most 2 (layers, heads)")
-    array = array.reshape((1,) * (2 - array.ndim) + array.shape)
-    outer, inner = array.shape
-    if outer not in (1, num_layers):
-        raise ConfigError(
-            f"{name}: outer list length {outer}; allowed: 1 or num_layers ({num_layers})"
-        )
-    if inner not in (1, num_heads):
-        raise ConfigError(
-            f"{name}: inner list length {inner}; allowed: 1 or num_heads ({num_heads})"
-        )
-    return np.array(np.broadcast_to(array, (num_layers, num_heads)))
+    Attributes:
+        lambdas: ``(T,)``, the mixing coefficients in [0, 1].
+        kernel: the layer kernels ``A_t``.
+        sequence_length: the default N. Static.
+    """
+
+    lambdas: Float[Array, " layers"]
+    kernel: _Kernel
+    sequence_length: int = eqx.field(static=True, default=256)
+
+    @property
+    def num_layers(self) -> int:
+        return self.lambdas.shape[-1]
+
+    @property
+    def num_heads(self) -> int:
+        return self.kernel.num_heads
+
+    @property
+    def mask(self) -> str:
+        return self.kernel.mask
+
+    @classmethod
+    def create(cls, *, kernel, lambdas, sequence_length: int | None = None) -> "KernelRolloutModel":
+        """Build a checked model; `lambdas` a number or ``(T,)`` in [0, 1], T from the kernel.
+
+        `sequence_length` defaults to a dense kernel's N, else 256; it must be
+        a length the kernel is defined at.
+        """
+        if not isinstance(kernel, KERNEL_TYPES):
+            raise ConfigError(f"kernel: got {type(kernel).__name__}; allowed: one of "
+                              + ", ".join(t.__name__ for t in KERNEL_TYPES))
+        lambdas = _per_layer("lambdas", lambdas, kernel.num_layers)
+        check_range("lambdas", lambdas, 0.0, 1.0)
+        if sequence_length is None:
+            sequence_length = kernel.size if isinstance(kernel, DenseKernel) else 256
+        sequence_length = check_positive_int("sequence_length", sequence_length)
+        kernel.check_length(sequence_length)
+        return cls(lambdas=lambdas, kernel=kernel, sequence_length=sequence_length)

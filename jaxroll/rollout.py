@@ -23,7 +23,7 @@ from . import memory, structured
 from ._checks import check_positive_int
 from .errors import ConfigError
 from .kernels import layer_kernel
-from .model import RolloutModel
+from .model import KernelRolloutModel, RolloutModel
 
 __all__ = ["METHODS", "attention_kernel", "transition", "influence",
            "influence_with_mass", "rollout_matrix", "rollout_row"]
@@ -31,8 +31,11 @@ __all__ = ["METHODS", "attention_kernel", "transition", "influence",
 METHODS = ("auto", "dense", "structured")
 
 
-def _length(model: RolloutModel, n: int | None) -> int:
-    return model.sequence_length if n is None else check_positive_int("n", n)
+def _length(model: RolloutModel | KernelRolloutModel, n: int | None) -> int:
+    n = model.sequence_length if n is None else check_positive_int("n", n)
+    if isinstance(model, KernelRolloutModel):
+        model.kernel.check_length(n)
+    return n
 
 
 def _layers(model: RolloutModel):
@@ -56,6 +59,8 @@ def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> F
     n = _length(model, n)
     if not 0 <= layer < model.num_layers:
         raise ConfigError(f"layer: got {layer}; allowed: 0 to {model.num_layers - 1}")
+    if isinstance(model, KernelRolloutModel):
+        return model.kernel.layer(layer).dense(n)
     return _dense_kernel(model, jax.tree.map(lambda x: x[layer], _layers(model)), n)
 
 
@@ -86,6 +91,8 @@ def rollout_matrix(model: RolloutModel, n: int | None = None) -> Float[Array, "n
     its top-left ``m x m`` block is the rollout at length m. Costs O(T n^3);
     use `influence` when the last row is all you need.
     """
+    if isinstance(model, KernelRolloutModel):
+        return _kernel_rollout_matrix(model, _length(model, n))
     return _rollout_matrix(model, _length(model, n))
 
 
@@ -122,7 +129,8 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
 def _resolve(method: str) -> str:
     if method not in METHODS:
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
-    # Every kernel of RolloutModel is ALiBi + diagonal content: always structured.
+    # Every kernel has a fast product (RolloutModel's ALiBi + content: structured;
+    # a KernelRolloutModel's: its kernel type's own), so auto is never dense.
     return "structured" if method == "auto" else method
 
 
@@ -139,6 +147,8 @@ def influence_with_mass(
     # XLA aborts the process on a failed allocation: refuse first, in one line.
     memory.check_fits(memory.influence_bytes(n, model.num_heads, method, jnp.dtype(jnp.result_type(float)).itemsize),
                       f"influence: n = {n}", allowed="a shorter n")
+    if isinstance(model, KernelRolloutModel):
+        return _kernel_influence_with_mass(model, n, method)
     return _influence_with_mass(model, n, method)
 
 
@@ -154,7 +164,9 @@ def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -
         n: the sequence length (default ``model.sequence_length``).
         method: ``"dense"`` forms each ``(n, n)`` kernel (O(T H n^2));
             ``"structured"`` uses the O(T H n) products of
-            `jaxroll.structured`; ``"auto"`` picks the fast one available.
+            `jaxroll.structured` (for a `KernelRolloutModel`: its kernel
+            type's own ``row_times_kernel``, e.g. O(T H n log n) FFTs for
+            relative-position kernels); ``"auto"`` picks the fast one.
 
     Returns:
         ``p``, a probability vector over positions 0..n-1.
@@ -186,3 +198,32 @@ def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "aut
 
     result, _ = jax.lax.scan(apply_layer, row, _layers(model), reverse=True)
     return result
+
+
+# Any kernel type (KernelRolloutModel): the same scans, the kernel's own products.
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _kernel_rollout_matrix(model: KernelRolloutModel, n: int):
+    def apply_layer(product, layer):
+        weight, kernel = layer
+        return (1.0 - weight) * product + weight * (kernel.dense(n) @ product), None
+
+    identity = jnp.eye(n, dtype=jnp.result_type(float))
+    product, _ = jax.lax.scan(apply_layer, identity, (model.lambdas, model.kernel))
+    return product
+
+
+@functools.partial(jax.jit, static_argnames=("n", "method"))
+def _kernel_influence_with_mass(model: KernelRolloutModel, n: int, method: str):
+    # Checkpointed so reverse mode keeps one row per layer, not the kernel's intermediates.
+    @jax.checkpoint
+    def apply_layer(row, layer):
+        weight, kernel = layer
+        product = row @ kernel.dense(n) if method == "dense" else kernel.row_times_kernel(row)
+        return (1.0 - weight) * row + weight * product, None
+
+    last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
+    row, _ = jax.lax.scan(apply_layer, last, (model.lambdas, model.kernel), reverse=True)
+    mass = jnp.sum(row)
+    return row / mass, mass

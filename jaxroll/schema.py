@@ -16,14 +16,18 @@ import numpy as np
 from . import schedules
 from ._checks import as_float_array, check_positive_int
 from .errors import ConfigError
-from .model import RolloutModel
+from .kernel_types import DenseKernel, PowerKernel, TableKernel
+from .model import KernelRolloutModel, RolloutModel
 
-__all__ = ["model_from_config", "config_from_model"]
+__all__ = ["model_from_config", "config_from_model", "kernel_arrays", "KERNEL_FILE_ARRAYS"]
+
+KERNEL_FILE_ARRAYS = {"dense": "kernels", "table": "offset_scores"}
+"""The array a ``kernel_config.file`` npz holds, by kernel: dense ``(T, N, N)``, table ``(T, H, K)``."""
 
 _SCHEMA_MASKS = {"causal": "causal", "full": "full", "sliding_window": "sliding"}
 _SCHEMA_KEYS = {
     "": {"sequence_length", "num_layers", "mask_config", "attention_config",
-         "content_config", "lambda_schedule_config", "save_dir"},
+         "content_config", "lambda_schedule_config", "save_dir", "kernel_config"},
     "mask_config": {"mask_type", "window_size"},
     "attention_config": {"num_heads", "alibi_slopes", "head_weights", "softmax_temperature"},
     "content_config": {"diagonal_scores", "base_scores"},
@@ -46,7 +50,7 @@ _SCHEMA_PATHS = {
 }
 
 
-def model_from_config(config: dict[str, Any]) -> RolloutModel:
+def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | KernelRolloutModel:
     """Build a model from a configuration in the rollout YAML schema.
 
     Lists of length 1 broadcast over layers (outer) or heads (inner);
@@ -54,10 +58,16 @@ def model_from_config(config: dict[str, Any]) -> RolloutModel:
     [0, 1], a ``custom`` schedule must lie in [0, 1]. ``save_dir`` is
     accepted and ignored. See the README for the schema.
 
+    A ``kernel_config`` section (instead of ``attention_config``,
+    ``content_config`` and ``mask_config``) gives a `KernelRolloutModel`;
+    its ``file`` is resolved relative to `directory` (the config's folder).
+
     Raises:
         ConfigError: unknown keys, missing keys, wrong lengths, values out
         of range; one line naming the field.
     """
+    if "kernel_config" in config:
+        return _kernel_model_from_config(config, directory)
     _check_keys("", config, required={"sequence_length", "num_layers",
                                       "attention_config", "lambda_schedule_config"})
     mask_config = config.get("mask_config") or {}
@@ -100,19 +110,20 @@ def model_from_config(config: dict[str, Any]) -> RolloutModel:
         raise ConfigError(f"{_SCHEMA_PATHS.get(field, field)}:{rest}") from None
 
 
-def config_from_model(model: RolloutModel) -> dict[str, Any]:
+def config_from_model(model: RolloutModel | KernelRolloutModel, kernel_file: str | None = None) -> dict[str, Any]:
     """`model` in the rollout YAML schema, as plain Python numbers.
 
     Values that are equal across layers or heads are written as 1-element
     lists; uniform head weights as ``null``; an equal lambda in every
     layer as a ``constant`` schedule, anything else as ``custom``. Reading
     the result back with `model_from_config` gives the same arrays exactly.
+
+    A `KernelRolloutModel` is written with a ``kernel_config`` section; its
+    large arrays (`kernel_arrays`) go to the npz named `kernel_file`.
     """
-    lambdas = np.asarray(model.lambdas, dtype=np.float64)
-    if np.all(lambdas == lambdas[0]):
-        schedule = {"schedule_type": "constant", "lambda_const": float(lambdas[0])}
-    else:
-        schedule = {"schedule_type": "custom", "lambdas_custom": [float(x) for x in lambdas]}
+    if isinstance(model, KernelRolloutModel):
+        return _kernel_config_from_model(model, kernel_file)
+    schedule = _schedule_to_config(model.lambdas)
     weights = np.asarray(model.head_weights, dtype=np.float64)
     uniform = np.all(weights == weights.flat[0])
     schema_mask = {value: key for key, value in _SCHEMA_MASKS.items()}[model.mask]
@@ -151,7 +162,7 @@ def _schedule_from_config(schedule: dict, num_layers: int):
     if not isinstance(schedule, dict):
         raise ConfigError(f"{field}: got {schedule!r:.60}; allowed: a mapping with schedule_type")
     kind = schedule.get("schedule_type")
-    if kind not in _SCHEDULE_KEYS:
+    if not isinstance(kind, str) or kind not in _SCHEDULE_KEYS:
         raise ConfigError(
             f"{field}.schedule_type: got {kind!r}; allowed: one of {', '.join(_SCHEDULE_KEYS)}"
         )
@@ -170,6 +181,14 @@ def _schedule_from_config(schedule: dict, num_layers: int):
             f"allowed: num_layers ({num_layers})"
         )
     return values
+
+
+def _schedule_to_config(lambdas) -> dict[str, Any]:
+    """An equal lambda in every layer as ``constant``, anything else as ``custom``."""
+    lambdas = np.asarray(lambdas, dtype=np.float64)
+    if np.all(lambdas == lambdas[0]):
+        return {"schedule_type": "constant", "lambda_const": float(lambdas[0])}
+    return {"schedule_type": "custom", "lambdas_custom": [float(x) for x in lambdas]}
 
 
 def _check_keys(section: str, mapping, *, allowed=None, required=()) -> None:
@@ -196,3 +215,131 @@ def _compact(array) -> list[list[float]]:
     if np.all(array == array[:, :1]):
         array = array[:, :1]
     return [[float(x) for x in row] for row in array]
+
+
+# kernel_config: any kernel type (jaxroll.kernel_types).
+
+_KERNEL_KEYS = {
+    "dense": {"kernel_type", "file"},
+    "relative": {"kernel_type", "family", "num_heads", "slopes", "exponents", "offset_scores", "file",
+                 "diagonal_scores", "head_weights"},
+}
+_FAMILIES = {"alibi": {"slopes"}, "power": {"slopes", "exponents"}, "table": set()}
+_KERNEL_PATHS = {"n": "sequence_length", "lambdas": "lambda_schedule_config.lambdas_custom"}
+
+
+def _kernel_model_from_config(config, directory):
+    section = "kernel_config"
+    _check_keys("", config, required={"sequence_length", "num_layers", "lambda_schedule_config", section})
+    for other in ("attention_config", "content_config", "mask_config"):
+        if other in config:
+            raise ConfigError(f"{other}: not allowed with kernel_config; allowed: the kernel in kernel_config")
+    kernel_config = config[section]
+    if not isinstance(kernel_config, dict):
+        raise ConfigError(f"{section}: got {kernel_config!r:.60}; allowed: a mapping with kernel_type")
+    kind = kernel_config.get("kernel_type")
+    if kind not in _KERNEL_KEYS:
+        raise ConfigError(f"{section}.kernel_type: got {kind!r}; allowed: one of {', '.join(_KERNEL_KEYS)}")
+    _check_keys(section, kernel_config, allowed=_KERNEL_KEYS[kind],
+                required={"file"} if kind == "dense" else {"family", "num_heads"})
+    num_layers = check_positive_int("num_layers", config["num_layers"])
+    lambdas = _schedule_from_config(config["lambda_schedule_config"], num_layers)
+    if kind == "dense":
+        kernels = _read_kernel_file(kernel_config["file"], "dense", directory)
+        kernel = DenseKernel.create(kernels, field=f"{section}.file ({kernel_config['file']})")
+    else:
+        kernel = _relative_kernel(kernel_config, num_layers, directory)
+    if kernel.num_layers != num_layers:
+        raise ConfigError(f"{section}.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
+    try:
+        return KernelRolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
+    except ConfigError as error:
+        field, _, rest = str(error).partition(":")
+        raise ConfigError(f"{_KERNEL_PATHS.get(field, section + '.' + field)}:{rest}") from None
+
+
+def _relative_kernel(kernel_config, num_layers, directory):
+    section = "kernel_config"
+    family = kernel_config["family"]
+    if family not in _FAMILIES:
+        raise ConfigError(f"{section}.family: got {family!r}; allowed: one of {', '.join(_FAMILIES)}")
+    needed = _FAMILIES[family] | ({"offset_scores"} if family == "table" and "file" not in kernel_config else set())
+    missing = sorted(needed - set(kernel_config))
+    if missing:
+        raise ConfigError(f"{section}.{missing[0]}: missing; the {family} family needs it")
+    allowed = {"kernel_type", "family", "num_heads", "diagonal_scores", "head_weights"} | _FAMILIES[family]
+    allowed |= {"offset_scores", "file"} if family == "table" else set()
+    extra = sorted(set(kernel_config) - allowed)
+    if extra:
+        raise ConfigError(f"{section}.{extra[0]}: not used by the {family} family; allowed: {', '.join(sorted(allowed))}")
+    num_heads = check_positive_int(f"{section}.num_heads", kernel_config["num_heads"])
+    common = {
+        "num_layers": num_layers, "num_heads": num_heads,
+        "diagonal_scores": _nested("diagonal_scores", kernel_config.get("diagonal_scores", [[0.0]])),
+        "head_weights": _nested("head_weights", kernel_config.get("head_weights")),
+    }
+    try:
+        if family == "table":
+            if "file" in kernel_config and "offset_scores" in kernel_config:
+                raise ConfigError("file: give offset_scores inline or in a file, not both")
+            table = (_read_kernel_file(kernel_config["file"], "table", directory) if "file" in kernel_config
+                     else as_float_array("offset_scores", kernel_config["offset_scores"]))
+            return TableKernel.create(offset_scores=table, **common)
+        exponents = _nested("exponents", kernel_config["exponents"]) if family == "power" else 1.0
+        return PowerKernel.create(slopes=_nested("slopes", kernel_config["slopes"]), exponents=exponents, **common)
+    except ConfigError as error:
+        raise ConfigError(f"{section}.{error}") from None
+
+
+def _read_kernel_file(name, kind, directory):
+    from pathlib import Path
+
+    field = "kernel_config.file"
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{field}: got {name!r:.60}; allowed: an .npz path relative to the config")
+    path = Path(directory or ".") / name
+    if not path.is_file():
+        raise ConfigError(f"{field}: {path}: no such file")
+    key = KERNEL_FILE_ARRAYS[kind]
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if key not in data.files:
+                raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data.files) or 'nothing'}")
+            return np.asarray(data[key], dtype=np.float64)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{field}: {path} is not a readable .npz ({type(error).__name__})") from None
+
+
+def kernel_arrays(model) -> dict[str, np.ndarray]:
+    """The arrays of `model` that `save_config` writes to the kernel npz (empty when none)."""
+    kernel = getattr(model, "kernel", None)
+    if isinstance(kernel, DenseKernel):
+        return {KERNEL_FILE_ARRAYS["dense"]: np.asarray(kernel.kernels, dtype=np.float64)}
+    if isinstance(kernel, TableKernel):
+        return {KERNEL_FILE_ARRAYS["table"]: np.asarray(kernel.offset_scores, dtype=np.float64)}
+    return {}
+
+
+def _kernel_config_from_model(model: KernelRolloutModel, kernel_file):
+    schedule = _schedule_to_config(model.lambdas)
+    kernel = model.kernel
+    if isinstance(kernel, DenseKernel):
+        section = {"kernel_type": "dense", "file": kernel_file}
+    elif isinstance(kernel, (PowerKernel, TableKernel)):
+        weights = np.asarray(kernel.head_weights, dtype=np.float64)
+        section = {"kernel_type": "relative", "num_heads": int(kernel.num_heads)}
+        if isinstance(kernel, TableKernel):
+            section |= {"family": "table", "file": kernel_file}
+        else:
+            exponents = np.asarray(kernel.exponents, dtype=np.float64)
+            section |= {"family": "alibi" if np.all(exponents == 1.0) else "power",
+                        "slopes": _compact(kernel.slopes)}
+            if section["family"] == "power":
+                section["exponents"] = _compact(exponents)
+        section |= {"diagonal_scores": _compact(kernel.diagonal_scores),
+                    "head_weights": None if np.all(weights == weights.flat[0]) else _compact(weights)}
+    else:
+        raise ConfigError(f"kernel: {type(kernel).__name__} has no YAML form; allowed: DenseKernel, "
+                          "PowerKernel, TableKernel (an AlibiKernel is a RolloutModel)")
+    return {"sequence_length": int(model.sequence_length), "num_layers": int(model.num_layers),
+            "kernel_config": section, "lambda_schedule_config": schedule}
