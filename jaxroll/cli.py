@@ -82,6 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_theory_parsers(commands)
     _add_fit_parser(commands)
     _add_sweep_parser(commands)
+    _add_kernel_fit_parser(commands)
     return parser
 
 
@@ -222,6 +223,7 @@ def _model_from_arguments(arguments):
         model, source = presets.get(name), f"preset {name}"
     if arguments.length is not None:
         model = dataclasses.replace(model, sequence_length=arguments.length)
+    _check_kernel_length(model)
     _check_memory(model, arguments)
     return model, source
 
@@ -235,6 +237,26 @@ def _check_memory(model, arguments) -> None:
     itemsize = 8 if arguments.float64 else 4
     needed = memory.influence_bytes(model.sequence_length, model.num_heads, method, itemsize)
     memory.check_fits(needed, f"{arguments.command}: N = {model.sequence_length}", limit)
+
+
+def _check_kernel_length(model) -> None:
+    """A kernel model's length, checked before anything is written (dense N, table offsets)."""
+    from .model import KernelRolloutModel
+
+    if isinstance(model, KernelRolloutModel):
+        try:
+            model.kernel.check_length(model.sequence_length)
+        except ConfigError as error:
+            raise ConfigError(f"--length {model.sequence_length}: {str(error).partition(': ')[2]}") from None
+
+
+def _require_alibi_model(model, command: str) -> None:
+    from .model import KernelRolloutModel
+
+    if isinstance(model, KernelRolloutModel):
+        raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
+                          "ALiBi configuration (attention_config)" + (
+                              "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))
 
 
 def _run_rollout(arguments) -> None:
@@ -281,7 +303,10 @@ def _print_summary(model, profile, mass, source, out) -> None:
     print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
     print(f"  mass of the first / middle / last tenth ({k} positions each): "
           f"{profile[:k].sum():.6g} / {profile[start:start + k].sum():.6g} / {profile[-k:].sum():.6g}")
-    print(f"  wrote {out}/profile.csv, profile.png, config.yaml")
+    from .schema import kernel_arrays
+
+    extra = ", config.kernels.npz" if kernel_arrays(model) else ""
+    print(f"  wrote {out}/profile.csv, profile.png, config.yaml{extra}")
 
 
 def _add_theory_parsers(commands) -> None:
@@ -347,6 +372,7 @@ def _run_forces(arguments) -> None:
     from . import io, plot, theory
 
     model, source = _model_from_arguments(arguments)
+    _require_alibi_model(model, "forces")
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
 
     result = theory.forces(model)
@@ -418,6 +444,7 @@ def _run_fit(arguments) -> None:
     from .rollout import influence
 
     model = io.load_config(arguments.config)
+    _require_alibi_model(model, "fit")
     target = io.read_profile(arguments.profile)
     n = target.size if arguments.length is None else arguments.length
     # Check everything (and fail with one line) before the output directory is touched.
@@ -451,6 +478,62 @@ def _run_fit(arguments) -> None:
     for name, value in result.schedule_parameters.items():
         print(f"  {name} = {value:.6g}")
     print(f"  wrote {out}/fitted.yaml, fit.csv, fit.png")
+
+
+def _add_kernel_fit_parser(commands) -> None:
+    from .kernel_fit import FAMILIES
+
+    fit = commands.add_parser(
+        "fit-kernel", help="fit a relative-position kernel to measured dense kernels",
+        description="Fit a relative-position kernel f_h(i - j) (power: -m k^alpha, alibi: -m k, table: "
+                    "free) to the dense kernels of CONFIG (e.g. the config.yaml `jaxroll measure` writes "
+                    "for a rotary model), by Adam on the mean row KL divergence. Writes fitted.yaml (a "
+                    "config `jaxroll rollout` reads at any --length for power and alibi) and "
+                    "kernel_fit.csv (per layer: KL, max abs error) into --out.")
+    fit.add_argument("config", type=Path, help="rollout YAML file with a dense kernel_config")
+    fit.add_argument("--family", choices=FAMILIES, default="power", help="default power")
+    fit.add_argument("--heads", type=_positive_int, default=1, help="heads of the fitted mixture (default 1)")
+    fit.add_argument("--steps", type=_positive_int, default=2000, help="optimisation steps (default 2000)")
+    fit.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    fit.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    fit.add_argument("--float64", action="store_true", help="compute in float64")
+    fit.set_defaults(run=_run_kernel_fit)
+
+
+def _run_kernel_fit(arguments) -> None:
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+
+    from . import io
+    from .kernel_fit import fit_kernel
+    from .kernel_types import DenseKernel
+    from .metrics import wasserstein
+    from .model import KernelRolloutModel
+    from .rollout import influence
+
+    model = io.load_config(arguments.config)
+    if not isinstance(model, KernelRolloutModel) or not isinstance(model.kernel, DenseKernel):
+        raise ConfigError(f"{arguments.config}: kernel_config.kernel_type: not dense; allowed: a config with "
+                          "measured dense kernels (kernel_type: dense)")
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    result = fit_kernel(model, family=arguments.family, num_heads=arguments.heads, steps=arguments.steps)
+    io.save_config(result.model, out / "fitted.yaml", overwrite=True)
+    np.savetxt(out / "kernel_fit.csv", np.column_stack([np.arange(model.num_layers), result.divergence,
+                                                        result.max_abs_error]),
+               delimiter=",", header="layer,kl,max_abs_error", comments="", fmt=["%d", "%.17g", "%.17g"])
+    measured = np.asarray(influence(model), dtype=np.float64)
+    fitted = np.asarray(influence(result.model), dtype=np.float64)
+    n = model.sequence_length
+    print(f"jaxroll fit-kernel: {arguments.config} (N = {n}, T = {model.num_layers}), family {arguments.family}, "
+          f"H = {arguments.heads}, steps = {arguments.steps}")
+    print(f"  mean row KL: before {result.losses[0]:.6g}, after {float(np.mean(result.divergence)):.6g}; "
+          f"max abs kernel error {float(np.max(result.max_abs_error)):.3g}")
+    print(f"  profile Wasserstein W1/(N-1), measured kernels vs fitted: {float(wasserstein(fitted, measured)):.6g}")
+    extra = ", fitted.kernels.npz" if arguments.family == "table" else ""
+    print(f"  wrote {out}/fitted.yaml{extra}, kernel_fit.csv")
 
 
 def main(argv=None) -> int:

@@ -101,11 +101,24 @@ class Measurement:
         layer); ``diagonal_scores = logit_scale * content_diagonal`` and
         ``base_scores = logit_scale * content_base`` (zero where content was
         not measured); temperature 1, causal mask.
+
+        A model without ALiBi (rotary: Llama, Mistral, Qwen2; learned
+        positions: GPT-2) whose mean attention was measured gets a
+        `KernelRolloutModel` instead: its kernels are the measured
+        ``attention_mean`` (L, N, N), each row divided by its sum (float64
+        sums of the model's probabilities; rounding of float32 or bfloat16
+        models is removed so), as a `DenseKernel`.
         """
-        from ..model import RolloutModel
+        from ..kernel_types import DenseKernel
+        from ..model import KernelRolloutModel, RolloutModel
 
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
+        if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
+            attention = np.tril(self.attention_mean)  # causal: what lies above is rounding at most
+            kernel = DenseKernel.create(attention / attention.sum(axis=-1, keepdims=True), field="attention_mean")
+            return KernelRolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
+                                             sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)
         diagonal = 0.0 if self.content_diagonal is None else scale * self.content_diagonal
         base = 0.0 if self.content_base is None else scale * self.content_base

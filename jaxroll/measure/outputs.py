@@ -18,7 +18,8 @@ from .measure import Measurement
 
 __all__ = ["write_measurement", "read_measurement", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("measurement.npz", "metadata.json", "config.yaml", "influence.csv", "lambdas.png", "influence.png")
+OUTPUT_FILES = ("measurement.npz", "metadata.json", "config.yaml", "config.kernels.npz", "influence.csv",
+                "lambdas.png", "influence.png")
 
 
 def _atomic_bytes(path: Path, write) -> None:
@@ -32,7 +33,9 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     """Write the outputs of one measurement into `directory` (which must exist).
 
     Files: ``measurement.npz`` (every measured array), ``metadata.json``,
-    and, where the stats allow, ``config.yaml`` (needs lambda),
+    and, where the stats allow, ``config.yaml`` (needs lambda; for a model
+    without ALiBi measured with attention, a dense-kernel config with its
+    kernels in ``config.kernels.npz``),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
     ``influence.png``.
 
@@ -54,8 +57,14 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     _atomic_bytes(directory / "metadata.json", lambda handle: handle.write(text.encode("utf-8")))
     written.append(directory / "metadata.json")
     if measurement.lambdas is not None:
-        save_config(measurement.to_rollout_model(), directory / "config.yaml", overwrite=True)
+        from ..io import kernel_file_path
+        from ..schema import kernel_arrays
+
+        model = measurement.to_rollout_model()
+        save_config(model, directory / "config.yaml", overwrite=True)
         written.append(directory / "config.yaml")
+        if kernel_arrays(model):
+            written.append(kernel_file_path(directory / "config.yaml"))
         written.append(_plot_lambdas(directory / "lambdas.png", measurement))
     if measurement.influence is not None:
         write_profile(measurement.influence, directory / "influence.csv", overwrite=True)
