@@ -105,9 +105,11 @@ class Measurement:
         A model without ALiBi (rotary: Llama, Mistral, Qwen2; learned
         positions: GPT-2) whose mean attention was measured gets a
         `KernelRolloutModel` instead: its kernels are the measured
-        ``attention_mean`` (L, N, N), each row divided by its sum (float64
-        sums of the model's probabilities; rounding of float32 or bfloat16
-        models is removed so), as a `DenseKernel`.
+        ``attention_mean`` (L, N, N) as a `DenseKernel`, exactly as the
+        model computed it (eager Llama takes its softmax in float32, so rows
+        sum to 1 within ~1e-7). Only where a row misses 1 by more than
+        `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
+        rows divided by their sums.
         """
         from ..kernel_types import DenseKernel
         from ..model import KernelRolloutModel, RolloutModel
@@ -115,8 +117,13 @@ class Measurement:
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
-            attention = np.tril(self.attention_mean)  # causal: what lies above is rounding at most
-            kernel = DenseKernel.create(attention / attention.sum(axis=-1, keepdims=True), field="attention_mean")
+            from ..kernel_types import ROW_SUM_TOLERANCE
+
+            attention = self.attention_mean
+            sums = attention.sum(axis=-1, keepdims=True)
+            if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
+                attention = attention / sums
+            kernel = DenseKernel.create(attention, field="attention_mean")
             return KernelRolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
                                              sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)
