@@ -273,7 +273,7 @@ def _bad_dense(kind):
 
 @pytest.mark.parametrize("kind, message", [
     ("row sum", "kernel_config.file (k.npz): layer 1 row 3 sums to"),
-    ("negative", "kernel_config.file (k.npz): value -0.001 at index [0, 5, 0] is outside the allowed range [0, inf]"),
+    ("negative", "kernel_config.file (k.npz): value -0.001 at index [0, 5, 0] is outside the allowed range [0, inf)"),
     ("nan", "nan at index [0, 2, 1] is not finite"),
     ("shape", "kernel_config.file (k.npz): got shape (2, 8, 7); allowed: (num_layers, N, N)"),
 ])
@@ -313,8 +313,8 @@ def test_lengths_beyond_a_kernel_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     ({"family": "cosine"}, "kernel_config.family: got 'cosine'; allowed: one of alibi, power, table"),
-    ({"slopes": [[-0.5]]}, "kernel_config.slopes: value -0.5 at index [0, 0] is outside the allowed range"),
-    ({"exponents": [[0.0]]}, "kernel_config.exponents: value 0.0 at index [0, 0] is outside the allowed range (0, inf]"),
+    ({"slopes": [[-0.5]]}, "kernel_config.slopes: value -0.5 at index [0, 0] is outside the allowed range [0, inf)"),
+    ({"exponents": [[0.0]]}, "kernel_config.exponents: value 0.0 at index [0, 0] is outside the allowed range (0, inf)"),
     ({"exponents": None}, "kernel_config.exponents: missing"),
     ({"offset_scores": [[[1.0]]]}, "kernel_config.offset_scores: not used by the power family"),
     ({"kernel_type": "sparse"}, "kernel_config.kernel_type: got 'sparse'; allowed: one of dense, relative"),
