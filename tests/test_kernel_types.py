@@ -112,7 +112,7 @@ def check_model(model, kernels, n):
 
 # A few shapes only (each new shape compiles); the parameters are what hypothesis varies.
 LENGTHS = st.sampled_from([1, 2, 33])
-HEADS = st.sampled_from([1, 3])
+HEADS = st.just(3)  # one head is the H = 1 case of the fit and file tests
 
 
 @settings(max_examples=6, deadline=None)
