@@ -111,14 +111,12 @@ class Measurement:
         `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
         rows divided by their sums.
         """
-        from ..kernel_types import DenseKernel
+        from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
         from ..model import KernelRolloutModel, RolloutModel
 
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
-            from ..kernel_types import ROW_SUM_TOLERANCE
-
             attention = self.attention_mean
             sums = attention.sum(axis=-1, keepdims=True)
             if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
