@@ -244,10 +244,23 @@ class Identifiability(eqx.Module):
                          else f"{len(good)} of {k}, e.g. " + ", ".join(good[:3])))
         bad = self.undetermined
         if bad:
-            listed = ", ".join(bad) if len(bad) <= 6 else f"{len(bad)} of {k}: " + ", ".join(bad[:4]) + ", ..."
+            listed = ", ".join(bad) if len(bad) <= 6 else _grouped(bad, self.names)
             lines.append(f"warning: not determined by the profile (uncertainty > {self.threshold:g} in "
                          f"unconstrained units at rho = {self.resolution:.2g}): {listed}")
         return lines
+
+
+def _grouped(chosen: Sequence[str], names: Sequence[str]) -> str:
+    """``alibi_slopes (6 of 6), temperature``: entries of an array counted, scalars named."""
+    def array(name):
+        return name.split("[", 1)[0]
+
+    parts = []
+    for group in dict.fromkeys(array(name) for name in chosen):
+        count = sum(array(name) == group for name in chosen)
+        total = sum(array(name) == group for name in names)
+        parts.append(group if total == 1 and group in chosen else f"{group} ({count} of {total})")
+    return ", ".join(parts)
 
 
 def _identifiability(jacobian: np.ndarray, names: Sequence[str], residual: float, scale: float,
