@@ -584,6 +584,14 @@ def default_optimizer(steps: int, learning_rate: float = 0.05) -> optax.Gradient
     return optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
 
 
+@functools.lru_cache(maxsize=64)
+def _with_extra_args(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`optax.with_extra_args_support`, cached: the wrapper is part of the jit
+    static problem, so the same optimizer object must give the same wrapper
+    for a second fit to reuse the compiled scan (L-BFGS compiles for ~10 s)."""
+    return optax.with_extra_args_support(optimizer)
+
+
 def _check_target(target, n: int) -> np.ndarray:
     values = metrics.check_profile("target", target, normalize=True)  # finite, >= 0, mass > 0
     if values.ndim != 1:
@@ -685,6 +693,30 @@ def objective(
     problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method, None)
     function = functools.partial(_objective_of_point, fixed=fixed, target=target, problem=problem)
     return function, problem.parametrisation.initial(model)
+
+
+def identifiability(
+    model: RolloutModel,
+    target,
+    *,
+    fit: Sequence[str] | str = ("lambdas",),
+    schedule: str = "free",
+    content: str = "per_layer",
+    n: int | None = None,
+    method: str = "auto",
+) -> Identifiability | None:
+    """The `Identifiability` report at `model`'s own point, without fitting.
+
+    What `fit` reports at its solution, here at the parameters of `model`
+    (represented in the parametrisation of `fit`, `schedule`, `content`): use
+    it to ask which parameters a profile could determine before a fit, or at
+    a model fitted elsewhere. None above `IDENTIFIABILITY_MAX_PARAMETERS`
+    free parameters. Arguments as in `fit`.
+    """
+    problem, fixed, target = _setup(model, target, fit, schedule, content, "wasserstein", n, method, None)
+    raw = problem.parametrisation.initial(model)
+    profile = _profile({name: jnp.asarray(u) for name, u in raw.items()}, fixed, problem)
+    return _report(raw, fixed, target, profile, problem)
 
 
 def _objective_of_point(raw, *, fixed, target, problem):
@@ -875,7 +907,7 @@ def fit(
     if optimizer is None:
         optimizer = default_optimizer(steps)
     problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method,
-                                    optax.with_extra_args_support(optimizer))
+                                    _with_extra_args(optimizer))
     parametrisation, loss_function, n = problem.parametrisation, problem.loss, problem.n
 
     size = parametrisation.size
