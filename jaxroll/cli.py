@@ -386,7 +386,9 @@ def _add_fit_parser(commands) -> None:
     fit = commands.add_parser(
         "fit", help="fit lambdas and content to a measured profile",
         description="Fit the arrays named by --fit so that the configuration's influence "
-                    "profile matches PROFILE.csv (optax Adam, cosine decay). Writes "
+                    "profile matches PROFILE.csv: a global stage (a design over the parameter "
+                    "box, for up to 8 free parameters) then optax Adam with a cosine decay from "
+                    "the best --restarts points. Writes "
                     "fitted.yaml (a config `jaxroll rollout` reads), fit.csv (position, "
                     "target, initial, fitted) and fit.png into --out, and prints the "
                     "Wasserstein distance before and after.")

@@ -595,3 +595,19 @@ def test_identifiability_finds_the_slope_temperature_null_direction():
     assert "temperature" in report.undetermined
     warning = [line for line in report.summary() if line.startswith("warning:")]
     assert len(warning) == 1 and "temperature" in warning[0]
+
+
+def test_reverse_mode_jacobian_matches_forward_mode():
+    """The report's fallback (n vector-Jacobian products, for an influence
+    behind a jax.custom_vjp) gives the forward-mode Jacobian, to rounding."""
+    from jaxroll.fit import _profile_jacobian, _setup
+
+    model = jaxroll.RolloutModel.create(num_layers=4, num_heads=2, lambdas=schedules.power_decay(0.5, 0.7, 4),
+                                        diagonal_scores=0.5, temperature=1.2, sequence_length=12)
+    problem, fixed, _ = _setup(model, np.full(12, 1 / 12), "lambdas,temperature", "power_decay",
+                               "per_layer", "wasserstein", 12, "auto", None)
+    flat = problem.parametrisation.flatten(problem.parametrisation.initial(model))
+    forward = _profile_jacobian(flat, fixed, problem=problem, batch_size=2, forward=True)
+    reverse = _profile_jacobian(flat, fixed, problem=problem, batch_size=5, forward=False)
+    assert forward.shape == (12, 3)
+    np.testing.assert_allclose(np.asarray(reverse), np.asarray(forward), rtol=0, atol=1e-14)
