@@ -1,6 +1,9 @@
-"""Benchmark: fitting a free lambda schedule and per-layer content on BLOOM-176B.
+"""Benchmark: fitting a free lambda schedule and per-layer content on BLOOM-176B,
+and recovering a power-decay schedule from constant starts (issue 13).
 
-Start: reference-configs/rollout/alibi/no_content/bloom.yaml (T = 70, H = 112).
+Part "speed" (BLOOM-176B):
+Start: the published no_content/bloom.yaml (T = 70, H = 112), read from the
+package data (`jaxroll.published.load("bloom-176b")`).
 Target: the profile of all_content/fineweb-edu/bloom.yaml at the same N.
 Free: lambdas (free schedule, 70) and per-layer diagonal content (70), loss
 the normalised W1.
@@ -22,7 +25,19 @@ The ratio is the baseline's seconds per gradient over jaxroll's seconds per
 step (one Adam step is one exact gradient). Correctness first: the NumPy
 loss and jaxroll's loss agree at the start point before anything is timed.
 
-Usage: python benchmarks/fit.py [--steps 1000] [--long-steps 1000] [--csv PATH]
+Part "recovery" (issue 13, "Fits that find the global answer"): the
+MPT-7B-like geometry (T = 32, H = 32, standard ALiBi slopes, no content,
+N = 256), target the profile of power_decay(0.35, 1.3), started from
+constant(0.1) and constant(0.9), schedule="power_decay", loss W1, float64.
+Rows: the local fit alone (``search=0``: the spurious minimum of the issue)
+and with the global stage (the default), each with Adam (the default,
+`--adam-steps`) and optax.lbfgs (`--lbfgs-steps`). Reported: the fitted
+(lambda_0, beta), their errors, W1 (a plain NumPy W1 of the fitted profile,
+computed by the NumPy dense rollout below) and the wall time of the call
+(the first call of each optimiser includes compilation; the rows after it
+reuse the compiled scan). Written to results/fit_recovery.csv.
+
+Usage: python benchmarks/fit.py [--part speed|recovery|all] [--steps 1000] [--long-steps 1000]
 """
 
 from __future__ import annotations
@@ -34,11 +49,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 import scipy.optimize
 
 import jaxroll
-
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-configs" / "rollout" / "alibi"
+from jaxroll import schedules
 
 
 def numpy_influence(lambdas, slopes, diagonal, n):
@@ -118,6 +133,54 @@ def time_scipy(start, target, n, evaluations, iterations):
     return row
 
 
+def recovery(adam_steps: int, lbfgs_steps: int, path: Path) -> None:
+    """Issue 13's recovery table (see the module docstring)."""
+    T, H, n = 32, 32, 256
+
+    def model(lambdas):
+        return jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=lambdas, sequence_length=n)
+
+    truth = model(schedules.power_decay(0.35, 1.3, T))
+    slopes = np.asarray(truth.alibi_slopes)
+    zeros = np.zeros((T, H))
+    target = numpy_influence(np.asarray(truth.lambdas), slopes, zeros, n)
+    lbfgs = optax.lbfgs()  # one object: the rows that use it share one compiled scan
+    runs = [("adam", None, adam_steps, 0.1, 0), ("adam", None, adam_steps, 0.1, None),
+            ("adam", None, adam_steps, 0.9, None), ("lbfgs", lbfgs, lbfgs_steps, 0.1, 0),
+            ("lbfgs", lbfgs, lbfgs_steps, 0.1, None), ("lbfgs", lbfgs, lbfgs_steps, 0.9, 0),
+            ("lbfgs", lbfgs, lbfgs_steps, 0.9, None)]
+    rows = []
+    with jax.enable_x64(True):
+        for name, optimizer, steps, start, search in runs:
+            began = time.perf_counter()
+            result = jaxroll.fit(model(schedules.constant(start, T)), target, schedule="power_decay",
+                                 steps=steps, search=search, optimizer=optimizer, method="structured")
+            seconds = time.perf_counter() - began
+            fitted = result.schedule_parameters
+            profile = numpy_influence(np.asarray(result.model.lambdas), slopes, zeros, n)
+            report = result.identifiability
+            rows.append({
+                "start": f"constant({start})", "stage": "local only" if search == 0 else "global + local",
+                "optimizer": name, "steps": steps, "design_points": result.search_points,
+                "lambda_0": fitted["lambda_0"], "beta": fitted["beta"],
+                "lambda_0_error": abs(fitted["lambda_0"] - 0.35), "beta_error": abs(fitted["beta"] - 1.3),
+                "w1": numpy_w1(profile, target), "wall_s": seconds,
+                "singular_values": " ".join(f"{s:.3g}" for s in report.singular_values),
+                "undetermined": " ".join(report.undetermined) or "-",
+            })
+            row = rows[-1]
+            print(f"{row['start']:14} {row['stage']:15} {name:6} {steps:5d} steps  "
+                  f"lambda_0 {row['lambda_0']:.4f} beta {row['beta']:.4f}  W1 {row['w1']:.3g}  "
+                  f"{seconds:7.1f} s  s = {row['singular_values']}  undetermined: {row['undetermined']}",
+                  flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="jaxroll steps at N = 256")
@@ -127,11 +190,18 @@ def main() -> None:
     parser.add_argument("--scipy-iterations", type=int, default=0,
                         help="run L-BFGS-B for real for this many iterations (0: estimate from evaluations)")
     parser.add_argument("--skip-dense", action="store_true")
+    parser.add_argument("--part", choices=("speed", "recovery", "all"), default="all")
+    parser.add_argument("--adam-steps", type=int, default=3000, help="recovery: Adam steps (the issue's call)")
+    parser.add_argument("--lbfgs-steps", type=int, default=60, help="recovery: L-BFGS steps")
     parser.add_argument("--csv", type=Path, default=Path(__file__).parent / "results" / "fit.csv")
     arguments = parser.parse_args()
 
-    start = jaxroll.load_config(REFERENCE / "no_content" / "bloom.yaml")
-    content = jaxroll.load_config(REFERENCE / "all_content" / "fineweb-edu" / "bloom.yaml")
+    if arguments.part in ("recovery", "all"):
+        recovery(arguments.adam_steps, arguments.lbfgs_steps, arguments.csv.with_name("fit_recovery.csv"))
+    if arguments.part == "recovery":
+        return
+    start = jaxroll.published.load("bloom-176b")
+    content = jaxroll.published.load("bloom-176b", content="all")
     rows = []
     n = 256
     with jax.enable_x64(True):

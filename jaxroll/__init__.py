@@ -16,7 +16,13 @@ from . import published as published
 from . import schedules as schedules
 from . import theory as theory
 from .errors import ConfigError as ConfigError
-from .fit import FitResult as FitResult, compare_variants as compare_variants, fit as fit
+from .fit import (
+    FitResult as FitResult,
+    Identifiability as Identifiability,
+    compare_variants as compare_variants,
+    fit as fit,
+    identifiability as identifiability,
+)
 from .io import (
     load_config as load_config,
     read_profile as read_profile,

@@ -396,13 +396,25 @@ def _run_forces(arguments) -> None:
     print(f"  wrote {out}/forces.csv, forces.png")
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 0")
+    return value
+
+
 def _add_fit_parser(commands) -> None:
     from .fit import CONTENTS, FIELDS, LOSSES, SCHEDULES
 
     fit = commands.add_parser(
         "fit", help="fit lambdas and content to a measured profile",
         description="Fit the arrays named by --fit so that the configuration's influence "
-                    "profile matches PROFILE.csv (optax Adam, cosine decay). Writes "
+                    "profile matches PROFILE.csv: a global stage (a design over the parameter "
+                    "box, for up to 8 free parameters) then optax Adam with a cosine decay from "
+                    "the best --restarts points. Writes "
                     "fitted.yaml (a config `jaxroll rollout` reads), fit.csv (position, "
                     "target, initial, fitted) and fit.png into --out, and prints the "
                     "Wasserstein distance before and after.")
@@ -418,7 +430,11 @@ def _add_fit_parser(commands) -> None:
     fit.add_argument("--loss", choices=LOSSES, default="wasserstein", help="default wasserstein")
     fit.add_argument("--steps", type=_positive_int, default=2000, help="optimisation steps (default 2000)")
     fit.add_argument("--restarts", type=_positive_int, default=1,
-                     help="random initialisations run side by side (default 1)")
+                     help="starting points refined side by side: the best of the global design, "
+                          "or the config and draws over the box (default 1)")
+    fit.add_argument("--search", type=_non_negative_int, default=None,
+                     help="design points of the global stage, 0 turns it off (default 128 when "
+                          "at most 8 parameters are free, else 0)")
     fit.add_argument("--seed", type=int, default=0, help="seed of the restarts (default 0)")
     fit.add_argument("--length", type=_positive_int, default=None,
                      help="sequence length N (default: the profile's length)")
@@ -440,7 +456,7 @@ def _run_fit(arguments) -> None:
     import numpy as np
 
     from . import io, plot
-    from .fit import fit, objective
+    from .fit import IDENTIFIABILITY_MAX_PARAMETERS, fit, objective
     from .rollout import influence
 
     model = io.load_config(arguments.config)
@@ -453,7 +469,8 @@ def _run_fit(arguments) -> None:
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit(model, target, fit=arguments.fit, schedule=arguments.schedule,
                  content=arguments.content, loss=arguments.loss, steps=arguments.steps,
-                 restarts=arguments.restarts, key=jax.random.PRNGKey(arguments.seed), n=n,
+                 restarts=arguments.restarts, search=arguments.search,
+                 key=jax.random.PRNGKey(arguments.seed), n=n,
                  method=arguments.method, progress=True)
     target = target / target.sum()
     initial = np.asarray(influence(model, n, method=arguments.method), dtype=np.float64)
@@ -471,12 +488,17 @@ def _run_fit(arguments) -> None:
     print(f"jaxroll fit: {arguments.config} -> {arguments.profile}")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
           f"schedule = {arguments.schedule}, loss = {arguments.loss}, steps = {result.steps}, "
-          f"restarts = {arguments.restarts}")
+          f"restarts = {arguments.restarts}, global design = {result.search_points} points")
     print(f"  Wasserstein W1/(N-1): before {before:.6g}, after {result.metrics.wasserstein:.6g}")
     print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
           f"Spearman after {result.metrics.spearman:.6g}")
     for name, value in result.schedule_parameters.items():
         print(f"  {name} = {value:.6g}")
+    if result.identifiability is None:
+        print(f"  identifiability: not computed (more than {IDENTIFIABILITY_MAX_PARAMETERS} free parameters)")
+    else:
+        for line in result.identifiability.summary():
+            print(f"  {line}")
     print(f"  wrote {out}/fitted.yaml, fit.csv, fit.png")
 
 

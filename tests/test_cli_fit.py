@@ -125,3 +125,38 @@ def test_bad_profile_and_occupied_out(files, tmp_path, capsys):
     assert main(["fit", str(config), str(files[1]), "--out", str(occupied)]) == 2
     assert "--force" in capsys.readouterr().err
     assert [p.name for p in occupied.iterdir()] == ["mine.txt"]
+
+
+def test_summary_reports_identifiability_and_warns(tmp_path, capsys):
+    """Slopes and temperature without content: scaling both by one factor leaves
+    the profile unchanged (scores are -m (i - j) / tau), so the temperature is
+    not determined, and the summary says so in one warning line. The singular
+    values printed are those of the report (checked against finite
+    differences in test_fit.py); the design size is printed."""
+    start = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.5, alibi_slopes=[0.3, 0.1],
+                                        sequence_length=12)
+    other = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.5, alibi_slopes=[0.5, 0.05],
+                                        sequence_length=12)
+    config = jaxroll.save_config(start, tmp_path / "start.yaml")
+    profile = jaxroll.write_profile(oracle.influence(oracle.config_arrays(oracle.read_config(
+        jaxroll.save_config(other, tmp_path / "other.yaml"))), 12), tmp_path / "target.csv")
+    assert main(["fit", str(config), str(profile), "--fit", "alibi_slopes,temperature", "--steps", "5",
+                 "--out", str(tmp_path / "out"), "--float64"]) == 0
+    printed = capsys.readouterr().out
+    assert "global design = 128 points" in printed  # 5 parameters: the global stage is on
+    assert re.search(r"identifiability: Jacobian dp/du of 5 parameter\(s\)", printed)
+    values = [float(x) for x in re.search(r"singular values: (.*)", printed).group(1).split()]
+    assert len(values) == 5 and values[-1] < 1e-10 * values[0]
+    warnings = [line for line in printed.splitlines() if "warning: not determined" in line]
+    assert len(warnings) == 1 and "temperature" in warnings[0]
+
+
+def test_search_zero_turns_the_global_stage_off(files, tmp_path, capsys):
+    config, profile, _ = files
+    assert main(["fit", str(config), str(profile), "--search", "0", "--steps", "5",
+                 "--out", str(tmp_path / "out"), "--float64"]) == 0
+    assert "global design = 0 points" in capsys.readouterr().out
+    assert main(["fit", str(config), str(profile), "--search", "-1", "--out", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "argument --search" in error
+    assert not (tmp_path / "bad").exists()

@@ -26,7 +26,7 @@ import pytest
 import jaxroll
 from jaxroll import schedules
 from jaxroll.errors import ConfigError
-from jaxroll.fit import objective
+from jaxroll.fit import BOX, GLOBAL_POINTS, halton, identifiability, objective
 
 sys.path.insert(0, str(Path(__file__).parent))
 import oracle  # noqa: E402
@@ -423,3 +423,191 @@ def test_bad_target(target, match):
 ])
 def test_bad_arguments(kwargs, match):
     _one_line_error(match, **kwargs)
+
+
+# -- the global stage -------------------------------------------------------------
+
+
+def _recovery(start, num_heads, n):
+    """Issue 13's recovery problem on 32 layers with the standard ALiBi slopes of
+    `num_heads` heads and no content: target the oracle's profile of
+    power_decay(0.35, 1.3) at length n, start from constant(start), default
+    loss (W1). Returns the fit and the fit of the same scan without the global
+    stage (search = 0), or None for that when start is not 0.1."""
+    def model(lambdas):
+        return jaxroll.RolloutModel.create(num_layers=32, num_heads=num_heads, lambdas=lambdas,
+                                           sequence_length=n)
+
+    target = oracle.influence(arrays_of(model(schedules.power_decay(0.35, 1.3, 32))), n)
+    arguments = dict(schedule="power_decay", steps=60, optimizer=LBFGS, method="structured")
+    result = jaxroll.fit(model(schedules.constant(start, 32)), target, **arguments)
+    assert result.search_points == GLOBAL_POINTS  # two parameters: the global stage is on
+    fitted = result.schedule_parameters
+    assert w1(oracle.influence(arrays_of(result.model), n), target) < 1e-4
+    assert abs(fitted["lambda_0"] - 0.35) < 1e-2 and abs(fitted["beta"] - 1.3) < 1e-2
+    assert result.identifiability.undetermined == ()
+    if start == 0.1:  # the same compiled scan, from the start alone: the spurious minimum
+        local = jaxroll.fit(model(schedules.constant(start, 32)), target, search=0, **arguments)
+        assert local.search_points == 0
+        assert w1(oracle.influence(arrays_of(local.model), n), target) > 1e-3
+        assert local.schedule_parameters["beta"] < 0.1
+
+
+# One optimizer object for the recovery tests: the same object reuses the
+# compiled scan (a fresh optax.lbfgs() would compile again, ~10-25 s).
+LBFGS = optax.lbfgs()
+
+
+@pytest.mark.parametrize("start", [0.1, 0.9])
+def test_global_stage_recovers_power_decay_from_constant_starts(start):
+    """The spurious minimum of issue 13 on a cheaper geometry (32 layers, 8
+    heads, n = 64): from constant(0.1) the local fit alone stops at
+    lambda_0 ~ 0.03, beta -> 0 (a near-constant schedule with the truth's
+    total mixing, W1 ~ 4e-3), from constant(0.9) at lambda_0 ~ 0.83, beta -> 0
+    (W1 ~ 0.77). With the global stage both reach W1 < 1e-4 (oracle) and
+    lambda_0, beta within 1e-2, the issue's acceptance numbers (observed:
+    exact to 1e-15). L-BFGS keeps the suite fast: 60 steps from the design's
+    best point, where Adam needs ~3000 steps along the narrow curved valley
+    (benchmarks/fit.py times both at the issue's N = 256).
+    """
+    _recovery(start, num_heads=8, n=64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", [0.1, 0.9])
+def test_global_stage_recovers_power_decay_on_mpt7b_geometry(start):
+    """The issue's own problem: 32 layers, 32 heads, N = 256 (~3 min on a
+    loaded 2-core machine; benchmarks/fit.py runs it)."""
+    _recovery(start, num_heads=32, n=256)
+
+
+def test_halton_design_matches_scipy():
+    """The design of the global stage is the Halton sequence: scipy's unscrambled
+    qmc.Halton (an independent implementation) from its second point on."""
+    from scipy.stats import qmc
+
+    expected = qmc.Halton(d=5, scramble=False).random(201)[1:]
+    np.testing.assert_allclose(np.asarray(halton(200, 5)), expected, rtol=0, atol=1e-15)
+
+
+def test_restarts_are_drawn_over_the_box():
+    """Free per-layer lambdas (16 parameters, no design by default): the
+    starting points are the model's own and draws over BOX['lambda'], in the
+    box and spread over it, not noise around the start."""
+    from jaxroll.fit import _setup, _starting_points
+
+    model = jaxroll.RolloutModel.create(num_layers=16, num_heads=4, lambdas=0.1, sequence_length=16)
+    target = np.full(16, 1 / 16)
+    problem, fixed, target = _setup(model, target, ("lambdas",), "free", "per_layer", "wasserstein",
+                                    16, "auto", None)
+    points, searched = _starting_points(problem, fixed, target, problem.parametrisation.initial(model),
+                                        restarts=200, search=0, key=jax.random.PRNGKey(3))
+    lambdas = _sigmoid(np.asarray(points["lambdas"]))
+    assert searched == 199 and lambdas.shape == (200, 16)
+    np.testing.assert_allclose(lambdas[0], 0.1, rtol=1e-9)
+    low, high = BOX["lambda"]
+    draws = lambdas[1:]
+    assert np.all((draws >= low - 1e-12) & (draws <= high + 1e-12))
+    # Uniform on [0.01, 0.99]: 199 draws per layer have mean 0.5 +- 0.02
+    # (standard error 0.283 / sqrt(199)); a 5-sigma band, and each layer
+    # reaches both ends of the box.
+    assert np.all(np.abs(draws.mean(axis=0) - 0.5) < 0.1)
+    assert np.all(draws.min(axis=0) < 0.1) and np.all(draws.max(axis=0) > 0.9)
+
+
+# -- the identifiability report -------------------------------------------------
+
+
+def _unconstrained_jacobian(profile_of, u, h=1e-6):
+    """dp/du by central differences of the oracle (error O(h^2) + 1e-16 / h ~ 1e-10)."""
+    columns = []
+    for k in range(u.size):
+        step = np.zeros_like(u)
+        step[k] = h
+        columns.append((profile_of(u + step) - profile_of(u - step)) / (2 * h))
+    return np.stack(columns, axis=1)
+
+
+def test_identifiability_report_matches_finite_differences():
+    """Power decay and temperature (three parameters) on a small model: the
+    report's Jacobian, singular values, directions and uncertainties against a
+    central-difference Jacobian of the NumPy oracle in the same unconstrained
+    coordinates (logit lambda_0, softplus^-1 beta, softplus^-1 tau), at a
+    model whose profile differs from the target (so rho is the residual).
+    Then a fit reports the same thing at its solution.
+
+    Tolerances: FD error ~1e-10 absolute on entries of size ~1e-3 .. 1, so
+    1e-7 on the Jacobian and 1e-9 absolute on the singular values (a
+    perturbation of the matrix moves them by at most its norm); the
+    uncertainties scale as 1 / s_k, so they are checked to 1e-9 / s_min
+    relative (and at least 1e-6); directions up to sign to 1e-5.
+    """
+    n, T, H = 32, 8, 4
+    t = np.arange(T)
+    model = jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=schedules.power_decay(0.6, 0.8, T),
+                                        diagonal_scores=1.0, temperature=0.8, sequence_length=n)
+    other = jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=schedules.power_decay(0.5, 1.0, T),
+                                        diagonal_scores=1.0, temperature=1.2, sequence_length=n)
+    target = oracle.influence(arrays_of(other), n)
+    report = identifiability(model, target, fit="lambdas,temperature", schedule="power_decay")
+    assert report.names == ("lambda_0", "beta", "temperature")
+
+    u = np.array([np.log(0.6 / 0.4), np.log(np.expm1(0.8)), np.log(np.expm1(0.8))])
+
+    def profile_of(u):
+        arrays = arrays_of(model)
+        arrays["lambdas"] = _sigmoid(u[0]) / (t + 1.0) ** _softplus(u[1])
+        arrays["temperature"] = float(_softplus(u[2]))
+        return oracle.influence(arrays, n)
+
+    jacobian = _unconstrained_jacobian(profile_of, u)
+    np.testing.assert_allclose(report.jacobian, jacobian, rtol=0, atol=1e-7)
+    _, singular, right = np.linalg.svd(jacobian, full_matrices=False)
+    np.testing.assert_allclose(report.singular_values, singular, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.abs(report.directions), np.abs(right), rtol=0, atol=1e-5)
+    residual = np.linalg.norm(profile_of(u) - target)
+    assert residual > 1e-3 and report.resolution == pytest.approx(residual, rel=1e-9)
+    sigma = residual * np.sqrt((right ** 2 / singular[:, None] ** 2).sum(axis=0))
+    np.testing.assert_allclose(report.parameter_uncertainty, sigma, rtol=max(1e-6, 1e-9 / singular[-1]))
+    np.testing.assert_array_equal(report.determined, sigma <= 0.1)
+
+
+def test_identifiability_finds_the_slope_temperature_null_direction():
+    """Without content, scores are -m (i - j) / tau: scaling every slope and
+    the temperature by one factor leaves the profile unchanged (a closed-form
+    null direction, u = softplus^-1: du = x / sigmoid(u) for x = m, tau).
+    The report must put a singular value at rounding level along exactly that
+    direction and name the temperature as not determined; the warning line
+    says so."""
+    n, T, H = 16, 3, 2
+    model = jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=0.5, alibi_slopes=[0.3, 0.1],
+                                        temperature=1.3, sequence_length=n)
+    target = oracle.influence(arrays_of(model), n)
+    report = identifiability(model, target, fit="alibi_slopes,temperature")
+    assert len(report.names) == T * H + 1 and report.names[-1] == "temperature"
+    x = np.r_[np.asarray(model.alibi_slopes).ravel(), float(model.temperature)]
+    null = x / _sigmoid(np.log(np.expm1(x)))
+    null /= np.linalg.norm(null)
+    assert report.singular_values[-1] < 1e-10 * report.singular_values[0]
+    assert abs(report.directions[-1] @ null) == pytest.approx(1.0, abs=1e-8)
+    # An exact target: rho is the floor 1e-6 ||q||_2.
+    assert report.resolution == pytest.approx(1e-6 * np.linalg.norm(target), rel=1e-9)
+    assert "temperature" in report.undetermined
+    warning = [line for line in report.summary() if line.startswith("warning:")]
+    assert len(warning) == 1 and "temperature" in warning[0]
+
+
+def test_reverse_mode_jacobian_matches_forward_mode():
+    """The report's fallback (n vector-Jacobian products, for an influence
+    behind a jax.custom_vjp) gives the forward-mode Jacobian, to rounding."""
+    from jaxroll.fit import _profile_jacobian, _setup
+
+    model = jaxroll.RolloutModel.create(num_layers=4, num_heads=2, lambdas=schedules.power_decay(0.5, 0.7, 4),
+                                        diagonal_scores=0.5, temperature=1.2, sequence_length=12)
+    problem, fixed, _ = _setup(model, np.full(12, 1 / 12), "lambdas,temperature", "power_decay",
+                               "per_layer", "wasserstein", 12, "auto", None)
+    flat = problem.parametrisation.flatten(problem.parametrisation.initial(model))
+    forward = _profile_jacobian(flat, fixed, problem=problem, batch_size=2, forward=True)
+    reverse = _profile_jacobian(flat, fixed, problem=problem, batch_size=5, forward=False)
+    assert forward.shape == (12, 3)
+    np.testing.assert_allclose(np.asarray(reverse), np.asarray(forward), rtol=0, atol=1e-14)
