@@ -437,7 +437,8 @@ def _add_fit_parser(commands) -> None:
                           "at most 8 parameters are free, else 0)")
     fit.add_argument("--seed", type=int, default=0, help="seed of the restarts (default 0)")
     fit.add_argument("--length", type=_positive_int, default=None,
-                     help="sequence length N (default: the profile's length)")
+                     help="sequence length N to fit at; must equal the profile's length (default: the "
+                          "config's sequence_length, which the profile must then have)")
     fit.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                      help="how to multiply by the kernels (default auto)")
     fit.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
@@ -462,6 +463,11 @@ def _run_fit(arguments) -> None:
     model = io.load_config(arguments.config)
     _require_alibi_model(model, "fit")
     target = io.read_profile(arguments.profile)
+    if arguments.length is None and target.size != model.sequence_length:
+        raise ConfigError(
+            f"{arguments.profile}: {target.size} positions, but {arguments.config} has sequence_length "
+            f"{model.sequence_length}; allowed: a profile of {model.sequence_length} positions, or "
+            f"--length {target.size} to fit at the profile's length")
     n = target.size if arguments.length is None else arguments.length
     # Check everything (and fail with one line) before the output directory is touched.
     objective(model, target, fit=arguments.fit, schedule=arguments.schedule,

@@ -267,7 +267,12 @@ def _identifiability(jacobian: np.ndarray, names: Sequence[str], residual: float
                      threshold: float = DETERMINED_THRESHOLD) -> Identifiability:
     """The report of `Identifiability` from the Jacobian and the fit's residual."""
     jacobian = np.asarray(jacobian, dtype=np.float64)
-    _, singular, directions = np.linalg.svd(jacobian, full_matrices=False)
+    n, k = jacobian.shape
+    # With fewer positions than parameters (n < k) the k - n missing right
+    # singular vectors are exact null directions: take the full V (U is then
+    # only n x n) and give them singular value 0.
+    _, singular, directions = np.linalg.svd(jacobian, full_matrices=n < k)
+    singular = np.concatenate([singular, np.zeros(k - singular.size)])
     resolution = max(float(residual), _PROFILE_PRECISION * float(scale))
     with np.errstate(divide="ignore"):
         inverse = np.where(singular > 0, 1.0 / singular, np.inf)

@@ -109,6 +109,22 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(files, tmp_path, cap
     assert not out.exists()
 
 
+def test_a_profile_of_another_length_is_refused_unless_asked_for(files, tmp_path, capsys):
+    config, _, _ = files
+    model = jaxroll.load_config(config)
+    short = tmp_path / "two.csv"
+    short.write_text("token_position,probability\n0,0.25\n1,0.75\n")
+    out = tmp_path / "out"
+    assert main(["fit", str(config), str(short), "--out", str(out), "--steps", "2"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and not out.exists()
+    assert f"2 positions, but {config} has sequence_length {model.sequence_length}" in error
+    assert "--length 2" in error
+    assert main(["fit", str(config), str(short), "--out", str(out), "--steps", "2", "--length", "2",
+                 "--search", "0"]) == 0
+    assert "N = 2" in capsys.readouterr().out
+
+
 def test_bad_profile_and_occupied_out(files, tmp_path, capsys):
     config, _, _ = files
     bad = tmp_path / "bad.csv"

@@ -611,3 +611,21 @@ def test_reverse_mode_jacobian_matches_forward_mode():
     reverse = _profile_jacobian(flat, fixed, problem=problem, batch_size=5, forward=False)
     assert forward.shape == (12, 3)
     np.testing.assert_allclose(np.asarray(reverse), np.asarray(forward), rtol=0, atol=1e-14)
+
+
+def test_identifiability_with_fewer_positions_than_parameters_reports_the_null_directions():
+    """J is 2 x 3: one direction of parameter space cannot move the profile at
+    all, so its singular value is 0 and every parameter loading on it is
+    undetermined; the report still has one entry per parameter."""
+    from jaxroll.fit import _identifiability
+
+    jacobian = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 2.0]])
+    report = _identifiability(jacobian, ["a", "b", "c"], residual=1e-3, scale=1.0)
+    np.testing.assert_allclose(report.singular_values, [np.sqrt(8.0), 1.0, 0.0], atol=1e-15)
+    null = report.directions[2]
+    np.testing.assert_allclose(np.abs(null), [0.0, np.sqrt(0.5), np.sqrt(0.5)], atol=1e-15)
+    np.testing.assert_allclose(jacobian @ null, 0.0, atol=1e-15)
+    assert report.parameter_uncertainty[0] == pytest.approx(1e-3)   # rho / s, s = 1 along a
+    assert np.isinf(report.parameter_uncertainty[1:]).all()
+    assert report.undetermined == ("b", "c")
+    assert len(report.summary()) >= 3
