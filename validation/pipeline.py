@@ -167,7 +167,7 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length
     """AdamW on random windows of `stream`; returns the loss curve.
 
     Schedule: linear warm-up over `warmup` steps, cosine decay to 10 % of
-    `learning_rate`; betas (0.9, 0.95), weight decay 0.1, gradient clipping
+    `learning_rate` over the steps or `max_seconds`, whichever ends first; betas (0.9, 0.95), weight decay 0.1, gradient clipping
     at norm 1. Windows start at offsets drawn from ``default_rng(seed)``.
     Each row of the curve: step, mean training loss since the last row,
     held-out loss, wall seconds since the start. Training stops early once
@@ -178,25 +178,27 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length
     generator = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
 
-    def rate(step):
+    def rate(step, elapsed):
+        # Cosine over whichever runs out first, the steps or the wall time,
+        # so a run cut short by a busy machine still ends annealed.
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
+        progress = min(1.0, max((step - warmup) / max(1, steps - warmup), elapsed / max_seconds))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     curve = [{"step": 0, "train_loss": float("nan"), "held_out_loss": held_out_loss(model, held_out, length),
               "seconds": 0.0}]
     start, running = time.perf_counter(), []
     model.train()
     for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate * rate(step - 1, time.perf_counter() - start)
         batch = _windows(stream, generator.integers(0, stream.size - length, batch_size), length)
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        scheduler.step()
         running.append(loss.item())
         out_of_time = time.perf_counter() - start > max_seconds
         if step % eval_every == 0 or step == steps or out_of_time:
