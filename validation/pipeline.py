@@ -539,9 +539,11 @@ def plot(results: dict, curves: dict, path: Path) -> Path:
         measured = np.asarray(results[name]["measured"])
         positions = np.arange(measured.size)
         axis.plot(positions, measured, color="black", linewidth=2.0, label="measured")
-        for variant in SHOWN:
+        for colour, variant in enumerate(SHOWN):
+            # A fixed colour per variant, also in panels that lack one (no content for rotary models).
             if variant in results[name]["profiles"]:
-                axis.plot(positions, results[name]["profiles"][variant], linewidth=1.0, label=variant)
+                axis.plot(positions, results[name]["profiles"][variant], linewidth=1.0, label=variant,
+                          color=f"C{colour}")
         axis.set_yscale("log")
         axis.set_ylim(max(1e-6, measured.min() / 30), 1.5)
         axis.set_title(name, fontsize=9)
