@@ -23,6 +23,9 @@ the gradient influence with plain PyTorch hooks on other modules (BLOOM: the
 attention module's output minus the block input; both: a forward hook on
 the embedding that swaps in a leaf tensor, and a normal ``input_ids``
 forward) so that `jaxroll measure` is checked against a second derivation.
+For Llama the attention module's output is its output projection's, so
+there the two derivations read the same tensors and agree bit for bit; for
+BLOOM they take different routes and agree to rounding.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
