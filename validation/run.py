@@ -1,0 +1,160 @@
+"""Train small causal LMs here, measure them, and test the rollout's predictions.
+
+    PYTHONPATH=. python3 validation/run.py --out validation/results [--force]
+
+Steps (all offline, seeded; see `pipeline.py` for each formula):
+
+1. corpus: the Python standard library's ``*.py`` files, sorted; every 10th
+   file is held out; a byte-level BPE tokenizer is trained on the rest;
+2. for BLOOM (ALiBi) and Llama (rotary), ``--layers`` x ``--heads`` x
+   ``--hidden``: save the seeded initialisation, train ``--steps`` AdamW
+   steps on windows of ``--length`` tokens (stopping early at ``--minutes``
+   of wall time, which is then reported), save the trained model;
+3. for each of the four models: ``jaxroll measure --dtype float64`` on the
+   held-out files, the plain-PyTorch cross-check, the predicted profiles and
+   their W1 / Spearman / KL against the measured influence;
+4. write ``table.md``, ``table.csv``, ``results.json``, ``losses.csv`` into
+   ``--out`` and the figure to ``--figure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pipeline  # noqa: E402
+
+from jaxroll.errors import ConfigError  # noqa: E402
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("validation/results"))
+    parser.add_argument("--figure", type=Path, default=Path("validation/validation.png"))
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out and an existing --figure")
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=192)
+    parser.add_argument("--length", type=int, default=128, help="training window and measured sequence length N")
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall-time cap per model's training")
+    parser.add_argument("--samples", type=int, default=96, help="held-out sequences measured")
+    parser.add_argument("--fit-steps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def check_outputs(arguments) -> None:
+    out, figure = arguments.out, arguments.figure
+    if out.exists() and any(out.iterdir()) and not arguments.force:
+        raise ConfigError(f"--out {out}: directory is not empty; pass --force to overwrite")
+    if figure.exists() and not arguments.force:
+        raise ConfigError(f"--figure {figure}: exists; pass --force to overwrite")
+
+
+def main(argv=None) -> int:
+    arguments = parse(argv)
+    try:
+        check_outputs(arguments)
+    except ConfigError as error:
+        print(f"validation: error: {error}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(2)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # one log line per step of the run, not per shard written
+    out = arguments.out
+    out.mkdir(parents=True, exist_ok=True)
+    geometry = pipeline.Geometry(arguments.layers, arguments.heads, arguments.hidden, arguments.length)
+    started = time.perf_counter()
+
+    files = pipeline.stdlib_files()
+    train_texts, held_texts = pipeline.split_corpus(files)
+    print(f"corpus: {len(files)} files ({len(train_texts)} train, {len(held_texts)} held out), "
+          f"{sum(map(len, train_texts)) / 1e6:.1f} M characters of training text")
+    tokenizer = pipeline.train_tokenizer(train_texts, arguments.vocab, out / "tokenizer")
+    train_stream = pipeline.token_stream(tokenizer, train_texts)
+    held_stream = pipeline.token_stream(tokenizer, held_texts)
+    texts = pipeline.write_texts(held_texts, out / "held_out.jsonl")
+    print(f"tokens: {train_stream.size} train, {held_stream.size} held out (vocabulary {len(tokenizer)})")
+
+    curves, training = {}, {}
+    for family in pipeline.FAMILIES:
+        model = pipeline.build_model(family, geometry, len(tokenizer), arguments.seed)
+        model.save_pretrained(out / f"{family}-init")
+        tokenizer.save_pretrained(str(out / f"{family}-init"))
+        print(f"training {family}: {sum(p.numel() for p in model.parameters())} parameters")
+        curve = pipeline.train(model, train_stream, held_stream, steps=arguments.steps, length=arguments.length,
+                               batch_size=arguments.batch, seed=arguments.seed,
+                               max_seconds=60 * arguments.minutes)
+        model.save_pretrained(out / f"{family}-trained")
+        tokenizer.save_pretrained(str(out / f"{family}-trained"))
+        curves[family] = curve
+        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
+                            "initial_held_out_loss": curve[0]["held_out_loss"],
+                            "final_held_out_loss": curve[-1]["held_out_loss"],
+                            "final_train_loss": curve[-1]["train_loss"],
+                            "parameters": sum(p.numel() for p in model.parameters())}
+        del model
+    with open(out / "losses.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["family", "step", "train_loss", "held_out_loss", "seconds"])
+        for family, curve in curves.items():
+            for row in curve:
+                writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
+
+    results = {}
+    for family in pipeline.FAMILIES:
+        for state in ("init", "trained"):
+            name = f"{family}-{state}"
+            print(f"measuring {name}")
+            measured = pipeline.run_measure(out / name, texts, out / "measure" / name, family=family,
+                                            length=arguments.length, samples=arguments.samples)
+            model = pipeline.load_float64(out / name)
+            check = pipeline.crosscheck(model, measured["token_ids"])
+            del model
+            profiles, details = pipeline.predictions(measured, fit_steps=arguments.fit_steps)
+            for profile in profiles.values():
+                pipeline.check_profile(profile)
+            target = measured["influence"]
+            results[name] = {
+                "scores": pipeline.scores(profiles, target),
+                "floor": pipeline.split_half_floor(check["influence"]),
+                "crosscheck": pipeline.crosscheck_differences(measured, check),
+                "lambdas": measured["lambdas"].tolist(),
+                "fitted_lambdas": details["fitted_lambdas"].tolist(),
+                "profiles": {key: value.tolist() for key, value in profiles.items()},
+                "measured": target.tolist(),
+            }
+            print(pipeline.format_rows(name, results[name]))
+    seconds = time.perf_counter() - started
+    summary = {"geometry": vars(arguments) | {"out": str(out), "figure": str(arguments.figure)},
+               "training": training, "results": results, "seconds": seconds,
+               "machine": pipeline.machine_description(), "python": sys.version.split()[0]}
+    (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    table = pipeline.markdown_table(results)
+    (out / "table.md").write_text(table)
+    pipeline.write_csv(results, out / "table.csv")
+    arguments.figure.parent.mkdir(parents=True, exist_ok=True)
+    pipeline.plot(results, curves, arguments.figure)
+    print(table)
+    print(pipeline.training_summary(training))
+    print(f"total {seconds / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
