@@ -158,6 +158,13 @@ def test_dense_kernel_rollout_matches_jaxroll_and_the_diagonal_closed_form(train
     p = pipeline.influence_from_kernels(lambdas, attention)
     closed_form = np.prod(1 - lambdas + lambdas * attention[:, -1, -1])
     assert p[-1] == pytest.approx(closed_form, rel=1e-12)
+    # The script's NumPy measured-kernel rollout and jaxroll's DenseKernel rollout agree.
+    from jaxroll.kernel_types import DenseKernel
+
+    dense = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(attention), lambdas=lambdas)
+    # jaxroll divides by the row's mass; BLOOM's softmax runs in float32, so the
+    # measured rows sum to 1 only within ~1e-7 and the mass differs from 1 by as much.
+    np.testing.assert_allclose(p / p.sum(), np.asarray(jaxroll.influence(dense, LENGTH)), rtol=0, atol=1e-12)
 
 
 def test_residual_aware_beats_attention_only(trained):
