@@ -46,7 +46,7 @@ pass and in reverse mode.
 
 from __future__ import annotations
 
-import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,14 @@ BLOCK = 64
 """Block size of `reverse_discounted_cumsum` (fastest of 16, 32, 64, 128 measured on the 2-core CPU)."""
 
 HEAD_CHUNK = 16
-"""Heads per chunk in `row_times_kernel`; memory is O(HEAD_CHUNK * N)."""
+"""Heads per chunk of the per-head path (sliding and full masks); memory O(HEAD_CHUNK * N)."""
+
+TRANSIENT = {False: 8192, True: 16384}
+"""Rows with exact normalisers before the stationary split, by ``float64``: ``e^{-a P}``
+is below epsilon for slopes down to 2^-7 (float32) and 2^-8.8 (float64) at tau = 1."""
+
+_PREFIX_BLOCK = 16  # block of the per-head prefix: its work is O(P H B)
+_CARRY_BLOCK = 16  # block of the recurrences over block starts
 
 # exp(-_MAX_LOG_DECAY) is 0 in float64; clamping keeps a * B^level finite
 # (a * 0 is then never inf * 0) without changing any product.
@@ -221,6 +228,121 @@ def _full_products(v, a, c, block):
     return v * diagonal + earlier + later
 
 
+def _causal_tables(a, c, length: int, block: int):
+    """Row ``i < length`` of every causal head: ``D_h[i] = A_h[i, i]`` and ``s_h[i] = q / Z_i``.
+
+    Also the stationary limits ``D_inf = p (1 - r) / (p (1 - r) + q)`` and
+    ``kappa = q (1 - r) / (p (1 - r) + q)`` (``Z_inf = p + q / (1 - r)``),
+    written with ``1 - r = -expm1(-a)`` so nothing is subtracted. Shapes
+    ``(heads, length)`` and ``(heads,)``.
+    """
+    top = jnp.maximum(c, -a)
+    p = jnp.exp(c - top)
+    q = jnp.exp(-a - top)
+    counts = _geometric_table(a, length, block)
+    first = jnp.arange(length) == 0
+    # Row 0 reads only itself; p may underflow to 0 there, so it is set apart.
+    inverse = jnp.where(first, 1.0, 1.0 / jnp.where(first, 1.0, p[:, None] + q[:, None] * counts))
+    diagonal = jnp.where(first, 1.0, p[:, None] * inverse)
+    share = jnp.where(first, 0.0, q[:, None] * inverse)
+    gap = -jnp.expm1(-a)
+    denominator = p * gap + q
+    denominator = jnp.where(denominator > 0, denominator, 1.0)  # only when a = 0 and q underflows
+    return diagonal, share, p * gap / denominator, q * gap / denominator
+
+
+def _mixture_reverse_cumsum(x, log_decays, coefficients, block: int):
+    """``Y_j = sum_h beta_h X_{h,j}`` with ``X_{h,j} = sum_{i >= j} x_i r_h^{i-j}``.
+
+    The head mixture of discounted reverse sums of one shared vector ``x``
+    (``beta`` = `coefficients`). Blocks of B positions: inside a block every
+    head at once is one ``(n/B, B) @ (B, B)`` matmul with the mixed Toeplitz
+    matrix ``W[l, k] = sum_h beta_h r_h^{l-k}``; the per-head values at the
+    block starts, ``C_{h,b} = sum_l x_{bB+l} r_h^l + r_h^B C_{h,b+1}``, are an
+    ``(n/B, B) @ (B, H)`` matmul and a recurrence over n/B blocks, and they
+    enter block b as ``sum_h beta_h r_h^{B-k} C_{h,b+1}``, an
+    ``(n/B, H) @ (H, B)`` matmul. Work O(n (B + 3 H)) instead of O(n B H),
+    all terms non-negative. Returns ``(Y, X_{., 0})``, shapes ``(n,)`` and ``(H,)``.
+    """
+    n = x.shape[-1]
+    size = min(n, block)
+    count = -(-n // size)
+    blocks = jnp.pad(x, (0, count * size - n)).reshape(count, size)
+    log_decays = jnp.minimum(log_decays, _MAX_LOG_DECAY)
+    offsets = jnp.arange(size, dtype=x.dtype)
+    powers = _powers(log_decays, offsets)  # (H, B): r^d
+    local = blocks @ _toeplitz_from(coefficients @ powers, size)
+    sums = blocks @ powers.T  # (count, H): sum_l x_{bB+l} r^l
+    starts = reverse_discounted_cumsum(sums.T, log_decays * size, _CARRY_BLOCK)  # (H, count)
+    entering = coefficients[:, None] * _powers(log_decays, size - offsets)  # beta r^{B-k}
+    result = local + _shift_left(starts).T @ entering
+    return result.reshape(-1)[:n], starts[:, 0]
+
+
+def _toeplitz_from(values, block: int):
+    """``T[l, k] = values[l - k]`` for ``l >= k`` else 0, shape ``(B, B)``."""
+    offsets = jnp.arange(block)[:, None] - jnp.arange(block)[None, :]
+    return jnp.where(offsets >= 0, values[jnp.maximum(offsets, 0)], 0.0)
+
+
+def _prefix_mixture(v, a, weights, share, tail, block: int):
+    """``sum_h w_h X_{h,j}``, ``X_{h,j} = sum_{j <= i < P} s_h[i] v_i r_h^{i-j} + r_h^{P-j} tail_h``.
+
+    The per-head part (each head scales ``v`` by its own ``s_h[i] = q / Z_i``
+    first). Inside a block, ``sum_h w_h s_h[l] r_h^{l-k}`` is one
+    ``(P, H) @ (H, B)`` matmul ``Q[l, d] = sum_h w_h s_h[l] r_h^d`` (no
+    per-head batched matmul), read at ``d = l - k``; the block starts are per
+    head as in `_mixture_reverse_cumsum`. Work O(P H (B + 2)).
+    """
+    n = v.shape[-1]
+    size = min(n, block)
+    count = -(-n // size)
+    pad = count * size - n
+    heads = a.shape[0]
+    blocks = jnp.pad(v, (pad, 0)).reshape(count, size)
+    share = jnp.pad(share, ((0, 0), (pad, 0)))
+    offsets = jnp.arange(size, dtype=v.dtype)
+    powers = _powers(a, offsets)  # (H, B)
+    mixed = ((weights[:, None] * share).T @ powers).reshape(count, size, size)  # [b, l, d]
+    # local[b, k] = sum_{d} v[b, k+d] Q[b, k+d, d]; B static shifts, fused by XLA.
+    terms = blocks[:, :, None] * mixed
+    local = terms[:, :, 0]
+    for d in range(1, size):
+        local = local + jnp.pad(terms[:, d:, d], ((0, 0), (0, d)))
+    scaled = share.reshape(heads, count, size) * powers[:, None, :]  # s_h[bB+l] r^l
+    sums = jnp.einsum("bl,hbl->hb", blocks, scaled)
+    starts = reverse_discounted_cumsum(jnp.concatenate([sums, tail[:, None]], axis=1),
+                                       a * size, _CARRY_BLOCK)
+    entering = weights[:, None] * _powers(a, size - offsets)
+    result = local + starts[:, 1:].T @ entering
+    return result.reshape(-1)[pad:]
+
+
+def _causal_mixture(v, a, c, weights, prefix: int, block: int):
+    """``v^T A`` for the causal layer kernel ``A = sum_h w_h A_h``, shape ``(n,)``.
+
+    Rows ``i < P`` (P = `prefix`) use their exact normalisers; rows beyond
+    use the stationary one, ``Z_inf = p + q / (1 - r)``. The relative error of
+    that is ``r^P (q / (1 - r)) / Z_inf <= e^{-a P}`` per term, and the caller
+    only takes this path when that is below the dtype's epsilon for every
+    head (or when ``P = n``, which is exact). Beyond P every head scales
+    ``v`` by the same constant ``kappa_h``, so the head mixture is one
+    convolution with the sum of exponentials ``sum_h w_h kappa_h r_h^d``.
+    """
+    n = v.shape[-1]
+    prefix = min(prefix, n)
+    diagonal, share, diagonal_limit, kappa = _causal_tables(a, c, prefix, block)
+    if prefix < n:
+        suffix, tail = _mixture_reverse_cumsum(v[prefix:], a, weights * kappa, block)
+        tail = kappa * tail
+        steady = jnp.broadcast_to(weights @ diagonal_limit, (n - prefix,))
+    else:
+        suffix, tail, steady = v[:0], jnp.zeros_like(a), v[:0]
+    head = _prefix_mixture(v[:prefix], a, weights, share, tail, _PREFIX_BLOCK)
+    later = _shift_left(jnp.concatenate([head, suffix]))
+    return v * jnp.concatenate([weights @ diagonal, steady]) + later
+
+
 def head_products(
     v: Float[Array, " n"],
     log_decays: Float[Array, " heads"],
@@ -254,6 +376,7 @@ def row_times_kernel(
     *,
     head_chunk: int = HEAD_CHUNK,
     block: int = BLOCK,
+    transient: int | None = None,
 ) -> Float[Array, " n"]:
     """``row^T A`` for the layer kernel ``A = sum_h w_h rowsoftmax(s_h)``, in O(H n).
 
@@ -274,15 +397,42 @@ def row_times_kernel(
     """
     del base_scores  # cancels in every row's softmax
     dtype = row.dtype
-    weights = head_weights / jnp.sum(head_weights)
+    weights = (head_weights / jnp.sum(head_weights)).astype(dtype)
     a = slopes.astype(dtype) / temperature
     c = diagonal_scores.astype(dtype) / temperature
+    if mask == "causal":
+        prefix = _prefix_length(dtype) if transient is None else transient
+        return _causal_product(row, a, c, weights, prefix, head_chunk, block)
+    return _chunked_product(row, a, c, weights, mask, window, head_chunk, block)
+
+
+def _prefix_length(dtype) -> int:
+    return TRANSIENT[jnp.dtype(dtype).itemsize > 4]
+
+
+def _causal_product(v, a, c, weights, prefix, head_chunk, block):
+    """Causal ``v^T A``: the stationary split where it is exact to rounding, else head chunks."""
+    n = v.shape[-1]
+    if n <= prefix:
+        return _causal_mixture(v, a, c, weights, n, block)
+    # Beyond row P the normaliser is Z_inf to a relative e^{-a P} (see _causal_mixture):
+    # below epsilon for every head that carries weight, the split is exact to rounding.
+    settled = jnp.all((a * prefix >= -math.log(jnp.finfo(v.dtype).eps)) | (weights == 0))
+    return jax.lax.cond(
+        settled,
+        lambda: _causal_mixture(v, a, c, weights, prefix, block),
+        lambda: _chunked_product(v, a, c, weights, "causal", None, head_chunk, block),
+    )
+
+
+def _chunked_product(row, a, c, weights, mask, window, head_chunk, block):
+    """``sum_h w_h v^T A_h`` with heads `head_chunk` at a time, each chunk checkpointed."""
     heads = a.shape[0]
     chunk = max(1, min(head_chunk, heads))
     count = -(-heads // chunk)
     pad = count * chunk - heads
     # Padded heads have weight 0 (and harmless a = c = 0): they add nothing.
-    a, c, weights = (jnp.pad(x.astype(dtype), (0, pad)).reshape(count, chunk) for x in (a, c, weights))
+    a, c, weights = (jnp.pad(x, (0, pad)).reshape(count, chunk) for x in (a, c, weights))
 
     @jax.checkpoint
     def chunk_product(total, chunk_arrays):

@@ -20,7 +20,8 @@ from conftest import ROLLOUT_CONFIGS
 
 import oracle
 
-_product = jax.jit(structured.row_times_kernel, static_argnames=("mask", "window", "head_chunk", "block"))
+_product = jax.jit(structured.row_times_kernel,
+               static_argnames=("mask", "window", "head_chunk", "block", "transient"))
 
 
 def _oracle_product(v, slopes, diagonal, weights, temperature, mask, window):
@@ -209,3 +210,46 @@ def test_properties_at_two_to_the_sixteen(float32):
             assert np.all(np.isfinite(profile)) and np.all(profile >= 0), mask
             assert abs(float(np.sum(profile, dtype=np.float64)) - 1.0) < 1e-6, mask
             assert abs(float(mass) - 1.0) < 1e-6, mask
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), n=st.integers(65, 300), heads=st.integers(1, 4))
+def test_stationary_split_matches_the_dense_oracle(data, n, heads):
+    """The causal path with exact normalisers on the first 64 rows only and the
+    stationary ``Z_inf`` beyond (``transient=64``), on N = 65..300. Slopes
+    over temperature are at least 0.6, so ``e^{-a P} <= e^{-38} < 2.2e-16``
+    and the split is taken (the test also calls it directly); content
+    +-1000. 1e-12 absolute in float64, as for the exact path."""
+    floats = lambda lo, hi: st.floats(lo, hi, allow_nan=False)  # noqa: E731
+    temperature = data.draw(floats(0.1, 1))
+    slopes = data.draw(st.lists(floats(0.6, 10), min_size=heads, max_size=heads))
+    diagonal = data.draw(st.lists(st.one_of(floats(-50, 50), st.sampled_from([-1000.0, 1000.0])),
+                                  min_size=heads, max_size=heads))
+    weights = data.draw(st.lists(floats(0.01, 1), min_size=heads, max_size=heads))
+    v = np.random.default_rng(n).uniform(0, 1, n)
+    expected = _oracle_product(v, slopes, diagonal, weights, temperature, "causal", None)
+    got = _structured_product(v, slopes, diagonal, weights, temperature, "causal", None, transient=64)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    w = np.asarray(weights) / np.sum(weights)
+    direct = structured._causal_mixture(jnp.asarray(v), jnp.asarray(slopes) / temperature,
+                                        jnp.asarray(diagonal) / temperature, jnp.asarray(w), 64, 16)
+    np.testing.assert_allclose(direct, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("slopes, weights", [([0.0, 2.0], [0.5, 0.5]), ([1e-3, 2.0], [0.5, 0.5]),
+                                             ([0.0, 2.0], [0.0, 1.0])])
+def test_unsettled_heads_fall_back_to_exact_normalisers(slopes, weights):
+    """A head whose normaliser is still growing at row P (slope 0 or 1e-3 with
+    P = 32, N = 200: ``e^{-a P}`` near 1) must not get the stationary split:
+    the product still matches the oracle to 1e-12 (the split alone would be
+    off by about 1e-2). A head of weight 0 does not count."""
+    n = 200
+    v = np.random.default_rng(5).uniform(0, 1, n)
+    expected = _oracle_product(v, slopes, [0.5, -1.0], weights, 1.0, "causal", None)
+    got = _structured_product(v, slopes, [0.5, -1.0], weights, 1.0, "causal", None, transient=32)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    if weights[0] > 0:  # the split really would be wrong here, so the fallback matters
+        w = np.asarray(weights) / np.sum(weights)
+        split = structured._causal_mixture(jnp.asarray(v), jnp.asarray(slopes), jnp.asarray([0.5, -1.0]),
+                                           jnp.asarray(w), 32, 16)
+        assert np.max(np.abs(np.asarray(split) - expected)) > 1e-6
