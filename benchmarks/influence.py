@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import resource
 import statistics
 import sys
@@ -32,6 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxroll
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _baseline_structured  # noqa: E402  (the structured products before issue 13)
 
 REFERENCE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
 
@@ -63,6 +67,22 @@ def numpy_dense_rollout(model, n: int) -> np.ndarray:
     return product[-1]
 
 
+@functools.partial(jax.jit, static_argnames=("n",))
+def baseline_influence(model, n: int):
+    """The profile as jaxroll computed it before issue 13 (same scan, old products)."""
+    @jax.checkpoint
+    def apply_layer(row, layer):
+        weight, slopes, diagonal, base, weights = layer
+        product = _baseline_structured.row_times_kernel(row, slopes, diagonal, base, weights,
+                                                         model.temperature, model.mask, model.window)
+        return (1.0 - weight) * row + weight * product, None
+
+    last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
+    layers = (model.lambdas, model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
+    row, _ = jax.lax.scan(apply_layer, last, layers, reverse=True)
+    return row / jnp.sum(row)
+
+
 def timed(function, repeats: int):
     start = time.perf_counter()
     jax.block_until_ready(function())
@@ -75,7 +95,7 @@ def timed(function, repeats: int):
     return statistics.median(times), compile_seconds
 
 
-def run_cases(lengths, presets, repeats_for, dense_max, numpy_max):
+def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max):
     rows = []
     for name in presets:
         model = jaxroll.presets.get(name)
@@ -86,6 +106,16 @@ def run_cases(lengths, presets, repeats_for, dense_max, numpy_max):
                    "method": "structured", "device": jax.devices()[0].platform,
                    "seconds": structured, "compile_seconds": compile_s, "repeats": repeats,
                    "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "", "speedup_vs_dense": ""}
+            if n <= baseline_max:
+                baseline, baseline_compile = timed(lambda: baseline_influence(model, n), 1 if n >= 2**17 else repeats)
+                difference = float(jnp.max(jnp.abs(baseline_influence(model, n)
+                                                   - jaxroll.influence(model, n, method="structured"))))
+                row["speedup_vs_baseline"] = baseline / structured
+                row["max_abs_diff_vs_baseline"] = difference
+                rows.append({**row, "method": "before issue 13 (baseline)", "seconds": baseline,
+                             "compile_seconds": baseline_compile, "repeats": 1, "speedup_vs_numpy": "",
+                             "speedup_vs_dense": "", "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
+                print_row(rows[-1])
             if n <= dense_max:
                 dense, _ = timed(lambda: jaxroll.influence(model, n, method="dense"), 1)
                 row["speedup_vs_dense"] = dense / structured
@@ -114,14 +144,27 @@ def gradient_cases(lengths, presets):
             def loss(m):
                 return jaxroll.metrics.wasserstein(jaxroll.influence(m, n, method="structured"), target)
 
+            def baseline_loss(m):
+                return jaxroll.metrics.wasserstein(baseline_influence(m, n), target)
+
             grad = jax.jit(jax.grad(loss))
             forward, _ = timed(lambda: jaxroll.influence(model, n, method="structured"), 2)
             backward, compile_s = timed(lambda: grad(model), 2)
+            old_grad = jax.jit(jax.grad(baseline_loss))
+            old_forward, _ = timed(lambda: baseline_influence(model, n), 1)
+            old_backward, old_compile = timed(lambda: old_grad(model), 1)
+            difference = max(float(jnp.max(jnp.abs(x - y))) for x, y in
+                             zip(jax.tree.leaves(grad(model)), jax.tree.leaves(old_grad(model))))
             row = {"case": name + " grad W1", "N": n, "T": model.num_layers, "H": model.num_heads,
                    "method": "structured grad", "device": jax.devices()[0].platform,
                    "seconds": backward, "compile_seconds": compile_s, "repeats": 2,
                    "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "",
-                   "speedup_vs_dense": "", "grad_over_forward": backward / forward}
+                   "speedup_vs_dense": "", "grad_over_forward": backward / forward,
+                   "speedup_vs_baseline": old_backward / backward, "max_abs_diff_vs_baseline": difference}
+            rows.append({**row, "method": "grad before issue 13 (baseline)", "seconds": old_backward,
+                         "compile_seconds": old_compile, "repeats": 1, "grad_over_forward": old_backward / old_forward,
+                         "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
+            print_row(rows[-1])
             rows.append(row)
             print_row(row)
     return rows
@@ -143,7 +186,8 @@ def accuracy(n: int) -> None:
 
 
 COLUMNS = ["case", "N", "T", "H", "method", "device", "seconds", "compile_seconds", "repeats",
-           "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "grad_over_forward"]
+           "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "speedup_vs_baseline",
+           "max_abs_diff_vs_baseline", "grad_over_forward"]
 
 
 def fmt(value):
@@ -156,11 +200,13 @@ def print_row(row):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 16384, 131072, 1048576])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 65536, 1048576])
     parser.add_argument("--presets", nargs="+", default=["bloom-176b", "mpt-7b"])
     parser.add_argument("--gradient-lengths", type=int, nargs="*", default=[4096, 65536])
     parser.add_argument("--dense-max", type=int, default=2048, help="largest N for jaxroll dense")
     parser.add_argument("--numpy-max", type=int, default=2048, help="largest N for the NumPy baseline")
+    parser.add_argument("--baseline-max", type=int, default=2**20,
+                        help="largest N for the structured products before issue 13")
     parser.add_argument("--accuracy", type=int, default=None, metavar="N",
                         help="also check every reference config at length N")
     parser.add_argument("--out", type=Path, default=Path("influence.csv"))
@@ -173,7 +219,7 @@ def main(argv=None) -> int:
     print(" | ".join(COLUMNS))
     rows = run_cases(arguments.lengths, arguments.presets,
                      lambda n: 1 if n >= 2**20 else (2 if n >= 2**17 else 5),
-                     arguments.dense_max, arguments.numpy_max)
+                     arguments.dense_max, arguments.numpy_max, arguments.baseline_max)
     rows += gradient_cases(arguments.gradient_lengths, arguments.presets)
     with open(arguments.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

@@ -114,11 +114,14 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int):
 def _influence_with_mass(model: RolloutModel, n: int, method: str):
     row_times_kernel = _row_times_kernel(model, method, n)
 
-    # Checkpointed so reverse mode keeps one row per layer, not O(H n) per layer.
-    @jax.checkpoint
     def apply_layer(row, layer):
         weight = layer[0]
         return (1.0 - weight) * row + weight * row_times_kernel(row, layer), None
+
+    # Reverse mode keeps one row per layer, not O(H n): the structured product's
+    # own VJP keeps only its inputs; the dense one is checkpointed.
+    if method == "dense":
+        apply_layer = jax.checkpoint(apply_layer)
 
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
     row, _ = jax.lax.scan(apply_layer, last, _layers(model), reverse=True)

@@ -46,6 +46,7 @@ pass and in reverse mode.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -228,27 +229,81 @@ def _full_products(v, a, c, block):
     return v * diagonal + earlier + later
 
 
+def _geometric_rows(log_decay, n: int, block: int):
+    """`_geometric_table` laid out position-major, shape ``(n, heads)``."""
+    size = min(n, block)
+    count = -(-n // size)
+    offsets = jnp.arange(size, dtype=log_decay.dtype)
+    within = _geometric(log_decay, offsets).T  # (B, H): g_k
+    starts = _geometric(log_decay, size * jnp.arange(count, dtype=log_decay.dtype)).T  # (count, H)
+    # The barrier keeps XLA from fusing the exponentials into the (n, H) loop,
+    # which would evaluate them once per element instead of once per head.
+    within, powers, starts = jax.lax.optimization_barrier(
+        (within, _powers(log_decay, offsets).T, starts))
+    table = within[None] + powers[None] * starts[:, None, :]
+    return table.reshape(count * size, -1)[:n]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _causal_tables(a, c, length: int, block: int):
     """Row ``i < length`` of every causal head: ``D_h[i] = A_h[i, i]`` and ``s_h[i] = q / Z_i``.
 
     Also the stationary limits ``D_inf = p (1 - r) / (p (1 - r) + q)`` and
     ``kappa = q (1 - r) / (p (1 - r) + q)`` (``Z_inf = p + q / (1 - r)``),
     written with ``1 - r = -expm1(-a)`` so nothing is subtracted. Shapes
-    ``(heads, length)`` and ``(heads,)``.
+    ``(length, heads)`` (position-major: the matmuls that read them contract
+    over heads) and ``(heads,)``.
     """
+    return _tables(a, c, _geometric_rows(a, length, block))
+
+
+def _tables(a, c, counts):
     top = jnp.maximum(c, -a)
-    p = jnp.exp(c - top)
-    q = jnp.exp(-a - top)
-    counts = _geometric_table(a, length, block)
-    first = jnp.arange(length) == 0
+    p, q = jax.lax.optimization_barrier((jnp.exp(c - top), jnp.exp(-a - top)))  # once per head
+    first = (jnp.arange(counts.shape[0]) == 0)[:, None]
     # Row 0 reads only itself; p may underflow to 0 there, so it is set apart.
-    inverse = jnp.where(first, 1.0, 1.0 / jnp.where(first, 1.0, p[:, None] + q[:, None] * counts))
-    diagonal = jnp.where(first, 1.0, p[:, None] * inverse)
-    share = jnp.where(first, 0.0, q[:, None] * inverse)
+    inverse = jnp.where(first, 1.0, 1.0 / jnp.where(first, 1.0, p + q * counts))
+    diagonal = jnp.where(first, 1.0, p * inverse)
+    share = jnp.where(first, 0.0, q * inverse)
     gap = -jnp.expm1(-a)
     denominator = p * gap + q
     denominator = jnp.where(denominator > 0, denominator, 1.0)  # only when a = 0 and q underflows
     return diagonal, share, p * gap / denominator, q * gap / denominator
+
+
+def _tables_forward(a, c, length, block):
+    counts = _geometric_rows(a, length, block)
+    return _tables(a, c, counts), (a, c)
+
+
+def _tables_backward(length, block, residuals, cotangents):
+    """Closed forms: with ``D = 1 / (1 + e^{-a-c} g)`` and ``s = 1 / (e^{a+c} + g)``,
+    ``dD/dc = D s g``, ``ds/dc = -s D``, ``dD/da = D s (g + h)``,
+    ``ds/da = s^2 h - s D`` where ``h = -dg/da = sum_{k<i} k r^k``; the limits
+    use ``g_inf = 1 / (1 - r)`` and ``h_inf = r / (1 - r)^2``."""
+    a, c = residuals
+    d_diagonal, d_share, d_diagonal_limit, d_kappa = cotangents
+    counts, slope = jax.jvp(lambda x: _geometric_rows(x, length, block), (a,), (jnp.ones_like(a),))
+    diagonal, share, diagonal_limit, kappa = _tables(a, c, counts)
+    moments = -slope  # h_i, column h depends on a_h only
+    gap = -jnp.expm1(-a)
+    settled = gap > 0
+    safe = jnp.where(settled, gap, 1.0)
+    count_limit = jnp.where(settled, 1.0 / safe, 0.0)
+    moment_limit = jnp.where(settled, jnp.exp(-a) / (safe * safe), 0.0)
+    diagonal, share, counts, moments = jax.lax.optimization_barrier((diagonal, share, counts, moments))
+
+    def pull(d_d, d_s, d, s, g, h):
+        d_c = d_d * d * s * g - d_s * s * d
+        d_a = d_d * d * s * (g + h) + d_s * (s * s * h - s * d)
+        return d_a, d_c
+
+    rows_a, rows_c = pull(d_diagonal, d_share, diagonal, share, counts, moments)
+    limit_a, limit_c = pull(d_diagonal_limit, d_kappa, diagonal_limit, kappa, count_limit, moment_limit)
+    return jnp.sum(rows_a, axis=0) + limit_a, jnp.sum(rows_c, axis=0) + limit_c
+
+
+_causal_tables.defvjp(_tables_forward, _tables_backward)
 
 
 def _mixture_reverse_cumsum(x, log_decays, coefficients, block: int):
@@ -300,17 +355,17 @@ def _prefix_mixture(v, a, weights, share, tail, block: int):
     pad = count * size - n
     heads = a.shape[0]
     blocks = jnp.pad(v, (pad, 0)).reshape(count, size)
-    share = jnp.pad(share, ((0, 0), (pad, 0)))
+    share = jnp.pad(share, ((pad, 0), (0, 0)))  # (count B, H)
     offsets = jnp.arange(size, dtype=v.dtype)
     powers = _powers(a, offsets)  # (H, B)
-    mixed = ((weights[:, None] * share).T @ powers).reshape(count, size, size)  # [b, l, d]
+    mixed = (share @ (weights[:, None] * powers)).reshape(count, size, size)  # [b, l, d]
     # local[b, k] = sum_{d} v[b, k+d] Q[b, k+d, d]; B static shifts, fused by XLA.
     terms = blocks[:, :, None] * mixed
     local = terms[:, :, 0]
     for d in range(1, size):
         local = local + jnp.pad(terms[:, d:, d], ((0, 0), (0, d)))
-    scaled = share.reshape(heads, count, size) * powers[:, None, :]  # s_h[bB+l] r^l
-    sums = jnp.einsum("bl,hbl->hb", blocks, scaled)
+    scaled = share.reshape(count, size, heads) * powers.T  # s_h[bB+l] r^l
+    sums = jnp.einsum("bl,blh->hb", blocks, scaled)
     starts = reverse_discounted_cumsum(jnp.concatenate([sums, tail[:, None]], axis=1),
                                        a * size, _CARRY_BLOCK)
     entering = weights[:, None] * _powers(a, size - offsets)
@@ -340,7 +395,7 @@ def _causal_mixture(v, a, c, weights, prefix: int, block: int):
         suffix, tail, steady = v[:0], jnp.zeros_like(a), v[:0]
     head = _prefix_mixture(v[:prefix], a, weights, share, tail, _PREFIX_BLOCK)
     later = _shift_left(jnp.concatenate([head, suffix]))
-    return v * jnp.concatenate([weights @ diagonal, steady]) + later
+    return v * jnp.concatenate([diagonal @ weights, steady]) + later
 
 
 def head_products(
@@ -410,17 +465,35 @@ def _prefix_length(dtype) -> int:
     return TRANSIENT[jnp.dtype(dtype).itemsize > 4]
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _causal_layer(v, a, c, weights, prefix: int, block: int):
+    """`_causal_mixture` whose reverse mode keeps only its inputs (O(n) per call)."""
+    return _causal_mixture(v, a, c, weights, prefix, block)
+
+
+def _causal_layer_forward(v, a, c, weights, prefix, block):
+    return _causal_mixture(v, a, c, weights, prefix, block), (v, a, c, weights)
+
+
+def _causal_layer_backward(prefix, block, inputs, cotangent):
+    _, pullback = jax.vjp(lambda *x: _causal_mixture(*x, prefix, block), *inputs)
+    return pullback(cotangent)
+
+
+_causal_layer.defvjp(_causal_layer_forward, _causal_layer_backward)
+
+
 def _causal_product(v, a, c, weights, prefix, head_chunk, block):
     """Causal ``v^T A``: the stationary split where it is exact to rounding, else head chunks."""
     n = v.shape[-1]
     if n <= prefix:
-        return _causal_mixture(v, a, c, weights, n, block)
+        return _causal_layer(v, a, c, weights, n, block)
     # Beyond row P the normaliser is Z_inf to a relative e^{-a P} (see _causal_mixture):
     # below epsilon for every head that carries weight, the split is exact to rounding.
     settled = jnp.all((a * prefix >= -math.log(jnp.finfo(v.dtype).eps)) | (weights == 0))
     return jax.lax.cond(
         settled,
-        lambda: _causal_mixture(v, a, c, weights, prefix, block),
+        lambda: _causal_layer(v, a, c, weights, prefix, block),
         lambda: _chunked_product(v, a, c, weights, "causal", None, head_chunk, block),
     )
 
