@@ -229,19 +229,24 @@ def _full_products(v, a, c, block):
     return v * diagonal + earlier + later
 
 
-def _geometric_rows(log_decay, n: int, block: int):
-    """`_geometric_table` laid out position-major, shape ``(n, heads)``."""
-    size = min(n, block)
-    count = -(-n // size)
-    offsets = jnp.arange(size, dtype=log_decay.dtype)
-    within = _geometric(log_decay, offsets).T  # (B, H): g_k
-    starts = _geometric(log_decay, size * jnp.arange(count, dtype=log_decay.dtype)).T  # (count, H)
-    # The barrier keeps XLA from fusing the exponentials into the (n, H) loop,
-    # which would evaluate them once per element instead of once per head.
-    within, powers, starts = jax.lax.optimization_barrier(
-        (within, _powers(log_decay, offsets).T, starts))
-    table = within[None] + powers[None] * starts[:, None, :]
-    return table.reshape(count * size, -1)[:n]
+def _geometric_rows(log_decay, n: int):
+    """``g_i = expm1(-a i) / expm1(-a)`` for i = 0..n-1, shape ``(n, heads)``.
+
+    One vectorised ``expm1`` per entry: on the 2-core CPU this measured 2.7x
+    faster than the FMA table of `_geometric_table` in this position-major
+    layout. ``expm1`` has no ``1 - r^i`` cancellation; below ``1e4 sqrt(tiny)``
+    (1e-150 in float64) the series ``i - a i (i - 1) / 2`` is used. Its
+    derivative in ``a`` (reverse mode) loses about ``log10(1 / (a i))``
+    digits for ``0 < a i << 1``: slopes between 0 and ~1e-6 get less
+    accurate gradients than the product itself.
+    """
+    count = jnp.arange(n, dtype=log_decay.dtype)[:, None]
+    # The derivative of the closed form divides by expm1(-a)^2: a^2 must not underflow.
+    tiny = 1e4 * math.sqrt(jnp.finfo(log_decay.dtype).tiny)
+    positive = log_decay > tiny
+    safe = jnp.where(positive, log_decay, 1.0)
+    return jnp.where(positive, jnp.expm1(-safe * count) / jnp.expm1(-safe),
+                     count - log_decay * count * (count - 1) / 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -254,7 +259,7 @@ def _causal_tables(a, c, length: int, block: int):
     ``(length, heads)`` (position-major: the matmuls that read them contract
     over heads) and ``(heads,)``.
     """
-    return _tables(a, c, _geometric_rows(a, length, block))
+    return _tables(a, c, _geometric_rows(a, length))
 
 
 def _tables(a, c, counts):
@@ -272,8 +277,7 @@ def _tables(a, c, counts):
 
 
 def _tables_forward(a, c, length, block):
-    counts = _geometric_rows(a, length, block)
-    return _tables(a, c, counts), (a, c)
+    return _tables(a, c, _geometric_rows(a, length)), (a, c)
 
 
 def _tables_backward(length, block, residuals, cotangents):
@@ -283,7 +287,7 @@ def _tables_backward(length, block, residuals, cotangents):
     use ``g_inf = 1 / (1 - r)`` and ``h_inf = r / (1 - r)^2``."""
     a, c = residuals
     d_diagonal, d_share, d_diagonal_limit, d_kappa = cotangents
-    counts, slope = jax.jvp(lambda x: _geometric_rows(x, length, block), (a,), (jnp.ones_like(a),))
+    counts, slope = jax.jvp(lambda x: _geometric_rows(x, length), (a,), (jnp.ones_like(a),))
     diagonal, share, diagonal_limit, kappa = _tables(a, c, counts)
     moments = -slope  # h_i, column h depends on a_h only
     gap = -jnp.expm1(-a)
@@ -465,37 +469,52 @@ def _prefix_length(dtype) -> int:
     return TRANSIENT[jnp.dtype(dtype).itemsize > 4]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _causal_layer(v, a, c, weights, prefix: int, block: int):
-    """`_causal_mixture` whose reverse mode keeps only its inputs (O(n) per call)."""
-    return _causal_mixture(v, a, c, weights, prefix, block)
+def _settled(a, weights, prefix: int):
+    """Whether ``e^{-a_h P}`` is below epsilon for every head that carries weight."""
+    return jnp.all((a * prefix >= -math.log(jnp.finfo(a.dtype).eps)) | (weights == 0))
 
 
-def _causal_layer_forward(v, a, c, weights, prefix, block):
-    return _causal_mixture(v, a, c, weights, prefix, block), (v, a, c, weights)
-
-
-def _causal_layer_backward(prefix, block, inputs, cotangent):
-    _, pullback = jax.vjp(lambda *x: _causal_mixture(*x, prefix, block), *inputs)
-    return pullback(cotangent)
-
-
-_causal_layer.defvjp(_causal_layer_forward, _causal_layer_backward)
-
-
-def _causal_product(v, a, c, weights, prefix, head_chunk, block):
-    """Causal ``v^T A``: the stationary split where it is exact to rounding, else head chunks."""
-    n = v.shape[-1]
-    if n <= prefix:
-        return _causal_layer(v, a, c, weights, n, block)
+def _causal_exact_or_split(v, a, c, weights, prefix, head_chunk, block):
     # Beyond row P the normaliser is Z_inf to a relative e^{-a P} (see _causal_mixture):
     # below epsilon for every head that carries weight, the split is exact to rounding.
-    settled = jnp.all((a * prefix >= -math.log(jnp.finfo(v.dtype).eps)) | (weights == 0))
     return jax.lax.cond(
-        settled,
-        lambda: _causal_layer(v, a, c, weights, prefix, block),
+        _settled(a, weights, prefix),
+        lambda: _causal_mixture(v, a, c, weights, prefix, block),
         lambda: _chunked_product(v, a, c, weights, "causal", None, head_chunk, block),
     )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _causal_product(v, a, c, weights, prefix, head_chunk, block):
+    """Causal ``v^T A``: the stationary split where it is exact to rounding, else head chunks.
+
+    Reverse mode keeps only the inputs (O(n) per call) and differentiates the
+    branch that ran, inside its own `lax.cond`, so no cond is ever linearised.
+    """
+    if v.shape[-1] <= prefix:
+        return _causal_mixture(v, a, c, weights, v.shape[-1], block)
+    return _causal_exact_or_split(v, a, c, weights, prefix, head_chunk, block)
+
+
+def _causal_product_forward(v, a, c, weights, prefix, head_chunk, block):
+    return _causal_product(v, a, c, weights, prefix, head_chunk, block), (v, a, c, weights)
+
+
+def _causal_product_backward(prefix, head_chunk, block, inputs, cotangent):
+    v, a, c, weights = inputs
+    n = v.shape[-1]
+
+    def pull(function):
+        return lambda: jax.vjp(function, *inputs)[1](cotangent)
+
+    split = pull(lambda *x: _causal_mixture(*x, min(prefix, n), block))
+    if n <= prefix:
+        return split()
+    exact = pull(lambda *x: _chunked_product(*x, "causal", None, head_chunk, block))
+    return jax.lax.cond(_settled(a, weights, prefix), split, exact)
+
+
+_causal_product.defvjp(_causal_product_forward, _causal_product_backward)
 
 
 def _chunked_product(row, a, c, weights, mask, window, head_chunk, block):
