@@ -423,7 +423,7 @@ FIT = [
 
     A profile of N numbers does not pin T per-layer parameters. The Jacobian
     `d p_T / d lambda` of the profile with respect to the 32 measured lambdas
-    (forward-mode `jax.jacfwd` through `jaxroll.influence`) has singular values
+    (reverse-mode `jax.jacrev` through `jaxroll.influence`, whose structured products define a custom VJP) has singular values
     that fall by many decades: only a few combinations of the lambdas are
     determined by the profile; the rest can move with almost no effect (from
     about the 13th on they sit at float64 rounding, ~1e-17). Two
@@ -441,7 +441,7 @@ FIT = [
         return jaxroll.influence(dataclasses.replace(measured, lambdas=lambdas), N)
     # float64 for the Jacobian alone: its small singular values lie far below float32 rounding.
     with jax.enable_x64(True):
-        jacobian = np.asarray(jax.jacfwd(profile_of)(jnp.asarray(measured.lambdas, dtype=jnp.float64)))
+        jacobian = np.asarray(jax.jacrev(profile_of)(jnp.asarray(measured.lambdas, dtype=jnp.float64)))
     singular = np.linalg.svd(jacobian, compute_uv=False)
     print(f"singular values of d p / d lambda: {singular[0]:.3g} ... {singular[-1]:.3g} "
           f"({np.log10(singular[0] / singular[-1]):.1f} decades)")
