@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import functools
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,11 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxroll
+from _common import print_row, timed  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _baseline_structured  # noqa: E402  (the structured products before issue 13)
 
-REFERENCE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference-configs"
+REFERENCE_CONFIGS = jaxroll.published.ROOT  # the authors' configurations, shipped in the package
 
 
 def peak_rss_mib() -> float:
@@ -83,18 +82,6 @@ def baseline_influence(model, n: int):
     return row / jnp.sum(row)
 
 
-def timed(function, repeats: int):
-    start = time.perf_counter()
-    jax.block_until_ready(function())
-    compile_seconds = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(function())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), compile_seconds
-
-
 def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max):
     rows = []
     for name in presets:
@@ -115,7 +102,7 @@ def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max)
                 rows.append({**row, "method": "before issue 13 (baseline)", "seconds": baseline,
                              "compile_seconds": baseline_compile, "repeats": 1, "speedup_vs_numpy": "",
                              "speedup_vs_dense": "", "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
-                print_row(rows[-1])
+                print_row(rows[-1], COLUMNS)
             if n <= dense_max:
                 dense, _ = timed(lambda: jaxroll.influence(model, n, method="dense"), 1)
                 row["speedup_vs_dense"] = dense / structured
@@ -130,7 +117,7 @@ def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max)
                              "compile_seconds": "", "repeats": 1, "speedup_vs_numpy": 1.0,
                              "speedup_vs_dense": ""})
             rows.append(row)
-            print_row(row)
+            print_row(row, COLUMNS)
     return rows
 
 
@@ -164,9 +151,9 @@ def gradient_cases(lengths, presets):
             rows.append({**row, "method": "grad before issue 13 (baseline)", "seconds": old_backward,
                          "compile_seconds": old_compile, "repeats": 1, "grad_over_forward": old_backward / old_forward,
                          "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
-            print_row(rows[-1])
+            print_row(rows[-1], COLUMNS)
             rows.append(row)
-            print_row(row)
+            print_row(row, COLUMNS)
     return rows
 
 
@@ -188,14 +175,6 @@ def accuracy(n: int) -> None:
 COLUMNS = ["case", "N", "T", "H", "method", "device", "seconds", "compile_seconds", "repeats",
            "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "speedup_vs_baseline",
            "max_abs_diff_vs_baseline", "grad_over_forward"]
-
-
-def fmt(value):
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def print_row(row):
-    print(" | ".join(fmt(row.get(c, "")) for c in COLUMNS), flush=True)
 
 
 def main(argv=None) -> int:

@@ -25,26 +25,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
-import time
 
 import jax
 import numpy as np
 
 import jaxroll
+from _common import timed  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 from jaxroll import DenseKernel, KernelRolloutModel, PowerKernel, TableKernel
-
-
-def timed(function, repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(function())
-    compile_seconds = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(function())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), compile_seconds
 
 
 def speed_models(n, rng):

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 import jaxroll
+from _common import print_row  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
 sweep_module = importlib.import_module("jaxroll.sweep")
 COLUMNS = ["case", "model", "N", "points", "method", "seconds", "compile_seconds", "profiles_per_second",
@@ -147,14 +148,6 @@ def lengths_case(name, largest):
     return rows
 
 
-def fmt(value):
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def print_row(row):
-    print(" | ".join(fmt(row.get(c, "")) for c in COLUMNS), flush=True)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["mpt-7b", "bloom-176b"])
@@ -182,16 +175,16 @@ def main(argv=None) -> int:
             for points in arguments.points:
                 for row in schedule_case(name, n, points, loop_points):
                     rows.append(row)
-                    print_row(row)
+                    print_row(row, COLUMNS)
         temperature_rows = temperature_case(
             name, min(arguments.lengths), arguments.temperature_points,
             min(arguments.loop_points, arguments.temperature_points)) if "temperatures" in arguments.cases else []
         for row in temperature_rows:
             rows.append(row)
-            print_row(row)
+            print_row(row, COLUMNS)
         for row in lengths_case(name, arguments.largest_length) if "lengths" in arguments.cases else []:
             rows.append(row)
-            print_row(row)
+            print_row(row, COLUMNS)
     with open(arguments.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()

@@ -1,0 +1,30 @@
+"""Helpers shared by the benchmark scripts: timing with compilation apart, table rows."""
+
+import statistics
+import time
+
+import jax
+
+
+def timed(function, repeats: int) -> tuple[float, float]:
+    """(median seconds of `repeats` calls after the first, seconds of the first call).
+
+    The first call includes compilation; its time is reported apart.
+    """
+    start = time.perf_counter()
+    jax.block_until_ready(function())
+    compile_seconds = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(function())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), compile_seconds
+
+
+def fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def print_row(row: dict, columns) -> None:
+    print(" | ".join(fmt(row.get(c, "")) for c in columns), flush=True)
