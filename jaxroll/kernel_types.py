@@ -57,6 +57,15 @@ class _Kernel(eqx.Module):
         """Layer t (0-based) as a kernel of the same type (the arrays' axis 0 removed)."""
         return jax.tree.map(lambda x: x[t], self)
 
+    # Head mixtures hold (T, H) head weights; `DenseKernel` overrides both.
+    @property
+    def num_layers(self) -> int:
+        return self.head_weights.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.head_weights.shape[-1]
+
     def check_length(self, n: int) -> None:
         """Raise a one-line `ConfigError` unless the kernel is defined at length n."""
 
@@ -83,14 +92,6 @@ class AlibiKernel(_Kernel):
         """The kernel of a `RolloutModel` (its lambdas and length stay with the model)."""
         return cls(model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights,
                    jnp.broadcast_to(model.temperature, model.lambdas.shape), model.mask, model.window)
-
-    @property
-    def num_layers(self) -> int:
-        return self.head_weights.shape[0]
-
-    @property
-    def num_heads(self) -> int:
-        return self.head_weights.shape[-1]
 
     def row_times_kernel(self, v):
         return structured.row_times_kernel(v, self.alibi_slopes, self.diagonal_scores, self.base_scores,
@@ -173,14 +174,6 @@ class _Relative(_Kernel):
     """Toeplitz kernels: subclasses give ``scores(n) = f_h(k)``, k = 0..n-1, shape ``(H, n)``."""
 
     mask = "causal"
-
-    @property
-    def num_layers(self) -> int:
-        return self.head_weights.shape[0]
-
-    @property
-    def num_heads(self) -> int:
-        return self.head_weights.shape[-1]
 
     def row_times_kernel(self, v):
         return relative.row_times_kernel(v, self.scores(v.shape[-1]), self.head_weights)
