@@ -53,6 +53,18 @@ def tagged_png(notebook: nbformat.NotebookNode, name: str) -> bytes:
     raise SystemExit(f"figure {name}: no cell tagged figure:{name}")
 
 
+def rollout_figure() -> bytes:
+    """The ``profile.png`` that the README's main command (`jaxroll rollout`) writes."""
+    import tempfile
+
+    from jaxroll.cli import main as jaxroll_main
+
+    with tempfile.TemporaryDirectory() as directory:
+        if jaxroll_main(["rollout", "--out", directory, "--force"]) != 0:
+            raise SystemExit("jaxroll rollout failed")
+        return (Path(directory) / "profile.png").read_bytes()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the PNG files")
@@ -64,6 +76,7 @@ def main(argv=None) -> int:
         print(f"executed {stem}.ipynb in {time.perf_counter() - start:.1f} s")
         for name in (name for name, owner in FIGURES.items() if owner == stem):
             figures[name] = tagged_png(notebook, name)
+    figures["profile"] = rollout_figure()
     too_big = [f"{name} ({len(png)} bytes)" for name, png in figures.items() if len(png) > MAX_BYTES]
     if too_big:  # checked before anything is written
         print(f"figures over {MAX_BYTES} bytes: {', '.join(too_big)}", file=sys.stderr)
