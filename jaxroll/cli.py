@@ -132,16 +132,15 @@ def _run_measure(arguments) -> None:
     from . import measure
 
     stats = measure.parse_stats(arguments.stats)
-    if not arguments.resume:
-        out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    elif not (arguments.out / "checkpoint.npz").is_file():
+    if arguments.resume and not (arguments.out / "checkpoint.npz").is_file():
         raise ConfigError(f"--resume: no checkpoint.npz in {arguments.out}; allowed: the --out of an interrupted run")
-    else:
-        out = arguments.out
+    # Everything is read and checked before --out is touched.
     documents = measure.read_texts(arguments.texts)
     model = measure.load_model(arguments.model, dtype=arguments.dtype)
     tokenizer = measure.load_tokenizer(arguments.model)
     token_ids, indices = measure.select_sequences(documents, tokenizer, arguments.length, arguments.samples)
+    _check_measure_memory(model.config, stats, arguments)
+    out = arguments.out if arguments.resume else io.prepare_output_dir(arguments.out, force=arguments.force)
     checkpoint = out / "checkpoint.npz"
     try:
         result = measure.measure(
@@ -159,6 +158,23 @@ def _run_measure(arguments) -> None:
     written = measure.write_measurement(result, out, overwrite=True)
     checkpoint.unlink(missing_ok=True)
     _print_measure_summary(result, out, written)
+
+
+def _check_measure_memory(config, stats, arguments) -> None:
+    """Refuse ``--stats attention`` / ``qk`` whose float64 means cannot fit: (L, N, N) and (L, H, n, n)."""
+    from . import memory
+
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    n = arguments.length
+    needed = 0
+    if "attention" in stats:
+        needed += 8 * layers * n * n
+    if "qk" in stats:
+        kept = len(range(0, n, arguments.positions))
+        needed += 8 * layers * heads * kept * kept
+    memory.check_fits(needed, f"measure --stats {arguments.stats} at N = {n}", allowed=(
+        "a shorter --length, fewer --stats (or --positions K for qk)"))
 
 
 def _print_measure_summary(result, out, written) -> None:

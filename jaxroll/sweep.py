@@ -518,6 +518,15 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
     os.replace(temporary, path)
 
 
+def _load_chunk(path: Path, k: int) -> np.ndarray:
+    """A finished chunk; a one-line error for a file that is not one (chunks are written atomically)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise ConfigError(f"checkpoint {path}: chunk {k} is not a readable .npy ({type(error).__name__}); "
+                          "allowed: the chunks this sweep wrote (delete the file to recompute it)") from None
+
+
 def _open_checkpoint(directory, plan: _Plan) -> Path:
     directory = Path(directory)
     fingerprint = _fingerprint(plan)
@@ -643,7 +652,7 @@ def sweep(
         for k in range(chunks):
             path = directory / f"chunk_{k:06d}.npy" if directory is not None else None
             if path is not None and path.is_file():
-                piece = np.load(path)
+                piece = _load_chunk(path, k)
             else:
                 piece, sharding = evaluator.host_chunk(k)
                 if path is not None and jax.process_index() == 0:

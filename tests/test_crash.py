@@ -120,3 +120,39 @@ def test_sweep_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, capsy
         assert resumed.files == reference.files
         for name in reference.files:
             np.testing.assert_array_equal(resumed[name], reference[name])
+
+
+def test_a_garbage_checkpoint_is_refused_in_one_line(model_and_texts, tmp_path, capsys):
+    model, texts = model_and_texts
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.npz").write_bytes(b"\x00\xffnot a zip" * 10)
+    status = main(["measure", str(model), "--texts", str(texts), *ARGUMENTS, "--out", str(out), "--resume"])
+    error = capsys.readouterr().err.strip()
+    assert status == 2 and len(error.splitlines()) == 1 and "not a checkpoint of jaxroll measure" in error
+
+
+def test_a_garbage_sweep_chunk_is_refused_in_one_line(tmp_path):
+    import jaxroll
+
+    model = jaxroll.presets.get("mpt-7b", sequence_length=16)
+    checkpoint = tmp_path / "chunks"
+    jaxroll.sweep(model, temperature=[0.5, 1.0, 2.0], batch_size=1, progress=False, checkpoint=checkpoint)
+    (checkpoint / "chunk_000001.npy").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(jaxroll.ConfigError) as error:
+        jaxroll.sweep(model, temperature=[0.5, 1.0, 2.0], batch_size=1, progress=False, checkpoint=checkpoint)
+    assert "chunk 1 is not a readable .npy" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_attention_means_that_cannot_fit_are_refused_before_out_is_created(model_and_texts, tmp_path, capsys):
+    model, _ = model_and_texts
+    texts = tmp_path / "long.txt"
+    n = 40000  # 2 layers x 40000^2 float64 = 25.6 GB of (L, N, N) means: more than the machine has
+    texts.write_text(" ".join(WORDS[k % len(WORDS)] for k in range(n + 10)) + "\n")
+    out = tmp_path / "out"
+    status = main(["measure", str(model), "--texts", str(texts), "--length", str(n), "--samples", "1",
+                   "--stats", "lambda,attention", "--out", str(out)])
+    error = capsys.readouterr().err.strip()
+    assert status == 2 and len(error.splitlines()) == 1, error
+    assert "measure --stats lambda,attention at N = 40000: needs about" in error
+    assert not out.exists()

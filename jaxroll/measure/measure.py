@@ -28,6 +28,7 @@ import dataclasses
 import inspect
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -206,8 +207,14 @@ class _Sums:
         os.replace(temporary, path)
 
     def load(self, path: Path, fingerprint: str) -> None:
-        with np.load(path, allow_pickle=False) as data:
-            if str(data["fingerprint"]) != fingerprint:
+        try:
+            data = np.load(path, allow_pickle=False)
+            stamp = str(data["fingerprint"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
+            raise ConfigError(f"--resume {path}: not a checkpoint of jaxroll measure "
+                              f"({type(error).__name__}); allowed: the --out of an interrupted run") from None
+        with data:
+            if stamp != fingerprint:
                 raise ConfigError(
                     f"--resume {path}: the checkpoint was written for other settings "
                     "(model, sequences or stats); allowed: the same command, or --force without --resume"
