@@ -3,7 +3,8 @@ would fail if the claim were false for jaxroll's code.
 
 Reference models: the authors' published no_content configurations of BLOOM-176B,
 BLOOM-7B1, MPT-7B, MPT-30B and Falcon-RW-7B (N = 256), read from
-../shared/reference-configs. float64 throughout (conftest).
+the published configurations shipped in the package
+(jaxroll.published). float64 throughout (conftest).
 """
 
 import dataclasses
