@@ -101,7 +101,7 @@ def test_sweep_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, capsy
     deadline = time.monotonic() + 120
     partial = out / ".partial"
     while process.poll() is None and time.monotonic() < deadline and not (
-            partial.is_dir() and any(p.name.startswith("chunk_") for p in partial.iterdir())):
+            partial.is_dir() and any(p.suffix == ".npy" for p in partial.iterdir())):  # final names only
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
