@@ -13,20 +13,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 from jaxroll.cli import main  # noqa: E402
 
-WORDS = [f"w{i}" for i in range(60)]
 ARGUMENTS = ["--length", "24", "--samples", "48", "--stats", "lambda,content,influence"]
 
 
 @pytest.fixture(scope="module")
 def model_and_texts(tmp_path_factory):
-    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer = word_level_tokenizer()
     directory = tmp_path_factory.mktemp("bloom")
     torch.manual_seed(0)
     config = transformers.BloomConfig(n_layer=2, n_head=4, hidden_size=32, vocab_size=64)

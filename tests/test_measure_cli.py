@@ -14,12 +14,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 
-WORDS = [f"w{i}" for i in range(60)]
 VOCAB = 64
 
 
@@ -47,10 +46,7 @@ def _config(family):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A directory per family with a tiny model and a word-level tokenizer."""
-    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer = word_level_tokenizer()
     directories = {}
     for family in ("bloom", "mpt", "falcon", "gpt2", "llama", "opt"):
         torch.manual_seed(0)

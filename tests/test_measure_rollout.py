@@ -15,14 +15,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 from jaxroll.measure import measure, write_measurement  # noqa: E402
 
 VOCAB = 64
-WORDS = [f"w{i}" for i in range(60)]
 
 
 def _config(family):
@@ -65,10 +64,7 @@ def test_measured_kernel_rollout_equals_the_models_own_attention(family, tmp_pat
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer = word_level_tokenizer()
     directories = {}
     for family in ("llama", "gpt2"):
         torch.manual_seed(0)
