@@ -43,11 +43,11 @@ def add_sweep_parser(commands) -> None:
     parser.add_argument("spec", type=Path, metavar="SPEC.yaml",
                         help="keys: base (preset | config | published, content, dataset, "
                              "sequence_length), axes, lengths, zip, batch_size, mesh")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
-    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    from .cli import _add_output_arguments  # cli imports this module: import at call time
+
+    _add_output_arguments(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted sweep in --out from its last finished chunk")
-    parser.add_argument("--float64", action="store_true", help="compute in float64")
     parser.set_defaults(run=run_sweep)
 
 

@@ -31,6 +31,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_output_arguments(parser) -> None:
+    """``--out DIR`` (default results), ``--force`` and ``--float64``, as every writing command has them."""
+    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--float64", action="store_true", help="compute in float64")
+
+
 def _add_model_arguments(parser) -> None:
     """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
     from . import presets, published
@@ -67,11 +74,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     "configuration (or a built-in preset) and write profile.csv, "
                     "profile.png and config.yaml into --out.")
     _add_model_arguments(rollout)
-    rollout.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
-    rollout.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _add_output_arguments(rollout)
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
-    rollout.add_argument("--float64", action="store_true", help="compute in float64")
     rollout.set_defaults(run=_run_rollout)
 
     listing = commands.add_parser("presets", help="list the built-in presets",
@@ -326,8 +331,6 @@ def _print_summary(model, profile, mass, source, out) -> None:
 
 
 def _add_theory_parsers(commands) -> None:
-    from . import presets
-
     compare = commands.add_parser(
         "compare", help="distances and shape statistics of two profiles",
         description="Compare two profile CSVs (header token_position,probability): "
@@ -349,9 +352,7 @@ def _add_theory_parsers(commands) -> None:
                     "ALiBi, + content. Writes forces.csv and forces.png into --out and "
                     "prints the drift each force adds.")
     _add_model_arguments(forces)
-    forces.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
-    forces.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    forces.add_argument("--float64", action="store_true", help="compute in float64")
+    _add_output_arguments(forces)
     forces.set_defaults(run=_run_forces)
 
 
@@ -457,9 +458,7 @@ def _add_fit_parser(commands) -> None:
                           "config's sequence_length, which the profile must then have)")
     fit.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                      help="how to multiply by the kernels (default auto)")
-    fit.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
-    fit.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    fit.add_argument("--float64", action="store_true", help="compute in float64")
+    _add_output_arguments(fit)
     fit.set_defaults(run=_run_fit)
 
 
@@ -538,9 +537,7 @@ def _add_kernel_fit_parser(commands) -> None:
     fit.add_argument("--family", choices=FAMILIES, default="power", help="default power")
     fit.add_argument("--heads", type=_positive_int, default=1, help="heads of the fitted mixture (default 1)")
     fit.add_argument("--steps", type=_positive_int, default=2000, help="optimisation steps (default 2000)")
-    fit.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
-    fit.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    fit.add_argument("--float64", action="store_true", help="compute in float64")
+    _add_output_arguments(fit)
     fit.set_defaults(run=_run_kernel_fit)
 
 
