@@ -13,7 +13,7 @@ from conftest import REFERENCE_CONFIGS
 
 
 def run(*arguments, cwd=None):
-    return subprocess.run([sys.executable, "-m", "jaxroll.cli", *map(str, arguments)],
+    return subprocess.run([sys.executable, "-m", "jaxroll", *map(str, arguments)],
                           capture_output=True, text=True, cwd=cwd, timeout=300)
 
 

@@ -54,7 +54,7 @@ def test_measure_killed_midway_resumes_to_the_uninterrupted_result(model_and_tex
     capsys.readouterr()
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "jaxroll.cli", "measure", str(model), "--texts", str(texts), *ARGUMENTS,
+        [sys.executable, "-m", "jaxroll", "measure", str(model), "--texts", str(texts), *ARGUMENTS,
          "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     checkpoint = out / "checkpoint.npz"
@@ -92,7 +92,7 @@ def test_sweep_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, capsy
     assert main(["sweep", str(spec), "--out", str(full), "--float64"]) == 0
     capsys.readouterr()
 
-    process = subprocess.Popen([sys.executable, "-m", "jaxroll.cli", "sweep", str(spec), "--out", str(out), "--float64"],
+    process = subprocess.Popen([sys.executable, "-m", "jaxroll", "sweep", str(spec), "--out", str(out), "--float64"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     partial = out / ".partial"

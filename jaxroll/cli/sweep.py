@@ -26,14 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from . import _common
 
 SPEC_KEYS = {"base", "axes", "lengths", "zip", "batch_size", "mesh"}
 BASE_KEYS = {"preset", "config", "published", "content", "dataset", "sequence_length"}
 PARTIAL = ".partial"
 
 
-def add_sweep_parser(commands) -> None:
+def add_parser(commands) -> None:
     parser = commands.add_parser(
         "sweep", help="a parameter sweep from a YAML spec",
         description="Evaluate the influence profile at every point of a parameter grid "
@@ -43,12 +44,10 @@ def add_sweep_parser(commands) -> None:
     parser.add_argument("spec", type=Path, metavar="SPEC.yaml",
                         help="keys: base (preset | config | published, content, dataset, "
                              "sequence_length), axes, lengths, zip, batch_size, mesh")
-    from .cli import _add_output_arguments  # cli imports this module: import at call time
-
-    _add_output_arguments(parser)
+    _common.add_output_arguments(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted sweep in --out from its last finished chunk")
-    parser.set_defaults(run=run_sweep)
+    parser.set_defaults(run=run)
 
 
 def _check_keys(where: str, mapping, allowed: set) -> dict:
@@ -63,7 +62,7 @@ def _check_keys(where: str, mapping, allowed: set) -> dict:
 def _base_model(base: dict, spec_path: Path):
     import dataclasses
 
-    from . import io, presets, published
+    from .. import io, presets, published
 
     sources = [key for key in ("preset", "config", "published") if key in base]
     if len(sources) != 1:
@@ -79,7 +78,7 @@ def _base_model(base: dict, spec_path: Path):
     else:
         model = published.load(base["published"], base.get("content"), base.get("dataset", "fineweb-edu"))
     if "sequence_length" in base:
-        from ._checks import check_positive_int
+        from .._checks import check_positive_int
 
         length = check_positive_int("base.sequence_length", base["sequence_length"])
         model = dataclasses.replace(model, sequence_length=length)
@@ -88,7 +87,7 @@ def _base_model(base: dict, spec_path: Path):
 
 def read_spec(path: Path) -> tuple:
     """``(model, axes, options)`` of a spec file, every key checked."""
-    from . import io
+    from .. import io
 
     spec = _check_keys(str(path), io.read_yaml(path), SPEC_KEYS)
     if "base" not in spec:
@@ -162,13 +161,13 @@ def _figure_axes(result, options) -> list[tuple[str, list]]:
     return axes
 
 
-def run_sweep(arguments) -> None:
+def run(arguments) -> None:
     import jax
 
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
-    from . import io, plot
-    from .sweep import STATISTICS, _plan, sweep
+    from .. import io, plot
+    from ..sweep import STATISTICS, _plan, sweep
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.

@@ -1,0 +1,129 @@
+"""What several commands share: the parser, argument types, --out/--force/--float64, the model arguments."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message):
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 0")
+    return value
+
+
+def add_output_arguments(parser) -> None:
+    """``--out DIR`` (default results), ``--force`` and ``--float64``, as every writing command has them."""
+    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--float64", action="store_true", help="compute in float64")
+
+
+def add_model_arguments(parser) -> None:
+    """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
+    from .. import presets, published
+
+    parser.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
+    parser.add_argument("--preset", choices=presets.names(), default=None,
+                        help=f"built-in geometry with a power-decay schedule (default {presets.DEFAULT} "
+                             "without CONFIG or --published)")
+    parser.add_argument("--published", choices=published.names(), default=None,
+                        help="the paper authors' measured configuration of this model")
+    parser.add_argument("--content", choices=("none", "mean", "all"), default="none",
+                        help="with --published: no content, one score per layer, or per head (default none)")
+    parser.add_argument("--dataset", choices=published.DATASETS, default="fineweb-edu",
+                        help="with --published: the text it was measured on (default fineweb-edu)")
+    parser.add_argument("--no-residual", action="store_true",
+                        help="with --published: lambda = 1 in every layer (attention-only)")
+    parser.add_argument("--length", type=positive_int, default=None,
+                        help="sequence length N (default: the configuration's)")
+    parser.add_argument("--max-memory", default=None, metavar="SIZE",
+                        help="refuse runs whose estimated memory exceeds SIZE (e.g. 8G; "
+                             "default: the memory available on this machine)")
+
+
+def model_from_arguments(arguments):
+    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it."""
+    import dataclasses
+
+    from .. import io, presets, published
+
+    given = [flag for flag, value in (("CONFIG", arguments.config), ("--preset", arguments.preset),
+                                      ("--published", arguments.published)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{arguments.command}: give one of CONFIG, --preset, --published; got {' and '.join(given)}")
+    published_only = [flag for flag, used in (("--content", arguments.content != "none"),
+                                              ("--dataset", arguments.dataset != "fineweb-edu"),
+                                              ("--no-residual", arguments.no_residual)) if used]
+    if published_only and arguments.published is None:
+        raise ConfigError(f"{published_only[0]}: applies to --published only")
+    if arguments.config is not None:
+        model, source = io.load_config(arguments.config), str(arguments.config)
+    elif arguments.published is not None:
+        content = None if arguments.content == "none" else arguments.content
+        model = published.load(arguments.published, content, arguments.dataset,
+                               residual=not arguments.no_residual)
+        source = (f"published {arguments.published} ({arguments.content} content, {arguments.dataset}"
+                  f"{', no residual' if arguments.no_residual else ''})")
+    else:
+        name = arguments.preset or presets.DEFAULT
+        model, source = presets.get(name), f"preset {name}"
+    if arguments.length is not None:
+        model = dataclasses.replace(model, sequence_length=arguments.length)
+    check_kernel_length(model)
+    check_memory(model, arguments)
+    return model, source
+
+
+def check_memory(model, arguments) -> None:
+    """Refuse, before anything is written, a run that cannot fit in memory."""
+    from .. import memory
+
+    limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
+    method = getattr(arguments, "method", "auto")
+    itemsize = 8 if arguments.float64 else 4
+    needed = memory.influence_bytes(model.sequence_length, model.num_heads, method, itemsize)
+    memory.check_fits(needed, f"{arguments.command}: N = {model.sequence_length}", limit)
+
+
+def check_kernel_length(model) -> None:
+    """A kernel model's length, checked before anything is written (dense N, table offsets)."""
+    from ..model import KernelRolloutModel
+
+    if isinstance(model, KernelRolloutModel):
+        try:
+            model.kernel.check_length(model.sequence_length)
+        except ConfigError as error:
+            raise ConfigError(f"--length {model.sequence_length}: {str(error).partition(': ')[2]}") from None
+
+
+def require_alibi_model(model, command: str) -> None:
+    from ..model import KernelRolloutModel
+
+    if isinstance(model, KernelRolloutModel):
+        raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
+                          "ALiBi configuration (attention_config)" + (
+                              "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))

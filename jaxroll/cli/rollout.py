@@ -1,0 +1,91 @@
+"""``jaxroll rollout`` and ``jaxroll presets``."""
+
+from __future__ import annotations
+
+
+from ..errors import ConfigError
+from . import _common
+
+
+def add_parser(commands) -> None:
+    rollout = commands.add_parser(
+        "rollout", help="influence profile of a configuration or preset",
+        description="Compute the influence profile p_T(j) = P_T[N-1, j] of a rollout "
+                    "configuration (or a built-in preset) and write profile.csv, "
+                    "profile.png and config.yaml into --out.")
+    _common.add_model_arguments(rollout)
+    _common.add_output_arguments(rollout)
+    rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
+                         help="how to multiply by the kernels (default auto)")
+    rollout.set_defaults(run=_run_rollout)
+
+    listing = commands.add_parser("presets", help="list the built-in presets",
+                                  description="List the built-in model geometries.")
+    listing.set_defaults(run=_run_presets)
+
+
+def _run_rollout(arguments) -> None:
+    import dataclasses
+
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+
+    from .. import io, plot
+    from ..rollout import influence_with_mass
+
+    model, source = _common.model_from_arguments(arguments)
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+
+    profile, mass = influence_with_mass(model, method=arguments.method)
+    attention_only = influence_with_mass(
+        dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)), method=arguments.method
+    )[0]
+    profile = np.asarray(profile, dtype=np.float64)
+    if not np.all(np.isfinite(profile)):
+        raise ConfigError("rollout: the profile is not finite; try --float64")
+
+    io.write_profile(profile, out / "profile.csv", overwrite=True)
+    io.save_config(model, out / "config.yaml", overwrite=True)
+    plot.plot_profile(out / "profile.png", profile, attention_only,
+                      title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
+    _print_summary(model, profile, float(mass), source, out)
+
+
+def _print_summary(model, profile, mass, source, out) -> None:
+    import numpy as np
+
+    from ..metrics import edge_count
+
+    n = profile.size
+    k = edge_count(n, 0.1)
+    start = (n - k) // 2
+    print(f"jaxroll rollout: {source}")
+    print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
+    print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
+    print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
+    print(f"  mass of the first / middle / last tenth ({k} positions each): "
+          f"{profile[:k].sum():.6g} / {profile[start:start + k].sum():.6g} / {profile[-k:].sum():.6g}")
+    from ..schema import kernel_arrays
+
+    extra = ", config.kernels.npz" if kernel_arrays(model) else ""
+    print(f"  wrote {out}/profile.csv, profile.png, config.yaml{extra}")
+
+
+def _run_presets(arguments) -> None:
+    from ..presets import GEOMETRIES
+
+    print("Presets (--preset NAME): each model's geometry, standard ALiBi slopes, no content, and a")
+    print("power-decay schedule lambda_t = lambda_0 / (t + 1)^beta fitted to the measured one.")
+    print(f"  {'name':14} {'model':22} {'layers':>6} {'heads':>5} {'lambda_0':>8} {'beta':>6}")
+    for name, geometry in GEOMETRIES.items():
+        print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d} "
+              f"{geometry.lambda_0:8.4f} {geometry.beta:6.4f}")
+    print()
+    print("Published (--published NAME [--content none|mean|all] [--dataset D] [--no-residual]): the")
+    print("paper authors' measured lambda schedules (one per layer) and content scores, N = 256.")
+    print("  content none: fineweb-edu, dclm, wikipedia; mean: fineweb-edu; all: fineweb-edu, dclm, wikipedia")
+    for name, geometry in GEOMETRIES.items():
+        print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d}")
