@@ -9,6 +9,41 @@ input position on the last one.
 
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = [
+    "AlibiKernel",
+    "ConfigError",
+    "DenseKernel",
+    "FitResult",
+    "Identifiability",
+    "KernelRolloutModel",
+    "PowerKernel",
+    "RolloutModel",
+    "SweepResult",
+    "TableKernel",
+    "__version__",
+    "alibi_slopes",
+    "attention_kernel",
+    "compare_variants",
+    "fit",
+    "identifiability",
+    "influence",
+    "influence_with_mass",
+    "kernel_types",
+    "load_config",
+    "metrics",
+    "presets",
+    "published",
+    "read_profile",
+    "rollout_matrix",
+    "rollout_row",
+    "save_config",
+    "schedules",
+    "sweep",
+    "theory",
+    "transition",
+    "write_profile",
+]
+
 from . import kernel_types as kernel_types
 from . import metrics as metrics
 from . import presets as presets
