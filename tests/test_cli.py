@@ -36,7 +36,7 @@ def test_rollout_of_a_reference_config_matches_the_oracle(tmp_path):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"profile.csv", "profile.png", "config.yaml"}
     rerun = jaxroll.load_config(tmp_path / "out/config.yaml")
     assert rerun.sequence_length == 64
-    for line in ("N = 64, T = 32, H = 32", "argmin =", "p[0] =", "first / middle / last tenth"):
+    for line in ("N = 64, T = 32, H = 32", "argmin =", "p[0] =", "first_mass / middle_mass / last_mass"):
         assert line in result.stdout
 
 

@@ -61,13 +61,15 @@ def _print_summary(model, profile, mass, source, out) -> None:
 
     n = profile.size
     k = edge_count(n, 0.1)
-    start = (n - k) // 2
     print(f"jaxroll rollout: {source}")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
     print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
     print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
-    print(f"  mass of the first / middle / last tenth ({k} positions each): "
-          f"{profile[:k].sum():.6g} / {profile[start:start + k].sum():.6g} / {profile[-k:].sum():.6g}")
+    # The names and definitions of jaxroll.metrics (first_mass, middle_mass,
+    # last_mass), so the summary, `jaxroll compare` and the sweep table agree.
+    print(f"  first_mass / middle_mass / last_mass = {profile[:k].sum():.6g} / "
+          f"{profile[k:max(k, n - k)].sum():.6g} / {profile[-k:].sum():.6g} "
+          f"(first {k}, middle {max(n - 2 * k, 0)}, last {k} positions)")
     from ..schema import kernel_arrays
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
