@@ -5,7 +5,7 @@ when the notebook runs (nbclient, the ``python3`` kernel), so the README shows
 exactly what the notebooks compute and draw, with no second copy of their
 code. Figures over `MAX_BYTES` are refused rather than committed.
 
-    python3 scripts/make_notebooks.py     # after editing a notebook's cells
+    jupytext --to ipynb --execute notebooks/NN_name.py   # after editing a notebook's source
     python3 scripts/make_figures.py [--out docs/figures]
 
 Run from a checkout with jaxroll installed (``pip install -e '.[test]'``).
