@@ -73,7 +73,7 @@ def load_config(path) -> RolloutModel | KernelRolloutModel:
 
     Raises:
         ConfigError: a missing file, a directory, malformed YAML or any
-        schema violation; the message names the file and the field.
+            schema violation; the message names the file and the field.
     """
     data = read_yaml(path)
     try:

@@ -118,7 +118,8 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
         family: ``"power"`` (``-m k^alpha``), ``"alibi"`` (``-m k``) or
             ``"table"`` (free ``f(k)``, k = 1..N-1).
         num_heads: heads H of the fitted mixture per layer.
-        steps, learning_rate: Adam with cosine decay.
+        steps: Adam steps (cosine decay of the learning rate).
+        learning_rate: Adam's initial learning rate.
 
     Returns:
         A `KernelFitResult`; its model keeps the measured lambdas and length.

@@ -71,7 +71,7 @@ def u_index(p: Float[Array, "... n"], fraction: float = 0.1) -> Float[Array, "..
 
     Raises:
         ValueError: when ``N <= 2 k`` (no middle); the shape is static, so
-        this is raised at trace time, never inside a computation.
+            this is raised at trace time, never inside a computation.
     """
     n = p.shape[-1]
     k = edge_count(n, fraction)
@@ -270,7 +270,7 @@ def compare(p, q, *, normalize: bool = False, fraction: float = 0.1) -> Comparis
 
     Raises:
         ConfigError: (a ValueError) bad values, zero mass, a sum other than 1
-        without `normalize`, or mismatched lengths; the message names p or q.
+            without `normalize`, or mismatched lengths; the message names p or q.
     """
     p = check_profile("p", p, normalize=normalize)
     q = check_profile("q", q, normalize=normalize)

@@ -100,7 +100,7 @@ class RolloutModel(eqx.Module):
 
         Raises:
             ConfigError: a one-line message naming the field, the value and
-            what is allowed.
+                what is allowed.
         """
         num_layers = check_positive_int("num_layers", num_layers)
         num_heads = check_positive_int("num_heads", num_heads)

@@ -100,7 +100,7 @@ def load(model: str, content: str | None = None, dataset: str = "fineweb-edu", *
 
     Raises:
         ConfigError: an unknown model, content level or data set, one line
-        naming the value and listing the allowed ones.
+            naming the value and listing the allowed ones.
     """
     result = load_config(path(model, content, dataset))
     if content is None and dataset != "fineweb-edu":

@@ -64,7 +64,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | 
 
     Raises:
         ConfigError: unknown keys, missing keys, wrong lengths, values out
-        of range; one line naming the field.
+            of range; one line naming the field.
     """
     if "kernel_config" in config:
         return _kernel_model_from_config(config, directory)

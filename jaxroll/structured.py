@@ -447,7 +447,10 @@ def row_times_kernel(
 
     Args:
         row: ``(n,)``, the vector ``v``.
-        slopes, diagonal_scores, base_scores, head_weights: ``(H,)``.
+        slopes: ``(H,)``.
+        diagonal_scores: ``(H,)``.
+        base_scores: ``(H,)``.
+        head_weights: ``(H,)``.
         temperature: ``()``, ``tau > 0``.
         mask: ``"causal"``, ``"sliding"`` (with `window` W >= 1) or ``"full"``.
 

@@ -626,8 +626,8 @@ def sweep(
 
     Raises:
         ConfigError: one line: an empty axis, an unknown field, a value out of
-        range (naming the axis and the index of the value), axes of different
-        lengths under `zip`, a mesh larger than the devices.
+            range (naming the axis and the index of the value), axes of different
+            lengths under `zip`, a mesh larger than the devices.
 
     Example:
         >>> import jaxroll

@@ -264,8 +264,8 @@ def depth_profile(kernel, schedule, depths, n: int | None = None) -> DepthProfil
 
     Raises:
         ConfigError: a model with more than one layer or a full mask, a
-        kernel that is not square, lower triangular and row-stochastic, a
-        schedule outside [0, 1], depths not increasing within 1..T_max.
+            kernel that is not square, lower triangular and row-stochastic, a
+            schedule outside [0, 1], depths not increasing within 1..T_max.
     """
     if isinstance(kernel, RolloutModel):
         if kernel.num_layers != 1:

@@ -21,7 +21,7 @@ def load_model(directory, *, dtype: str = "float32", attn_implementation: str = 
 
     Raises:
         ConfigError: a missing directory, one without a model, a model id that
-        is not available locally.
+            is not available locally.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
