@@ -50,7 +50,7 @@ def _dense_kernel(model: RolloutModel, layer, n: int) -> Float[Array, "n n"]:
                         model.mask, model.window)
 
 
-def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
+def attention_kernel(model: RolloutModel | KernelRolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
     """The dense layer kernel ``A_t`` of layer `layer` (0-based), shape ``(n, n)``.
 
     ``A_t = sum_h w_{t,h} rowsoftmax(s_{t,h})`` with ``A[i, j]`` the weight with
@@ -64,7 +64,7 @@ def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> F
     return _dense_kernel(model, jax.tree.map(lambda x: x[layer], _layers(model)), n)
 
 
-def transition(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
+def transition(model: RolloutModel | KernelRolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
     """``R_t = (1 - lambda_t) I + lambda_t A_t`` for layer `layer` (0-based)."""
     n = _length(model, n)
     kernel = attention_kernel(model, layer, n)
@@ -84,7 +84,7 @@ def _rollout_matrix(model: RolloutModel, n: int) -> Float[Array, "n n"]:
     return product
 
 
-def rollout_matrix(model: RolloutModel, n: int | None = None) -> Float[Array, "n n"]:
+def rollout_matrix(model: RolloutModel | KernelRolloutModel, n: int | None = None) -> Float[Array, "n n"]:
     """The full rollout ``P_T = R_T ... R_1``, shape ``(n, n)``.
 
     Under causal masking ``P_T`` is lower triangular and row-stochastic, and
@@ -138,7 +138,7 @@ def _resolve(method: str) -> str:
 
 
 def influence_with_mass(
-    model: RolloutModel, n: int | None = None, method: str = "auto"
+    model: RolloutModel | KernelRolloutModel, n: int | None = None, method: str = "auto"
 ) -> tuple[Float[Array, " n"], Float[Array, ""]]:
     """The influence profile and its mass before normalisation.
 
@@ -155,7 +155,7 @@ def influence_with_mass(
     return _influence_with_mass(model, n, method)
 
 
-def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:
+def influence(model: RolloutModel | KernelRolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:
     """The influence profile ``p_T(j) = P_T[n-1, j]``, shape ``(n,)``, summing to 1.
 
     Computed as ``p^T = e_{n-1}^T R_T ... R_1``: T vector-times-kernel
