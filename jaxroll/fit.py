@@ -68,9 +68,13 @@ __all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "VARIANTS", "BOX", "GLOB
            "identifiability", "compare_variants", "default_optimizer"]
 
 FIELDS = ("lambdas", "diagonal_scores", "alibi_slopes", "head_weights", "temperature")
+"""The model fields `fit` can free (``fit=(...)``)."""
 SCHEDULES = ("free", "power_decay", "constant")
+"""How `fit` parametrises a free lambda schedule: one value per layer, ``lambda_0 / (t + 1)^beta``, or one value."""
 CONTENTS = ("per_layer", "per_head")
+"""How `fit` frees diagonal content: one score per layer (every head) or one per layer and head."""
 LOSSES = ("wasserstein", "kl", "l2")
+"""The built-in losses of `fit` (any callable ``loss(p, q)`` works too): `metrics.wasserstein`, `metrics.kl`, squared L2."""
 
 # How far a target's sum may be from 1 before it is refused rather than
 # renormalised: profiles written as CSV with 6+ significant digits sum to 1
@@ -93,6 +97,7 @@ BOX = {
     "head_weights": (-3.0, 3.0),      # softmax logits: uniform
     "temperature": (0.25, 4.0),       # log-uniform
 }
+"""The global stage's parameter box, field -> (low, high) in the model's units (log-uniform for slopes and temperature)."""
 # Up to this many free parameters the global stage runs by default, with
 # GLOBAL_POINTS design points: in two dimensions 128 Halton points put a point
 # within ~0.09 of every box point (box scaled to the unit square), finer than
@@ -100,7 +105,9 @@ BOX = {
 # about as much as 20 optimisation steps. Beyond it a design samples the box
 # too thinly to help, and restarts (drawn over the box) are the tool.
 GLOBAL_DIMENSIONS = 8
+"""Up to this many free parameters `fit` runs the global stage by default (``search=None``)."""
 GLOBAL_POINTS = 128
+"""Points of the global stage's Halton design when ``search`` is None and at most `GLOBAL_DIMENSIONS` parameters are free."""
 # Bases of the Halton design, one per dimension.
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
 # Peak memory of the design evaluation: points go through lax.map in batches
@@ -109,6 +116,7 @@ _DESIGN_FLOATS = 2 ** 26
 # Identifiability: a parameter is reported as determined when its linearised
 # uncertainty is below this, in unconstrained units (see `Identifiability`).
 DETERMINED_THRESHOLD = 0.1
+"""A parameter is determined by the profile when its linearised uncertainty ``sigma_i`` is at most this, in unconstrained units (`Identifiability`)."""
 # The smallest profile resolution the report assumes, relative to ||q||_2:
 # profiles are computed in float32 and written with ~7 significant digits.
 _PROFILE_PRECISION = 1e-6
@@ -957,6 +965,7 @@ def fit(
 
 
 VARIANTS = ("attention_only", "no_content", "content")
+"""The rows of `compare_variants`: lambda = 1, the model without content, the model as given."""
 
 
 def compare_variants(

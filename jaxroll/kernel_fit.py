@@ -38,6 +38,7 @@ from .model import KernelRolloutModel
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence"]
 
 FAMILIES = ("alibi", "power", "table")
+"""The relative-position families `fit_kernel` fits: ALiBi (``-m k``), power (``-m k^alpha``), a free table ``f(k)``."""
 
 
 class KernelFitResult(NamedTuple):

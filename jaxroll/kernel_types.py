@@ -260,6 +260,7 @@ class TableKernel(_Relative):
 
 
 KERNEL_TYPES = (AlibiKernel, DenseKernel, PowerKernel, TableKernel)
+"""Every kernel type a `KernelRolloutModel` may hold."""
 
 
 def _per_head_arrays(num_layers, num_heads, **values):

@@ -28,6 +28,7 @@ from ._checks import check_positive_int
 __all__ = ["MASKS", "alibi_slopes", "allowed", "head_scores", "layer_kernel"]
 
 MASKS = ("causal", "sliding", "full")
+"""Attention masks: ``causal`` (j <= i), ``sliding`` (i - W < j <= i), ``full`` (every j)."""
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:

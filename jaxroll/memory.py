@@ -57,6 +57,7 @@ def parse_size(text: str) -> int:
 
 
 def format_size(size: float) -> str:
+    """A byte count in binary units with three significant digits, e.g. ``1.5 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if size < 1024 or unit == "PiB":
             return f"{size:.3g} {unit}"

@@ -40,6 +40,7 @@ GEOMETRIES: dict[str, Geometry] = {
     "mpt-30b": Geometry("mosaicml/mpt-30b", 48, 64, 0.5545, 0.6124, "mpt-30b.yaml"),
     "falcon-rw-7b": Geometry("tiiuae/falcon-rw-7b", 36, 64, 0.7033, 0.6877, "falcon-rw-7b.yaml"),
 }
+"""Preset name -> `Geometry`: each model's shape and power-decay schedule fitted to its measured lambdas."""
 
 DEFAULT = "bloom-176b"
 

@@ -37,6 +37,7 @@ from .model import RolloutModel
 __all__ = ["ROOT", "MODELS", "CONTENT", "DATASETS", "names", "path", "load", "rollout_files"]
 
 ROOT = Path(str(files("jaxroll") / "data" / "published"))
+"""Where the published configurations lie inside the installed package (``jaxroll/data/published``)."""
 
 # Model name -> file stem in the authors' tree.
 MODELS = {
@@ -46,8 +47,11 @@ MODELS = {
     "mpt-30b": "mpt-30b",
     "falcon-rw-7b": "falcon-rw-7b",
 }
+"""Published model name -> the file stem in the authors' tree."""
 CONTENT = (None, "mean", "all")
+"""The content variants of `load`: none, one score per layer (``mean``), per layer and head (``all``)."""
 DATASETS = ("fineweb-edu", "dclm", "wikipedia")
+"""The data sets the authors measured on."""
 
 
 def names() -> list[str]:

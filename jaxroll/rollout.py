@@ -29,6 +29,7 @@ __all__ = ["METHODS", "attention_kernel", "transition", "influence",
            "influence_with_mass", "rollout_matrix", "rollout_row"]
 
 METHODS = ("auto", "dense", "structured")
+"""How `influence` multiplies by a kernel: ``structured`` (O(H N) per layer, never forming A), ``dense`` (the (N, N) kernel, for checking), ``auto`` (structured where it applies)."""
 
 
 def _length(model: RolloutModel | KernelRolloutModel, n: int | None) -> int:

@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 FORCES = ("causal", "residual", "alibi", "content")
+"""The rungs of `ladder` and `forces`, in order."""
 
 
 def _length(model: RolloutModel, n: int | None) -> int:

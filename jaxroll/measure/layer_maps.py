@@ -211,6 +211,7 @@ LAYER_MAPS: dict[str, LayerMap] = {
         for name in ("llama", "mistral", "qwen2")
     },
 }
+"""Hugging Face ``model_type`` -> the `LayerMap` that says where its blocks, attention and projections are."""
 
 
 def layer_map_for(model) -> LayerMap:

@@ -10,6 +10,7 @@ from .layer_maps import layer_map_for
 __all__ = ["load_model", "DTYPES"]
 
 DTYPES = ("bfloat16", "float32", "float64")
+"""The dtypes `load_model` loads a model in (``--dtype``)."""
 
 
 def load_model(directory, *, dtype: str = "float32", attn_implementation: str = "eager"):

@@ -41,7 +41,9 @@ from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
 __all__ = ["measure", "Measurement", "STATS", "DEFAULT_STATS", "influence_gradients", "parse_stats"]
 
 STATS = ("lambda", "content", "influence", "attention", "qk")
+"""What `measure` can measure (``--stats``): lambda_t, content scores, gradient influence, mean attention, mean q.k."""
 DEFAULT_STATS = ("lambda", "content", "influence")
+"""What `measure` measures unless told otherwise."""
 
 
 @dataclasses.dataclass

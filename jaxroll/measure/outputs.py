@@ -20,6 +20,7 @@ __all__ = ["write_measurement", "read_measurement", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("measurement.npz", "metadata.json", "config.yaml", "config.kernels.npz", "influence.csv",
                 "lambdas.png", "influence.png")
+"""The files `write_measurement` may write into the output directory."""
 
 
 def _atomic_bytes(path: Path, write) -> None:
