@@ -1,7 +1,11 @@
-"""The README's Python examples run as written, in a fresh directory.
+"""The README, the front page: its Python example runs as written, and it stays a front page.
 
-Every ```python block is executed in order in one namespace, as a reader
-pasting them into one session would; a block that raises fails the test.
+Every ```python block is executed in order in one namespace, in a fresh
+directory, as a reader pasting them into one session would; a block that
+raises fails the test. The README names the two commands (install and run
+the main job; install, test and build the docs), stays short (the user guide
+is under docs/), and every relative link in it points at a file of the
+repository.
 """
 
 import re
@@ -9,17 +13,39 @@ from pathlib import Path
 
 import numpy as np
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_LINES = 200
 
 
 def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
 
 
+def test_readme_is_a_front_page_with_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_LINES
+    bash = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert "python3 -m pip install -e . && jaxroll rollout --out results\n" in bash
+    assert ("python3 -m pip install -e '.[test,docs]' && python3 -m pytest -q && mkdocs build --strict\n"
+            in bash)
+    for extra in ("measure", "sweep", "docs", "test"):   # the install extras of pyproject.toml
+        assert f"| `{extra}` |" in text
+    assert "/".join(("..", "shared")) not in text   # a clone has none
+
+
+def test_readme_links_point_at_files_of_the_repository():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in local)
+    for link in local:
+        assert (ROOT / link).exists(), link
+
+
 def test_readme_has_a_quick_start_that_reads_no_files_outside_the_package():
     blocks = python_blocks()
     assert blocks and "jaxroll.published.load" in blocks[0]
-    assert "/".join(("..", "shared")) not in README.read_text(encoding="utf-8")  # a clone has none
+    assert len(blocks[0].strip().splitlines()) <= 12   # "a ten-line Python example"
 
 
 def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):

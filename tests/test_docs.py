@@ -1,0 +1,130 @@
+"""The docs site's pages run as written and say what the code does.
+
+- Every ```python block of every page under docs/ runs: the blocks of one
+  page in order, in one namespace (as a reader pasting them into one
+  session), in a fresh directory. A page added later is picked up by the glob.
+  A page whose blocks use torch is skipped only when torch is not installed.
+- scripts/check_api_docs.py passes (every public name has a docstring and an
+  API page) and fails when a page is missing.
+- The glossary defines every statistic the code reports: the fields of
+  `metrics.Shape` and `metrics.Comparison`, the sweep table's columns and the
+  forces' drifts; the rollout summary prints first_mass / middle_mass /
+  last_mass as the glossary defines them (checked in NumPy from the profile
+  the command writes).
+- One version everywhere: pyproject.toml, CITATION.cff, `jaxroll --version`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import jaxroll
+from jaxroll import metrics, theory
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+NEEDS_TORCH = re.compile(r"^\s*(import torch|from torch|import transformers|from transformers"
+                         r"|from jaxroll import measure|import jaxroll\.measure|from jaxroll\.measure)", re.M)
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def test_the_pages_are_there():
+    names = {path.relative_to(DOCS).as_posix() for path in PAGES}
+    for page in ("index.md", "getting-started.md", "concepts.md", "glossary.md", "changelog.md", "cite.md",
+                 "development.md", "api/index.md"):
+        assert page in names
+    assert sum(len(python_blocks(path)) for path in PAGES) >= 5
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if python_blocks(p)],
+                         ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_page_python_blocks_run_as_written(path, tmp_path, monkeypatch):
+    blocks = python_blocks(path)
+    if any(NEEDS_TORCH.search(block) for block in blocks) and importlib.util.find_spec("torch") is None:
+        pytest.skip("the page's code needs torch (the measure extra)")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"{path.relative_to(ROOT)} (python block {index + 1})", "exec"), namespace)
+
+
+def test_every_public_name_is_documented():
+    pytest.importorskip("griffe")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_api_docs.py")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_api_check_fails_when_a_page_is_missing(tmp_path):
+    pytest.importorskip("griffe")
+    (tmp_path / "jaxroll").symlink_to(ROOT / "jaxroll", target_is_directory=True)
+    shutil.copytree(DOCS / "api", tmp_path / "docs" / "api")
+    (tmp_path / "docs" / "api" / "theory.md").unlink()   # jaxroll.theory and jaxroll.metrics
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_api_docs.py"), "--root", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "jaxroll.theory: public module with __all__ on no API page" in result.stderr
+    assert "jaxroll.metrics: public module" in result.stderr
+
+
+def _glossary() -> tuple[set[str], str]:
+    text = (DOCS / "glossary.md").read_text(encoding="utf-8")
+    return set(re.findall(r"\{#([\w-]+)\}", text)), text
+
+
+def test_the_glossary_defines_every_reported_statistic():
+    anchors, text = _glossary()
+    for name in metrics.Shape._fields + tuple(f for f in metrics.Comparison._fields if f not in ("p", "q")):
+        assert name in anchors, name
+    assert "total_mixing" in anchors and "drift" in anchors
+    for name in ("drift_center_of_mass", "drift_first", "drift_last"):
+        assert name in theory.Forces._fields and f"`{name}`" in text
+    table = jaxroll.sweep(jaxroll.presets.get("mpt-7b"), lambda_0=[0.3], beta=[1.0], lengths=[16],
+                          progress=False).table
+    for column in table:
+        axis = next((a for a in ("lambda_0", "beta") if column in (a, f"{a}_index")), None)
+        assert axis or column in anchors, column   # axis columns are the `<axis>`, `<axis>_index` rows
+    assert "`<axis>_index`" in text and "`<axis>`" in text
+
+
+def test_rollout_summary_prints_the_glossary_masses(tmp_path, capsys):
+    from jaxroll.cli import main
+
+    assert main(["rollout", "--preset", "mpt-7b", "--length", "50", "--out", str(tmp_path / "out"), "--float64"]) == 0
+    printed = capsys.readouterr().out
+    match = re.search(r"first_mass / middle_mass / last_mass = (\S+) / (\S+) / (\S+)", printed)
+    assert match, printed
+    p = np.loadtxt(tmp_path / "out" / "profile.csv", delimiter=",", skiprows=1)[:, 1]
+    k = max(1, round(0.1 * p.size))   # the glossary's k: 5 of 50 positions
+    expected = (p[:k].sum(), p[k:p.size - k].sum(), p[-k:].sum())
+    # Printed with 6 significant digits.
+    np.testing.assert_allclose([float(value) for value in match.groups()], expected, rtol=1e-5)
+    assert abs(sum(expected) - 1) < 1e-12
+
+
+def test_one_version_everywhere():
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert str(citation["version"]) == version
+    assert "2602.16837" in str(citation["preferred-citation"])
+    printed = subprocess.run([sys.executable, "-m", "jaxroll", "--version"], capture_output=True, text=True)
+    assert printed.returncode == 0 and printed.stdout.split() == ["jaxroll", jaxroll.__version__]
+    assert jaxroll.__version__ == version
+    assert "MIT License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert (ROOT / "jaxroll" / "data" / "published" / "LICENSE").is_file()
+    assert (ROOT / "jaxroll" / "py.typed").is_file()
