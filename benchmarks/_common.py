@@ -28,3 +28,20 @@ def fmt(value) -> str:
 
 def print_row(row: dict, columns) -> None:
     print(" | ".join(fmt(row.get(c, "")) for c in columns), flush=True)
+
+
+def timed_together(functions: dict, repeats: int) -> dict:
+    """Median seconds of each function, calls interleaved round by round after one warm-up call each.
+
+    On a shared machine the load drifts; interleaving gives every function
+    the same drift, so ratios measured together are fairer than separate runs.
+    """
+    for function in functions.values():
+        jax.block_until_ready(function())
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            jax.block_until_ready(function())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}

@@ -11,6 +11,17 @@ to every model array, relative to the forward pass. ``--accuracy N`` compares
 structured float32 and float64 against the NumPy float64 dense rollout on
 every reference configuration at length N.
 
+``--small N`` (default 256) times the published BLOOM-176B at the authors'
+length, float32, no content (one kernel in every layer) and all content
+(per-layer kernels), against a dense rollout written here in PyTorch
+(float32 and float64; head-mixed kernel built once and reused, or built per
+layer) and against jaxroll's per-layer products (`rollout_row`, the path
+every model took before the shared-kernel path), all in the same run.
+
+The structured products before issue 13 used to be timed here from a copy
+(benchmarks/_baseline_structured.py, added in commit 9cef2d8); the copy is
+gone, `git show 9cef2d8:benchmarks/_baseline_structured.py` restores it.
+
 Never run in CI. JAX picks the device (a GPU if there is one).
 
     python3 benchmarks/influence.py --out benchmarks/influence.csv
@@ -31,10 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxroll
-from _common import print_row, timed  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _baseline_structured  # noqa: E402  (the structured products before issue 13)
+from _common import print_row, timed, timed_together  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
 REFERENCE_CONFIGS = jaxroll.published.ROOT  # the authors' configurations, shipped in the package
 
@@ -67,22 +75,80 @@ def numpy_dense_rollout(model, n: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
-def baseline_influence(model, n: int):
-    """The profile as jaxroll computed it before issue 13 (same scan, old products)."""
-    @jax.checkpoint
-    def apply_layer(row, layer):
-        weight, slopes, diagonal, base, weights = layer
-        product = _baseline_structured.row_times_kernel(row, slopes, diagonal, base, weights,
-                                                         model.temperature, model.mask, model.window)
-        return (1.0 - weight) * row + weight * product, None
-
-    last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
-    layers = (model.lambdas, model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
-    row, _ = jax.lax.scan(apply_layer, last, layers, reverse=True)
+def per_layer_influence(model, n: int):
+    """The profile by the per-layer O(H N) products only (no shared dense kernel), as before issue 24."""
+    row = jaxroll.rollout_row(model, jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0))
     return row / jnp.sum(row)
 
 
-def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max):
+def torch_dense(model, n: int, dtype: str, once: bool):
+    """A hand-written dense PyTorch rollout: head-mixed causal kernel, T vector-matrix products.
+
+    ``once``: the kernel of layer 0 is built once and reused in every layer
+    (right only when every layer has the same kernel); else built per layer.
+    """
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    slopes = torch.tensor(np.asarray(model.alibi_slopes), dtype=torch_dtype)
+    content = torch.tensor(np.asarray(model.diagonal_scores), dtype=torch_dtype)
+    weights = torch.tensor(np.asarray(model.head_weights), dtype=torch_dtype)
+    weights = weights / weights.sum(-1, keepdim=True)
+    lambdas = torch.tensor(np.asarray(model.lambdas), dtype=torch_dtype)
+    tau = float(model.temperature)
+    offsets = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).to(torch_dtype)
+    eye = torch.eye(n, dtype=torch_dtype)
+    mask = offsets < 0
+
+    def kernel(t):
+        scores = (-slopes[t][:, None, None] * offsets + content[t][:, None, None] * eye) / tau
+        scores = scores.masked_fill(mask, float("-inf"))
+        return torch.einsum("h,hij->ij", weights[t], torch.softmax(scores, dim=-1))
+
+    def run():
+        with torch.no_grad():
+            row = torch.zeros(n, dtype=torch_dtype)
+            row[-1] = 1.0
+            shared = kernel(0) if once else None
+            for t in reversed(range(len(lambdas))):
+                a = shared if once else kernel(t)
+                row = (1 - lambdas[t]) * row + lambdas[t] * (row @ a)
+            return row / row.sum()
+
+    return run
+
+
+def small_n_cases(n: int, repeats: int):
+    """BLOOM-176B at length n, float32: jaxroll now, jaxroll's per-layer path, torch dense."""
+    import torch
+
+    torch.set_num_threads(2)
+    rows = []
+    for content in (None, "all"):
+        model = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), jnp.float32),
+                             jaxroll.published.load("bloom-176b", content=content))
+        functions = {"jaxroll influence": lambda: jaxroll.influence(model, n),
+                     "jaxroll per-layer products (before)": lambda: per_layer_influence(model, n)}
+        for dtype in ("float32", "float64"):
+            if content is None:
+                functions[f"torch dense {dtype}, kernel once"] = torch_dense(model, n, dtype, True)
+            functions[f"torch dense {dtype}, kernel per layer"] = torch_dense(model, n, dtype, False)
+        times = timed_together(functions, repeats)
+        reference = np.asarray(jaxroll.influence(model, n), np.float64)
+        ours = times["jaxroll influence"]
+        for name, seconds in times.items():
+            result = np.asarray(functions[name](), np.float64)
+            row = {"case": f"bloom-176b {content or 'no'} content", "N": n, "T": model.num_layers,
+                   "H": model.num_heads, "method": name, "device": jax.devices()[0].platform,
+                   "seconds": seconds, "repeats": repeats, "peak_rss_mib": peak_rss_mib(),
+                   "ratio_to_jaxroll": seconds / ours,
+                   "max_abs_diff_vs_jaxroll": float(np.max(np.abs(result - reference)))}
+            rows.append(row)
+            print_row(row, COLUMNS)
+    return rows
+
+
+def run_cases(lengths, presets, repeats_for, dense_max, numpy_max):
     rows = []
     for name in presets:
         model = jaxroll.presets.get(name)
@@ -93,16 +159,6 @@ def run_cases(lengths, presets, repeats_for, dense_max, numpy_max, baseline_max)
                    "method": "structured", "device": jax.devices()[0].platform,
                    "seconds": structured, "compile_seconds": compile_s, "repeats": repeats,
                    "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "", "speedup_vs_dense": ""}
-            if n <= baseline_max:
-                baseline, baseline_compile = timed(lambda: baseline_influence(model, n), 1 if n >= 2**17 else repeats)
-                difference = float(jnp.max(jnp.abs(baseline_influence(model, n)
-                                                   - jaxroll.influence(model, n, method="structured"))))
-                row["speedup_vs_baseline"] = baseline / structured
-                row["max_abs_diff_vs_baseline"] = difference
-                rows.append({**row, "method": "before issue 13 (baseline)", "seconds": baseline,
-                             "compile_seconds": baseline_compile, "repeats": 1, "speedup_vs_numpy": "",
-                             "speedup_vs_dense": "", "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
-                print_row(rows[-1], COLUMNS)
             if n <= dense_max:
                 dense, _ = timed(lambda: jaxroll.influence(model, n, method="dense"), 1)
                 row["speedup_vs_dense"] = dense / structured
@@ -131,27 +187,14 @@ def gradient_cases(lengths, presets):
             def loss(m):
                 return jaxroll.metrics.wasserstein(jaxroll.influence(m, n, method="structured"), target)
 
-            def baseline_loss(m):
-                return jaxroll.metrics.wasserstein(baseline_influence(m, n), target)
-
             grad = jax.jit(jax.grad(loss))
             forward, _ = timed(lambda: jaxroll.influence(model, n, method="structured"), 2)
             backward, compile_s = timed(lambda: grad(model), 2)
-            old_grad = jax.jit(jax.grad(baseline_loss))
-            old_forward, _ = timed(lambda: baseline_influence(model, n), 1)
-            old_backward, old_compile = timed(lambda: old_grad(model), 1)
-            difference = max(float(jnp.max(jnp.abs(x - y))) for x, y in
-                             zip(jax.tree.leaves(grad(model)), jax.tree.leaves(old_grad(model))))
             row = {"case": name + " grad W1", "N": n, "T": model.num_layers, "H": model.num_heads,
                    "method": "structured grad", "device": jax.devices()[0].platform,
                    "seconds": backward, "compile_seconds": compile_s, "repeats": 2,
                    "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "",
-                   "speedup_vs_dense": "", "grad_over_forward": backward / forward,
-                   "speedup_vs_baseline": old_backward / backward, "max_abs_diff_vs_baseline": difference}
-            rows.append({**row, "method": "grad before issue 13 (baseline)", "seconds": old_backward,
-                         "compile_seconds": old_compile, "repeats": 1, "grad_over_forward": old_backward / old_forward,
-                         "speedup_vs_baseline": 1.0, "max_abs_diff_vs_baseline": ""})
-            print_row(rows[-1], COLUMNS)
+                   "speedup_vs_dense": "", "grad_over_forward": backward / forward}
             rows.append(row)
             print_row(row, COLUMNS)
     return rows
@@ -173,8 +216,8 @@ def accuracy(n: int) -> None:
 
 
 COLUMNS = ["case", "N", "T", "H", "method", "device", "seconds", "compile_seconds", "repeats",
-           "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "speedup_vs_baseline",
-           "max_abs_diff_vs_baseline", "grad_over_forward"]
+           "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "ratio_to_jaxroll",
+           "max_abs_diff_vs_jaxroll", "grad_over_forward"]
 
 
 def main(argv=None) -> int:
@@ -184,8 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gradient-lengths", type=int, nargs="*", default=[4096, 65536])
     parser.add_argument("--dense-max", type=int, default=2048, help="largest N for jaxroll dense")
     parser.add_argument("--numpy-max", type=int, default=2048, help="largest N for the NumPy baseline")
-    parser.add_argument("--baseline-max", type=int, default=2**20,
-                        help="largest N for the structured products before issue 13")
+    parser.add_argument("--small", type=int, default=256, metavar="N",
+                        help="length of the small-N comparison with torch (0: skip)")
+    parser.add_argument("--small-repeats", type=int, default=9)
     parser.add_argument("--accuracy", type=int, default=None, metavar="N",
                         help="also check every reference config at length N")
     parser.add_argument("--out", type=Path, default=Path("influence.csv"))
@@ -196,9 +240,10 @@ def main(argv=None) -> int:
         return 2
     print(f"devices: {jax.devices()}")
     print(" | ".join(COLUMNS))
-    rows = run_cases(arguments.lengths, arguments.presets,
-                     lambda n: 1 if n >= 2**20 else (2 if n >= 2**17 else 5),
-                     arguments.dense_max, arguments.numpy_max, arguments.baseline_max)
+    rows = small_n_cases(arguments.small, arguments.small_repeats) if arguments.small else []
+    rows += run_cases(arguments.lengths, arguments.presets,
+                      lambda n: 1 if n >= 2**20 else (2 if n >= 2**17 else 5),
+                      arguments.dense_max, arguments.numpy_max)
     rows += gradient_cases(arguments.gradient_lengths, arguments.presets)
     with open(arguments.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

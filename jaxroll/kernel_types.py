@@ -17,7 +17,7 @@ length n. All of them work under `jit`, `vmap` and `grad`.
 | `AlibiKernel` | slopes, content, weights (H) | O(H N), `jaxroll.structured` | any |
 | `DenseKernel` | ``A_t`` (N, N) | O(N^2) | n <= N (causal), n = N (other) |
 | `PowerKernel` | ``f_h(k) = -m_h k^alpha_h``, content | O(H N log N), `jaxroll.relative` | any |
-| `TableKernel` | ``f_h(k)`` for k = 1..K, content | O(H N log N), `jaxroll.relative` | n <= K + 1 |
+| `TableKernel` | ``f_h(k)`` for k = 1..K, content | O(H N log N), `jaxroll.relative`; O(H N^2) exact where a table rises | n <= K + 1 |
 
 `PowerKernel` with ``alpha = 1`` is ALiBi (Press et al. 2022), computed by
 FFT instead of the closed form; the rollout treats both alike.
@@ -219,7 +219,9 @@ class TableKernel(_Relative):
 
     Arrays: ``offset_scores (T, H, K)`` (any finite values), ``diagonal_scores
     (T, H)``, ``head_weights (T, H)``. Defined for lengths n <= K + 1 (a
-    table of at least n - 1 offsets).
+    table of at least n - 1 offsets). A layer whose table rises above its
+    value at offset 1 (by more than ``log relative.MAX_AMPLIFICATION``) is
+    multiplied exactly in O(H n^2) instead of by FFT (`jaxroll.relative`).
     """
 
     offset_scores: Float[Array, "layers heads offsets"]

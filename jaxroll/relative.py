@@ -36,11 +36,19 @@ FFT correlation's absolute error is of order ``eps log2(L) ||u||_2 ||g||_2``
 0 or tiny can come out as ``-1e-17``. They are clipped at 0: every exact term
 is >= 0 for ``v >= 0``, so clipping only moves a value toward the truth, and
 the error bound above still holds. When ``f`` is non-increasing for
-``k >= 1`` (every parametric family here, any decaying table) ``u_i <= v_i``;
-a table that rises above ``f(1)`` amplifies the rounding by at most
-``e^{M' - f(1)}`` (and ``G_i`` underflows when that exceeds ~700 in float64,
-~80 in float32): such tables are read, but their FFT products are only as
-accurate as that bound.
+``k >= 1`` (every parametric family here, any decaying table) ``u_i <= v_i``.
+
+Tables that rise. A table that rises above ``f(1)`` makes the early rows'
+normalisers small against ``e^{M'}``: ``u_i / v_i = q / (p + q G_i)`` reaches
+``alpha = max_h q_h / (p_h + q_h g_h(1))``, up to ``e^{M' - f(1)}``, and the
+FFT's absolute error grows by that factor (a rise of 20 logits: errors of
+1e-8; of 40: 0.09; beyond ~700, ``G_i`` underflows). So each layer checks
+``alpha``: at most `MAX_AMPLIFICATION` takes the FFT; above it the product
+is computed exactly by `direct_row_times_kernel`, O(H n^2) time in blocks of
+rows (O(n) memory per block), with log-normalisers by a cumulative
+log-sum-exp, so every term ``v_i e^{f(i-j) - log Z_i}`` is formed without
+overflow and summed without cancellation. The choice is a `lax.cond` per
+layer: under `vmap` with batched scores both run.
 """
 
 from __future__ import annotations
@@ -49,7 +57,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-__all__ = ["fft_length", "cumulative_sum", "normalised_scores", "row_times_kernel", "dense_kernel"]
+__all__ = ["MAX_AMPLIFICATION", "fft_length", "cumulative_sum", "normalised_scores", "amplification",
+           "row_times_kernel", "fft_row_times_kernel", "direct_row_times_kernel", "dense_kernel"]
+
+MAX_AMPLIFICATION = 16.0
+"""Largest ``alpha = max_h u_i / v_i`` (see the module docstring) for which a layer takes the FFT:
+its rounding then exceeds a decaying table's by at most 4 bits."""
+
+DIRECT_ROWS = 256
+"""Rows per block of `direct_row_times_kernel`: memory O(DIRECT_ROWS n) per head."""
 
 BLOCK = 128
 """Block of `cumulative_sum` (128 beat 64 and 256, and `jnp.cumsum` by 2.4x, on the 2-core CPU at N = 2^16)."""
@@ -110,10 +126,48 @@ def _row_weights(p, q, g):
     return diagonal, off
 
 
+def amplification(scores: Float[Array, "heads n"]) -> Float[Array, ""]:
+    """``alpha = max_h q_h / (p_h + q_h g_h(1))``: the largest ``u_i / v_i`` of the FFT product (module docstring).
+
+    At most 1 when every ``f_h`` is non-increasing for k >= 1; 0 at n = 1.
+    """
+    if scores.shape[-1] == 1:
+        return jnp.zeros((), scores.dtype)
+    p, q, g = normalised_scores(scores)
+    return jnp.max(q / (p + q * g[:, 1]))
+
+
 def row_times_kernel(
     v: Float[Array, " n"], scores: Float[Array, "heads n"], head_weights: Float[Array, " heads"]
 ) -> Float[Array, " n"]:
     """``v^T A`` for the Toeplitz layer kernel ``A = sum_h w_h rowsoftmax(f_h(i - j))``.
+
+    By FFT (`fft_row_times_kernel`, O(H n log n)) when the scores'
+    `amplification` is at most `MAX_AMPLIFICATION`, else exactly
+    (`direct_row_times_kernel`, O(H n^2)): never a product that lost its
+    digits to a rising table.
+
+    Args:
+        v: the row vector, shape ``(n,)``.
+        scores: ``f_h(k)`` for offsets k = 0..n-1 (``f_h(0)`` the diagonal
+            score), shape ``(H, n)``.
+        head_weights: ``w_h >= 0``, shape ``(H,)``; normalised here.
+
+    Returns:
+        ``(v^T A)_j = sum_i v_i A[i, j]``, shape ``(n,)``, non-negative for
+        ``v >= 0`` (see the module docstring).
+    """
+    if v.shape[-1] == 1:
+        return fft_row_times_kernel(v, scores, head_weights)
+    return jax.lax.cond(amplification(scores) <= MAX_AMPLIFICATION,
+                        lambda: fft_row_times_kernel(v, scores, head_weights),
+                        lambda: direct_row_times_kernel(v, scores, head_weights))
+
+
+def fft_row_times_kernel(
+    v: Float[Array, " n"], scores: Float[Array, "heads n"], head_weights: Float[Array, " heads"]
+) -> Float[Array, " n"]:
+    """``v^T A`` by FFT, O(H n log n): exact to rounding for non-increasing ``f_h`` (module docstring).
 
     Args:
         v: the row vector, shape ``(n,)``.
@@ -139,6 +193,42 @@ def row_times_kernel(
     )
     correlation = jnp.fft.irfft(spectrum, n=length)[:n]
     return own + jnp.maximum(correlation, 0.0)
+
+
+def direct_row_times_kernel(
+    v: Float[Array, " n"], scores: Float[Array, "heads n"], head_weights: Float[Array, " heads"]
+) -> Float[Array, " n"]:
+    """``v^T A`` term by term: ``sum_h w_h sum_{i >= j} v_i e^{f_h(i-j) - log Z_{h,i}}``, O(H n^2).
+
+    ``log Z_{h,i} = logsumexp_{k <= i} f_h(k)`` by `jax.lax.cumlogsumexp`, so
+    every exponent is <= 0 and every term non-negative: exact to rounding
+    for any finite table. Rows go `DIRECT_ROWS` at a time (a `lax.scan`),
+    heads one at a time, so memory is O(DIRECT_ROWS n).
+    """
+    n = v.shape[-1]
+    weights = head_weights / jnp.sum(head_weights)
+    log_normalisers = jax.lax.cumlogsumexp(scores, axis=1)  # (H, n)
+    rows = min(DIRECT_ROWS, n)
+    count = -(-n // rows)
+    pad = count * rows - n
+    columns = jnp.arange(n)
+
+    def one_head(head):
+        f, log_z, weight = head
+        f = jnp.pad(f, (0, pad + n))  # offsets beyond n - 1 are never read (masked)
+
+        def block(total, chunk):
+            index, values, logs = chunk
+            offsets = index[:, None] - columns[None, :]
+            terms = jnp.exp(jnp.where(offsets >= 0, f[jnp.maximum(offsets, 0)] - logs[:, None], -jnp.inf))
+            return total + values @ terms, None
+
+        chunks = (jnp.arange(count * rows).reshape(count, rows),
+                  jnp.pad(v, (0, pad)).reshape(count, rows),
+                  jnp.pad(log_z, (0, pad)).reshape(count, rows))
+        return weight * jax.lax.scan(block, jnp.zeros_like(v), chunks)[0]
+
+    return jnp.sum(jax.lax.map(one_head, (scores, log_normalisers, weights)), axis=0)
 
 
 def dense_kernel(scores: Float[Array, "heads n"], head_weights: Float[Array, " heads"]) -> Float[Array, "n n"]:

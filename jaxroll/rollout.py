@@ -125,7 +125,21 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
         apply_layer = jax.checkpoint(apply_layer)
 
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
-    row, _ = jax.lax.scan(apply_layer, last, _layers(model), reverse=True)
+
+    def every_layer():
+        return jax.lax.scan(apply_layer, last, _layers(model), reverse=True)[0]
+
+    if method == "structured" and model.mask == "causal" and n <= structured.SHARED_DENSE_MAX:
+        # One kernel in every layer (no-content models): form it once, densely (a run-time test).
+        def shared():
+            return structured.shared_kernel_rollout_row(
+                last, model.lambdas, model.alibi_slopes[0], model.diagonal_scores[0], model.head_weights[0],
+                model.temperature)
+
+        same = structured.shares_one_kernel(model.alibi_slopes, model.diagonal_scores, model.head_weights)
+        row = jax.lax.cond(same, shared, every_layer)
+    else:
+        row = every_layer()
     mass = jnp.sum(row)
     return row / mass, mass
 

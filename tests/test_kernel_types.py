@@ -356,3 +356,53 @@ def test_fit_kernel_recovers_a_power_kernel_and_extrapolates():
     truth_model = KernelRolloutModel.create(kernel=truth, lambdas=[0.2, 0.5, 0.8], sequence_length=4 * n)
     far = jaxroll.influence(result.model, 4 * n)
     assert float(jaxroll.metrics.total_variation(far, jaxroll.influence(truth_model))) < 1e-3
+
+
+# ---------------------------------------------------------------- tables that rise (issue 19)
+
+
+@pytest.mark.parametrize("rise", [0.0, 10.0, 20.0, 30.0, 40.0, 60.0, 800.0])
+def test_rising_tables_are_exact(rise):
+    """The table of issue 19: ``f(1) = 0``, -3 up to offset 32, then ``rise``,
+    two layers, N = 64. The FFT alone loses digits by ``e^{rise}`` (1e-12 at
+    10, 1e-8 at 20, 12 at 40: asserted below, so the test can fail); the
+    product that `influence` takes must agree with the literal oracle to
+    1e-10 in float64 at every rise (observed ~1e-16: the direct path sums
+    non-negative terms)."""
+    n = 64
+    table = np.full(n - 1, -3.0)
+    table[0] = 0.0
+    table[32:] = rise
+    lambdas = np.array([0.7, 0.9])
+    kernel = TableKernel.create(num_layers=2, num_heads=1, offset_scores=table)
+    model = KernelRolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=n)
+    scores = np.concatenate([[0.0], table])[None]
+    dense = oracle_relative_kernel(scores, np.ones(1))
+    expected = oracle_rollout(lambdas, [dense, dense])[-1]
+    profile = np.asarray(jaxroll.influence(model))
+    np.testing.assert_allclose(profile, expected / expected.sum(), rtol=0, atol=1e-10)
+    v = np.random.default_rng(2).uniform(0, 1, n)
+    import jax.numpy as jnp
+    exact = np.asarray(jaxroll.relative.row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
+    np.testing.assert_allclose(exact, v @ dense, rtol=0, atol=1e-10)
+    alpha = float(jaxroll.relative.amplification(jnp.asarray(scores)))
+    if 20.0 <= rise <= 60.0:  # the FFT alone would be wrong here: the fallback matters
+        assert alpha > jaxroll.relative.MAX_AMPLIFICATION
+        fft = np.asarray(jaxroll.relative.fft_row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
+        assert np.max(np.abs(fft - v @ dense)) > 1e-9
+    if rise == 0.0:
+        assert alpha <= 1.0
+
+
+def test_direct_product_matches_the_oracle_for_random_tables():
+    """`direct_row_times_kernel` (the exact path) on random tables of 3 heads,
+    N = 1..300 with blocks of rows that do not divide N: 1e-12 in float64."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 37, 300):
+        scores = rng.uniform(-30, 30, (3, n))
+        weights = rng.uniform(0.1, 1, 3)
+        v = rng.uniform(0, 1, n)
+        got = np.asarray(jaxroll.relative.direct_row_times_kernel(
+            jnp.asarray(v), jnp.asarray(scores), jnp.asarray(weights)))
+        np.testing.assert_allclose(got, v @ oracle_relative_kernel(scores, weights), rtol=0, atol=1e-12)
