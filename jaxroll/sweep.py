@@ -38,6 +38,7 @@ profiles are gathered to every process (write files from process 0 only).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -48,7 +49,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from . import memory, metrics, schedules
 from ._checks import check_positive_int, is_concrete
@@ -200,18 +201,58 @@ def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
 
 
 def make_mesh(mesh=None) -> Mesh:
-    """The mesh of a sweep: None for every device (of every process), an int k
-    for the first k devices, or a `Mesh` (the batch axis is sharded over all
-    its axes)."""
+    """The mesh of a sweep, its axes `Auto`: the batch axis is sharded over all of them.
+
+    `mesh` is None (the mesh set with `jax.set_mesh` / `jax.sharding.use_mesh`
+    when there is one, else every device of every process), an int k (the
+    first k devices), or a `jax.sharding.Mesh` built any way, e.g.
+    ``jax.make_mesh((4,), ("batch",))``, whose axes are `Explicit` on current
+    JAX. A sweep needs only the mesh's devices and axis names: it returns a
+    mesh of the same devices and names with every axis type `Auto`, so
+    sharding constraints inside its compiled calls are legal whatever types
+    the user's mesh has (a profile's layout is not part of its value).
+    """
+    if mesh is None:
+        ambient = _ambient_mesh()
+        if ambient is not None:
+            return _auto(ambient)
     if isinstance(mesh, Mesh):
-        return mesh
+        return _auto(mesh)
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        raise ConfigError("mesh: got an AbstractMesh; allowed: a jax.sharding.Mesh (with devices), "
+                          "a device count or None")
     devices = jax.devices()
     if mesh is None:
-        return Mesh(np.array(devices), (_BATCH,))
+        return Mesh(np.array(devices), (_BATCH,), axis_types=(AxisType.Auto,))
     if isinstance(mesh, bool) or not isinstance(mesh, (int, np.integer)) or not 1 <= mesh <= len(devices):
         raise ConfigError(f"mesh: got {mesh!r}; allowed: 1 to {len(devices)} devices (the devices JAX sees) "
                           "or a jax.sharding.Mesh")
-    return Mesh(np.array(devices[: int(mesh)]), (_BATCH,))
+    return Mesh(np.array(devices[: int(mesh)]), (_BATCH,), axis_types=(AxisType.Auto,))
+
+
+def _auto(mesh: Mesh) -> Mesh:
+    """`mesh`'s devices and axis names, every axis `Auto`."""
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def _mesh_context(mesh: Mesh):
+    """Compute under the sweep's own (Auto) mesh, whatever mesh the caller has set:
+    an ambient Explicit mesh (``jax.set_mesh``) would otherwise have to match
+    every array's mesh."""
+    setter = getattr(jax, "set_mesh", None)
+    return setter(mesh) if setter is not None else contextlib.nullcontext()
+
+
+def _ambient_mesh() -> Mesh | None:
+    """The concrete mesh set by `jax.set_mesh` / `use_mesh`, or None."""
+    getter = getattr(jax.sharding, "get_mesh", None)
+    try:
+        ambient = getter() if getter is not None else None
+    except Exception:  # no mesh set (older JAX raise, newer return an empty mesh)
+        return None
+    if isinstance(ambient, Mesh) and not ambient.empty and ambient.devices.size:
+        return ambient
+    return None
 
 
 def _check_lengths(lengths) -> tuple[int, ...] | None:
@@ -464,7 +505,8 @@ class _Evaluator:
         self.n_max = max(plan.lengths)
         self.groups = _groups(plan.lengths, plan.base.mask)
         if plan.method == "krylov":
-            self.rows = self._krylov_rows()
+            with _mesh_context(plan.mesh):
+                self.rows = self._krylov_rows()
             self.coefficients = polynomial_coefficients(plan.leaves["lambdas"])
 
     def _krylov_rows(self):
@@ -494,7 +536,8 @@ class _Evaluator:
 
     def host_chunk(self, k: int) -> tuple[np.ndarray, NamedSharding]:
         """Chunk k gathered to the host: ``(batch_size, L, N_max)``, and its sharding."""
-        profiles = self.chunk(k)
+        with _mesh_context(self.plan.mesh):
+            profiles = self.chunk(k)
         return _gather(profiles), profiles.sharding
 
 

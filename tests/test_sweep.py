@@ -234,6 +234,14 @@ def test_sharded_equals_unsharded_on_four_fake_devices(tmp_path):
         assert result["mesh_devices"] == 4 and result["mesh_axes"] == ["batch"]
         assert result["spec_is_batch"] and result["equivalent"]
         assert all(count == 0 for count in result["recompiled"].values()), result["recompiled"]
+    # Meshes built the standard ways: jax.make_mesh (Explicit axes), Auto axes, two axes, a plain
+    # Mesh, and an ambient jax.set_mesh; each sweep equals the one-device sweep.
+    meshes = results["meshes"]
+    assert len(meshes) == 10
+    for label, found in meshes.items():
+        assert "error" not in found, (label, found)
+        assert found["devices"] == 4 and found["difference"] <= TOLERANCE, (label, found)
+        assert found["method"] == label.split("/")[1]
 
 
 def _free_port() -> int:
