@@ -143,6 +143,8 @@ def _reword(axis: str, index: int, error: ConfigError) -> ConfigError:
 
 def _scalar(axis: str, index: int, value) -> float:
     low, low_open = _SCALAR_AXES[axis]
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float() would take True and "0.2"
+        raise ConfigError(f"{axis}[{index}]: got {value!r:.60}; allowed: a number (not a boolean or a string)")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -350,7 +350,7 @@ def test_interrupted_sweep_resumes_from_the_last_finished_chunk(tmp_path, capsys
     monkeypatch.setattr(sweep_module._Evaluator, "host_chunk", interrupted)
     out = tmp_path / "out"
     status, output = run(["sweep", spec, "--out", out], capsys)
-    assert status == 2 and "--resume" in output.err
+    assert status == 130 and "--resume" in output.err and output.err.startswith("jaxroll: interrupted: ")
     assert sorted(p.name for p in (out / ".partial").iterdir()) == ["chunk_000000.npy", "fingerprint.txt"]
     assert not (out / "sweep.csv").exists()
     calls.clear()

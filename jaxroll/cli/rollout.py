@@ -19,8 +19,10 @@ def add_parser(commands) -> None:
                          help="how to multiply by the kernels (default auto)")
     rollout.set_defaults(run=_run_rollout)
 
-    listing = commands.add_parser("presets", help="list the built-in presets",
-                                  description="List the built-in model geometries.")
+    listing = commands.add_parser("presets", help="list the presets and the published configurations",
+                                  description="List the built-in presets (model geometries with a fitted "
+                                              "power-decay schedule, --preset NAME) and the published "
+                                              "measured configurations (--published NAME).")
     listing.set_defaults(run=_run_presets)
 
 
@@ -66,7 +68,7 @@ def _print_summary(model, profile, mass, source, out) -> None:
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
     print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
     print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
-    print(f"  mass of the first / middle / last tenth ({k} positions each): "
+    print(f"  mass of the first / middle / last tenth ({k} position{'' if k == 1 else 's'} each): "
           f"{profile[:k].sum():.6g} / {profile[start:start + k].sum():.6g} / {profile[-k:].sum():.6g}")
     from ..schema import kernel_arrays
 
