@@ -52,6 +52,7 @@ def _run_rollout(arguments) -> None:
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
     plot.plot_profile(out / "profile.png", profile, attention_only,
+                      attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
                       title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
     _print_summary(model, profile, float(mass), source, out)
 
