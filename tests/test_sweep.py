@@ -395,3 +395,98 @@ def test_config_base_relative_to_the_spec_and_one_axis_line_plots(tmp_path, caps
     np.testing.assert_array_equal(saved["axis_temperature"], [0.5, 1.0, 2.0])
     expected_profiles = jaxroll.sweep(model, temperature=[0.5, 1.0, 2.0], progress=False).profiles
     np.testing.assert_allclose(saved["profiles"], expected_profiles, rtol=0, atol=TOLERANCE)
+
+
+# ---------------------------------------------------------------- kernel models (issue 19)
+
+
+def numpy_relative_profile(lambdas, scores, weights, n):
+    """NumPy float64 oracle of a relative-position rollout: ``scores (T, H, n)`` = f_h(k), k = 0..n-1."""
+    row = np.zeros(n)
+    row[-1] = 1.0
+    for t in reversed(range(len(lambdas))):
+        kernel = np.zeros((n, n))
+        w = weights[t] / weights[t].sum()
+        for h in range(len(w)):
+            for i in range(n):
+                logits = scores[t, h, i - np.arange(i + 1)]
+                e = np.exp(logits - logits.max())
+                kernel[i, : i + 1] += w[h] * e / e.sum()
+        row = (1 - lambdas[t]) * row + lambdas[t] * row @ kernel
+    return row / row.sum()
+
+
+def power_scores(slopes, exponents, diagonal, n):
+    k = np.arange(n, dtype=np.float64)
+    scores = -slopes[..., None] * np.maximum(k, 1.0) ** exponents[..., None]
+    scores[..., 0] = diagonal
+    return scores
+
+
+def test_power_kernel_sweep_over_slopes_and_exponents_matches_numpy():
+    from jaxroll.kernel_types import PowerKernel
+
+    diagonal = np.array([[0.3, -0.2]] * 3)
+    kernel = PowerKernel.create(num_layers=3, num_heads=2, slopes=[0.5, 0.1], exponents=1.0, diagonal_scores=diagonal)
+    model = jaxroll.KernelRolloutModel.create(kernel=kernel, lambdas=[0.3, 0.5, 0.7], sequence_length=12)
+    slopes, exponents = [0.2, [[1.0, 0.05]]], [0.5, [[1.0, 0.7]]]
+    result = jaxroll.sweep(model, slopes=slopes, exponents=exponents, lengths=[5, 12], progress=False)
+    assert result.method == "vmap" and result.profiles.shape == (2, 2, 2, 12)
+    weights = np.full((3, 2), 0.5)
+    for i, s in enumerate(slopes):
+        for j, e in enumerate(exponents):
+            s_array = np.broadcast_to(np.asarray(s, np.float64), (3, 2))
+            e_array = np.broadcast_to(np.asarray(e, np.float64), (3, 2))
+            for position, n in enumerate((5, 12)):
+                want = numpy_relative_profile([0.3, 0.5, 0.7], power_scores(s_array, e_array, diagonal, n), weights, n)
+                np.testing.assert_allclose(result.profiles[i, j, position, :n], want, atol=TOLERANCE, rtol=0)
+                assert np.all(result.profiles[i, j, position, n:] == 0.0)
+    scaled = jaxroll.sweep(model, slope_scale=[0.0, 2.0], progress=False)
+    want = numpy_relative_profile([0.3, 0.5, 0.7], power_scores(np.full((3, 2), [1.0, 0.2]), np.ones((3, 2)),
+                                                               diagonal, 12), weights, 12)
+    np.testing.assert_allclose(scaled.profiles[1], want, atol=TOLERANCE, rtol=0)
+
+
+def test_schedule_sweep_over_measured_dense_kernels_matches_numpy():
+    from jaxroll.kernel_types import DenseKernel
+
+    rng = np.random.default_rng(3)
+    layers = [np.tril(rng.random((10, 10))) for _ in range(2)]
+    layers = [a / a.sum(axis=1, keepdims=True) for a in layers]
+    for stacked, method in ((np.stack([layers[0]] * 3), "krylov"), (np.stack(layers + layers[:1]), "vmap")):
+        model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(stacked), lambdas=0.5)
+        result = jaxroll.sweep(model, lambda_0=[0.3, 0.9], beta=[0.5, 2.0], progress=False)
+        assert result.method == method
+        for i, lambda_0 in enumerate([0.3, 0.9]):
+            for j, beta in enumerate([0.5, 2.0]):
+                row = np.eye(10)[-1]
+                lambdas = power_decay(lambda_0, beta, 3)
+                for t in reversed(range(3)):
+                    row = (1 - lambdas[t]) * row + lambdas[t] * row @ stacked[t]
+                np.testing.assert_allclose(result.profiles[i, j], row / row.sum(), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("axes, message", [
+    ({"slopes": [1.0]}, "axis 'slopes': not a field of a DenseKernel model"),
+    ({"temperature": [1.0]}, "axis 'temperature': not a field of a DenseKernel model"),
+])
+def test_kernel_sweep_refuses_fields_the_kernel_lacks(axes, message):
+    from jaxroll.kernel_types import DenseKernel
+
+    model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(np.eye(4)[None]), lambdas=0.5)
+    with pytest.raises(jaxroll.ConfigError, match=message):
+        jaxroll.sweep(model, **axes, progress=False)
+
+
+def test_memory_estimate_counts_the_fft_path():
+    from jaxroll import memory
+    from jaxroll.kernel_types import PowerKernel
+
+    # n = 5: L = 2^ceil(log2(9)) = 16; H (6 n + 3 L) + 128 n elements.
+    assert memory.influence_bytes(5, 2, "fft", 8) == (2 * (30 + 48) + 640) * 8
+    model = jaxroll.KernelRolloutModel.create(
+        kernel=PowerKernel.create(num_layers=2, num_heads=3, slopes=0.5), lambdas=0.5, sequence_length=64)
+    assert memory.model_influence_bytes(model, 64) == memory.influence_bytes(64, 3, "fft")
+    assert memory.model_influence_bytes(model, 64) > memory.influence_bytes(64, 3, "structured")
+    per_point = sweep_module._per_point_bytes("vmap", model, (64,), 64)
+    assert per_point >= memory.influence_bytes(64, 3, "fft", 8)

@@ -141,7 +141,7 @@ def check_memory(model, arguments) -> None:
     limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
     method = getattr(arguments, "method", "auto")
     itemsize = 8 if arguments.float64 else 4
-    needed = memory.influence_bytes(model.sequence_length, model.num_heads, method, itemsize)
+    needed = memory.model_influence_bytes(model, model.sequence_length, method, itemsize)
     memory.check_fits(needed, f"{arguments.command}: N = {model.sequence_length}", limit)
 
 
