@@ -353,6 +353,9 @@ def test_interrupted_sweep_resumes_from_the_last_finished_chunk(tmp_path, capsys
     assert status == 130 and "--resume" in output.err and output.err.startswith("jaxroll: interrupted: ")
     assert sorted(p.name for p in (out / ".partial").iterdir()) == ["chunk_000000.npy", "fingerprint.txt"]
     assert not (out / "sweep.csv").exists()
+    # Rerun without --resume: told to resume (not to --force, which discards the finished chunks).
+    status, output = run(["sweep", spec, "--out", out], capsys)
+    assert status == 2 and "pass --resume to continue it" in output.err
     calls.clear()
     monkeypatch.setattr(sweep_module._Evaluator, "host_chunk",
                         lambda self, k: (calls.append(k), original(self, k))[1])
