@@ -115,6 +115,8 @@ def profile_figure(profile, attention_only=None, *, title: str = "", attention_o
         contrast.plot(positions, shown, color="C3", linestyle="--",
                       label=f"attention only (lambda = 1): p[0] = {attention_only[0]:.4g}"
                             + _hidden_note(hidden, floor))
+        if attention_only[0] >= floor:  # visible even when every other value is below the floor
+            contrast.plot([0], [attention_only[0]], "o", color="C3")
         contrast.set_yscale("log")
         contrast.set_ylim(bottom=floor)
         contrast.set_xlim(-0.5, profile.size - 0.5)
