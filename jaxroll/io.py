@@ -20,7 +20,8 @@ from .errors import ConfigError
 from .model import KernelRolloutModel, RolloutModel
 from .schema import config_from_model, kernel_arrays, model_from_config
 
-__all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text"]
+__all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text",
+           "prepare_output_dir", "check_output_dir"]
 
 PROFILE_HEADER = ("token_position", "probability")
 

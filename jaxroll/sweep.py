@@ -57,7 +57,7 @@ from .errors import ConfigError
 from .model import KernelRolloutModel, RolloutModel
 from .rollout import rollout_row
 
-__all__ = ["AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
+__all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
            "polynomial_coefficients"]
 
 AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
@@ -781,7 +781,8 @@ def sweep(
     (arXiv 2602.16837).
 
     Args:
-        model: the base `RolloutModel`.
+        model: the base `RolloutModel`, or a `KernelRolloutModel` (lambda
+            axes over any kernel; kernel fields by `KERNEL_AXES`).
         lengths: sequence lengths to evaluate at every point (default: the
             model's ``sequence_length`` only), all in one compiled call:
             start rows ``e_{n-1}`` in power-of-two buckets (causal, sliding),
@@ -790,8 +791,11 @@ def sweep(
             their cartesian product.
         batch_size: points per compiled call (default: what fits
             `MEMORY_BUDGET`); rounded to a multiple of the mesh's devices.
-        mesh: None (every device), a device count, or a `jax.sharding.Mesh`;
-            the batch axis is sharded over all of its axes.
+        mesh: None (the mesh of ``jax.set_mesh`` if one is set, else every
+            device), a device count, or a `jax.sharding.Mesh` built any way
+            (``jax.make_mesh((k,), ("batch",))``, whose axes are `Explicit`
+            on current JAX; `Auto` axes; several axes); the batch axis is
+            sharded over all of its axes (see `make_mesh`).
         progress: a tqdm bar over chunks (process 0 only).
         checkpoint: a directory; every finished chunk is written there
             atomically and chunks already there (of the same sweep) are read

@@ -493,3 +493,27 @@ def test_memory_estimate_counts_the_fft_path():
     assert memory.model_influence_bytes(model, 64) > memory.influence_bytes(64, 3, "structured")
     per_point = sweep_module._per_point_bytes("vmap", model, (64,), 64)
     assert per_point >= memory.influence_bytes(64, 3, "fft", 8)
+
+
+def test_ctrl_c_exits_130_and_names_resume(tmp_path):
+    """A real SIGINT to a running ``jaxroll sweep``: exit 130, one line naming --resume, chunks kept."""
+    import signal
+    import time
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {preset: mpt-7b, sequence_length: 64}\n"
+                    f"axes: {{temperature: {[0.5 + 0.05 * k for k in range(40)]}}}\nbatch_size: 1\n")
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "jaxroll", "sweep", str(spec), "--out", str(out)],
+                               env=_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = out / ".partial" / "chunk_000000.npy"
+    deadline = time.monotonic() + 240
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    with process.stderr:
+        error = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 130, error
+    last = [line for line in error.splitlines() if line.startswith("jaxroll")]
+    assert last == [line for line in last if line.startswith("jaxroll: interrupted: sweep:")] and len(last) == 1, error
+    assert "--resume" in last[0] and first.exists() and not (out / "sweep.csv").exists()
