@@ -6,6 +6,7 @@ inside `jit` or `grad` are never inspected, so transformations stay pure.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -13,16 +14,97 @@ from .errors import ConfigError
 
 
 def is_concrete(value) -> bool:
-    """True when `value` holds numbers rather than JAX tracers."""
-    try:
-        np.asarray(value)
-    except Exception:  # a jax Tracer refuses conversion
+    """True when `value` holds numbers rather than JAX tracers (nested lists looked into)."""
+    if isinstance(value, jax.core.Tracer):
         return False
+    if isinstance(value, (list, tuple)):
+        return not any(isinstance(leaf, jax.core.Tracer) for leaf in _leaves(value))
     return True
 
 
+def _leaves(value):
+    """The non-list entries of nested lists and tuples, without recursion (any depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            yield item
+
+
+_NUMBER_TYPES = {float, int, np.float64, np.float32}
+
+
+def _not_a_number(value) -> str | None:
+    """Why `value` (a number, an array or nested lists) is not numbers, or None.
+
+    Booleans and strings are refused: NumPy would read ``true`` as 1.0 and
+    ``"0.2"`` as 0.2, but in a configuration a user typed they are mistakes
+    (a quoted number is a string in YAML). Ragged lists are named as such.
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "b":
+            return "booleans"
+        if value.dtype.kind in "US":
+            return "strings"
+        if value.dtype.kind != "O":
+            return None
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        # One set of types per list (C speed): a published file holds ~10^5 numbers.
+        stack = [value]
+        while stack:
+            items = stack.pop()
+            kinds = set(map(type, items))
+            if kinds <= _NUMBER_TYPES:
+                continue
+            for item in items:
+                if isinstance(item, (list, tuple)):
+                    stack.append(item)
+                elif type(item) not in _NUMBER_TYPES:
+                    reason = _not_a_number(item)
+                    if reason:
+                        return reason
+        return _ragged(value)
+    if isinstance(value, (bool, np.bool_)):
+        return f"a boolean ({value!r})"
+    if isinstance(value, (str, bytes)):
+        try:
+            float(value)
+        except ValueError:
+            return f"a string ({_short(value)})"
+        return f"a quoted number ({_short(value)}, a string in YAML; write it without quotes)"
+    return None
+
+
+def _ragged(value) -> str | None:
+    """``"ragged lists (...)"`` when nested lists do not form a rectangular array."""
+    level = [value]
+    depth = 0
+    while level:
+        kinds = set(map(type, level))
+        if not kinds & {list, tuple}:
+            return None
+        if not kinds <= {list, tuple}:
+            return f"ragged lists (numbers and lists mixed at depth {depth})"
+        lengths = sorted(set(map(len, level)))
+        if len(lengths) > 1:
+            return f"ragged lists (lists of lengths {lengths} at depth {depth})"
+        level = [entry for item in level for entry in item]
+        depth += 1
+    return None
+
+
 def as_float_array(field: str, value) -> np.ndarray:
-    """`value` as a float64 array; a one-line ConfigError when it is not numeric."""
+    """`value` as a float64 array; a one-line ConfigError when it is not numeric.
+
+    Booleans, strings (quoted numbers included) and ragged lists are refused,
+    naming `field`.
+    """
+    reason = _not_a_number(value)
+    if reason is not None:
+        raise ConfigError(f"{field}: got {reason}; allowed: numbers")
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):

@@ -12,7 +12,7 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["available_bytes", "influence_bytes", "check_fits", "parse_size", "format_size"]
+__all__ = ["available_bytes", "influence_bytes", "model_influence_bytes", "check_fits", "parse_size", "format_size"]
 
 # Working set of one structured influence pass per position, in array
 # elements: a chunk of 16 heads with a few buffers each (scan carries,
@@ -39,13 +39,38 @@ def influence_bytes(n: int, num_heads: int, method: str, itemsize: int = 4) -> i
     """Peak working memory of one `jaxroll.influence` call at length `n`, in bytes (an estimate).
 
     Structured: O(n) (``128 n`` elements); dense: each ``(n, n)`` head kernel
-    of a layer and the layer mixture, ``(H + 2) n^2`` elements.
+    of a layer and the layer mixture, ``(H + 2) n^2`` elements; ``"fft"``
+    (the relative-position kernels, `jaxroll.relative`): per head six real
+    ``(n,)`` rows (scores, weights, normaliser, the weighted row) and two
+    complex spectra of ``L / 2 + 1`` entries with ``L = 2^ceil(log2(2n - 1))``,
+    plus their product, ``H (6 n + 3 L)`` elements, and the structured row.
     """
     if method == "dense":
         elements = (num_heads + 2) * n * n
+    elif method == "fft":
+        length = 1 << max(0, (2 * n - 2).bit_length())
+        elements = num_heads * (6 * n + 3 * length) + _STRUCTURED_ELEMENTS_PER_POSITION * n
     else:
         elements = _STRUCTURED_ELEMENTS_PER_POSITION * n
     return int(elements) * itemsize
+
+
+def model_influence_bytes(model, n: int, method: str = "auto", itemsize: int = 4) -> int:
+    """`influence_bytes` of either model type: a `KernelRolloutModel`'s kernel picks the path.
+
+    Relative-position kernels (`PowerKernel`, `TableKernel`) take the FFT
+    path unless ``method == "dense"``; a measured `DenseKernel` holds its
+    ``(T, N, N)`` array and multiplies ``(n, n)`` blocks. Duck-typed on the
+    kernel's class name: this module sits below the model.
+    """
+    kernel = getattr(model, "kernel", None)
+    name = type(kernel).__name__
+    if name == "DenseKernel":
+        size = kernel.kernels.shape[-1]
+        return int(model.num_layers * size * size + 3 * n * n) * itemsize
+    if name in ("PowerKernel", "TableKernel"):
+        return influence_bytes(n, model.num_heads, "dense" if method == "dense" else "fft", itemsize)
+    return influence_bytes(n, model.num_heads, method, itemsize)
 
 
 def parse_size(text: str) -> int:

@@ -42,68 +42,139 @@ def _profile_panel(axes, profile, *, label: str, color: str = "C0") -> None:
     axes.set_ylabel(INFLUENCE_LABEL)
 
 
-def _positive_floor(*arrays) -> float:
+COLLAPSE_THRESHOLD = 0.5
+"""An attention-only profile has *collapsed* onto the first token when ``p[0] > 0.5``:
+the first token outweighs all the others together. Only then is the contrast panel
+titled a collapse."""
+
+FLOOR_DECADES = 3
+"""Log panels draw values down to ``10^-3`` times the smallest positive value of the
+residual-aware profile(s); smaller values (float underflow, or causal masking's
+~1e-300 tail) are left out, not drawn at a made-up floor, and the legend says so."""
+
+
+def collapsed(profile) -> bool:
+    """True when ``profile[0] > COLLAPSE_THRESHOLD`` (see there)."""
+    return bool(np.asarray(profile, dtype=np.float64)[0] > COLLAPSE_THRESHOLD)
+
+
+def _log_floor(*arrays) -> float:
+    """The lowest value a log panel draws: `FLOOR_DECADES` below the smallest positive entry."""
     values = np.concatenate([np.ravel(a) for a in arrays])
     values = values[values > 0]
-    return float(values.min()) if values.size else 1e-300
+    return float(values.min()) * 10.0**-FLOOR_DECADES if values.size else 1e-300
 
 
-def plot_profile(path, profile, attention_only=None, *, title: str = "") -> Path:
-    """The influence profile on linear axes; the attention-only contrast beside it on a log axis.
+def _above(profile, floor: float):
+    """`profile` with entries below `floor` masked (not drawn), and how many were masked."""
+    hidden = profile < floor
+    return np.ma.masked_where(hidden, profile), int(hidden.sum())
 
-    Left: ``p_T(j)`` against position, the minimum marked, the first, middle
-    and last tenth shaded (the masses the summary prints). Right, when
-    `attention_only` (the ``lambda = 1`` profile of the same kernels) is given:
-    both profiles on a log axis, where the collapse onto token 0 that
-    residuals prevent is visible.
+
+def _hidden_note(count: int, floor: float) -> str:
+    return f"; {count} value{'s' if count != 1 else ''} < {floor:.1e} not drawn" if count else ""
+
+
+def _save(figure, path) -> Path:
+    """Write `figure` to `path` (a temporary name, then renamed) and close it."""
+    import os
+
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    figure.savefig(temporary, dpi=110, format="png")
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path
+
+
+def profile_figure(profile, attention_only=None, *, title: str = "", attention_only_model: bool = False):
+    """The figure of `plot_profile`, returned (a `matplotlib.figure.Figure`) rather than saved.
+
+    `attention_only_model`: the profile itself is an attention-only rollout
+    (every ``lambda_t = 1``, e.g. ``--no-residual``); it is labelled so, and
+    no contrast panel is drawn (it would show the same curve twice).
     """
     profile = np.asarray(profile, dtype=np.float64)
+    if attention_only_model:
+        attention_only = None
+    label = "attention-only rollout (every lambda = 1)" if attention_only_model else "residual-aware rollout"
     panels = 1 if attention_only is None else 2
     figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), constrained_layout=True,
                                 squeeze=False)
-    _profile_panel(axes[0, 0], profile, label="residual-aware rollout")
-    axes[0, 0].set_title("residual-aware rollout (linear axes)")
+    _profile_panel(axes[0, 0], profile, label=label)
+    axes[0, 0].set_title(f"{label} (linear axes)")
     axes[0, 0].legend(fontsize=8)
     if attention_only is not None:
         attention_only = np.asarray(attention_only, dtype=np.float64)
         contrast = axes[0, 1]
         positions = np.arange(profile.size)
-        # Zeros (float32 underflow) have no place on a log axis: draw them at the floor.
-        floor = _positive_floor(profile, attention_only) / 10
-        contrast.plot(positions, np.maximum(profile, floor), color="C0", label="residual-aware rollout")
-        contrast.plot(positions, np.maximum(attention_only, floor), color="C3", linestyle="--",
-                      label=f"attention only (lambda = 1): p[0] = {attention_only[0]:.4f}")
+        floor = _log_floor(profile)
+        shown, hidden = _above(profile, floor)
+        contrast.plot(positions, shown, color="C0", label=label + _hidden_note(hidden, floor))
+        shown, hidden = _above(attention_only, floor)
+        contrast.plot(positions, shown, color="C3", linestyle="--",
+                      label=f"attention only (lambda = 1): p[0] = {attention_only[0]:.4g}"
+                            + _hidden_note(hidden, floor))
+        if attention_only[0] >= floor:  # visible even when every other value is below the floor
+            contrast.plot([0], [attention_only[0]], "o", color="C3")
         contrast.set_yscale("log")
+        contrast.set_ylim(bottom=floor)
         contrast.set_xlim(-0.5, profile.size - 0.5)
         contrast.set_xlabel(POSITION_LABEL)
         contrast.set_ylabel(f"{INFLUENCE_LABEL} (log)")
-        contrast.set_title("contrast: the attention-only collapse")
+        if collapsed(attention_only):
+            contrast.set_title(f"contrast: the attention-only collapse (p[0] > {COLLAPSE_THRESHOLD:g})")
+        else:
+            contrast.set_title(f"contrast: attention only, no collapse (p[0] <= {COLLAPSE_THRESHOLD:g})")
         contrast.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return figure
 
 
-def plot_forces(path, profiles, names, *, title: str = "") -> Path:
-    """The rungs of `jaxroll.theory.forces`, each labelled by the force it adds.
+def plot_profile(path, profile, attention_only=None, *, title: str = "", attention_only_model: bool = False) -> Path:
+    """The influence profile on linear axes; the attention-only contrast beside it on a log axis.
 
-    `profiles` is ``(K, n)`` (causal masking alone, + residual, + ALiBi,
-    + content). Left: the residual-aware rungs on linear axes (the shape each
-    force gives). Right: every rung on a log axis, since causal masking alone
-    puts nearly all mass on token 0.
+    Left: ``p_T(j)`` against position, the minimum marked, the first, middle
+    and last tenth shaded (the masses the summary prints). Right, when
+    `attention_only` (the ``lambda = 1`` profile of the same kernels) is given:
+    both profiles on a log axis, titled a collapse only when
+    ``p[0] > COLLAPSE_THRESHOLD``; values below the `FLOOR_DECADES` floor are
+    not drawn (the legend counts them). See `profile_figure`.
     """
+    return _save(profile_figure(profile, attention_only, title=title,
+                                attention_only_model=attention_only_model), path)
+
+
+FORCE_LABELS = {
+    "causal": "causal masking alone (lambda = 1, no slopes, no content)",
+    "residual": "+ residual (the measured lambdas)",
+    "alibi": "+ ALiBi slopes",
+    "content": "+ content (diagonal scores)",
+}
+"""Legend labels of the rungs of `jaxroll.theory.forces`."""
+
+
+def forces_figure(profiles, names, *, title: str = ""):
+    """The figure of `plot_forces`, returned rather than saved."""
     profiles = np.asarray(profiles, dtype=np.float64)
     positions = np.arange(profiles.shape[-1])
-    labels = ["causal masking alone"] + [f"+ {name}" for name in names[1:]]
-    figure, (linear, logarithmic) = plt.subplots(1, 2, figsize=(13, 4.2), constrained_layout=True)
+    labels = [FORCE_LABELS.get(name, f"+ {name}") for name in names]
+    figure, (linear, logarithmic) = plt.subplots(1, 2, figsize=(13, 4.6), constrained_layout=True)
     _tenths(linear, profiles.shape[-1])
-    floor = _positive_floor(profiles[1:]) / 10
+    floor = _log_floor(profiles[1:])
     for k, (profile, label) in enumerate(zip(profiles, labels)):
         style = "-" if k == len(labels) - 1 else "--"
         if k > 0:
             linear.plot(positions, profile, color=f"C{k}", linestyle=style, label=label)
-        logarithmic.plot(positions, np.maximum(profile, floor), color=f"C{k}", linestyle=style, label=label)
+        shown, hidden = _above(profile, floor)
+        if k == 0:
+            # Causal masking alone: every row reads itself and the past with
+            # equal scores, T times; the mass drains onto token 0 and the rest
+            # underflows. Mark p[0] so the rung is visible even when nothing
+            # else is above the floor.
+            label = f"{label}: p[0] = {profile[0]:.4g}"
+            logarithmic.plot([0], [profile[0]], "o", color="C0")
+        logarithmic.plot(positions, shown, color=f"C{k}", linestyle=style, label=label + _hidden_note(hidden, floor))
     # Scale to the full model (the last rung): an earlier rung's spike at
     # token 0 would flatten the shape that matters.
     top = 1.25 * float(profiles[-1].max())
@@ -111,19 +182,27 @@ def plot_forces(path, profiles, names, *, title: str = "") -> Path:
     linear.set_ylim(0.0, top)
     linear.set_title("residual-aware rungs (linear axes" + (", peaks clipped)" if clipped else ")"))
     logarithmic.set_yscale("log")
-    # Causal masking alone leaves later tokens ~1e-300: scale the axis to the
-    # residual-aware rungs, so their shapes stay visible.
     logarithmic.set_ylim(bottom=floor, top=1.5)
-    logarithmic.set_title("every rung (log axis)")
+    logarithmic.set_title(f"every rung (log axis; values < {floor:.1e} not drawn)")
     for axes in (linear, logarithmic):
         axes.set_xlim(-0.5, profiles.shape[-1] - 0.5)
         axes.set_xlabel(POSITION_LABEL)
         axes.set_ylabel(INFLUENCE_LABEL)
-        axes.legend(fontsize=8)
+        axes.legend(fontsize=7, loc="lower center" if axes is logarithmic else "best")
     figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return figure
+
+
+def plot_forces(path, profiles, names, *, title: str = "") -> Path:
+    """The rungs of `jaxroll.theory.forces`, each labelled by the force it adds (`FORCE_LABELS`).
+
+    `profiles` is ``(K, n)`` (causal masking alone, + residual, + ALiBi,
+    + content). Left: the residual-aware rungs on linear axes (the shape each
+    force gives). Right: every rung on a log axis; causal masking alone puts
+    nearly all mass on token 0 (marked, its value in the legend) and leaves
+    later tokens below the floor, which are not drawn.
+    """
+    return _save(forces_figure(profiles, names, title=title), path)
 
 
 def plot_fit(path, target, initial, fitted, losses=None, *, title: str = "") -> Path:
@@ -158,9 +237,7 @@ def plot_fit(path, target, initial, fitted, losses=None, *, title: str = "") -> 
         loss_axes.set_ylabel("loss")
         loss_axes.set_title("optimisation")
     figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return _save(figure, path)
 
 
 def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
@@ -176,9 +253,7 @@ def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
     axes.set_ylim(0.0, max(1e-3, float(np.max(top))) * 1.1)
     axes.set_title(title, fontsize=10)
     axes.legend(fontsize=8)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return _save(figure, path)
 
 
 def plot_measured_influence(path, influence, *, title: str = "") -> Path:
@@ -189,55 +264,82 @@ def plot_measured_influence(path, influence, *, title: str = "") -> Path:
     axes.set_ylabel("normalised ||df / de_j|| (sums to 1)")
     axes.set_title(title, fontsize=10)
     axes.legend(fontsize=8)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return _save(figure, path)
+
+
+def _numeric(ticks) -> bool:
+    return all(isinstance(t, (int, float, np.integer, np.floating)) and not isinstance(t, bool) for t in ticks)
+
+
+def sweep_figures(statistics, axes, *, title: str = "") -> dict[str, object]:
+    """The figures of `plot_sweep`, by file name, returned rather than saved.
+
+    One axis: a line plot per statistic, ``line_<name>.png``; numeric values
+    are placed by value on the x axis (uneven steps stay uneven). Two or
+    more: a heatmap per statistic over the first two axes,
+    ``heatmap_<name>.png``, with one panel per sequence length when the
+    sweep has a ``length`` axis beyond the first two (every length drawn);
+    any other axis is held at its first value, said in the title.
+    """
+    figures = {}
+    length_facets = len(axes) > 2 and axes[-1][0] == "length"
+    held_axes = axes[2:-1] if length_facets else axes[2:]
+    held = ", ".join(f"{name} = {_tick(values[0])}" for name, values in held_axes)
+    for name, values in statistics.items():
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim == 0 or len(axes) == 0:
+            continue
+        if values.ndim == 1:
+            (axis_name, ticks), = axes[:1]
+            figure, panel = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
+            if _numeric(ticks):
+                panel.plot(np.asarray(ticks, np.float64), values, "o-", color="C0")
+                panel.set_xlabel(f"{axis_name} (placed by value)")
+            else:
+                panel.plot(np.arange(len(ticks)), values, "o-", color="C0")
+                panel.set_xticks(np.arange(len(ticks)), [_tick(t) for t in ticks], rotation=45)
+                panel.set_xlabel(f"{axis_name} (by index)")
+            panel.set_ylabel(name)
+            panel.set_title(f"{title}\n{name}", fontsize=9)
+            figures[f"line_{name}.png"] = figure
+            continue
+        (row_name, rows), (column_name, columns) = axes[:2]
+        facets = list(enumerate(axes[-1][1])) if length_facets else [(None, None)]
+        figure, panels = plt.subplots(1, len(facets), figsize=(1.0 + 5.0 * len(facets), 4.5),
+                                      constrained_layout=True, squeeze=False)
+        grid = values.reshape(values.shape[:2] + (-1,)) if not length_facets else None
+        finite = values[np.isfinite(values)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        for panel, (k, length) in zip(panels[0], facets):
+            if length_facets:
+                # Lengths last; every other extra axis held at its first value.
+                cut = values[(slice(None), slice(None)) + (0,) * (values.ndim - 3) + (k,)]
+            else:
+                cut = grid[:, :, 0]
+            image = panel.imshow(cut, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high)
+            panel.set_yticks(np.arange(len(rows)), [_tick(t) for t in rows])
+            panel.set_xticks(np.arange(len(columns)), [_tick(t) for t in columns], rotation=45)
+            panel.set_ylabel(row_name)
+            panel.set_xlabel(column_name)
+            if length_facets:
+                panel.set_title(f"N = {length}", fontsize=9)
+        figure.colorbar(image, ax=panels[0].tolist(), label=name)
+        figure.suptitle(f"{title}\n{name}" + (f" ({held})" if held else ""), fontsize=9)
+        figures[f"heatmap_{name}.png"] = figure
+    return figures
 
 
 def plot_sweep(directory, statistics, axes, *, title: str = "") -> list[Path]:
     """One figure per shape statistic of a sweep: ``heatmap_<name>.png`` or ``line_<name>.png``.
 
     `statistics` maps a name to an array over the grid ``(len(axes[0][1]), ...)``;
-    `axes` lists ``(axis name, tick values)``. Two or more axes: a heatmap over
-    the first two, the others held at their first value (said in the title);
-    one axis: a line plot. Each file is written to a temporary name and
-    renamed, so no half-written figure is left behind.
+    `axes` lists ``(axis name, tick values)``. See `sweep_figures` for what
+    each figure draws. Each file is written to a temporary name and renamed,
+    so no half-written figure is left behind.
     """
-    import os
-
     directory = Path(directory)
-    written = []
-    held = ", ".join(f"{name} = {values[0]}" for name, values in axes[2:])
-    for name, values in statistics.items():
-        values = np.asarray(values, dtype=np.float64)
-        values = values[(slice(None),) * min(2, values.ndim) + (0,) * max(0, values.ndim - 2)]
-        figure, axes_ = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
-        if values.ndim == 0 or len(axes) == 0:
-            plt.close(figure)
-            continue
-        if values.ndim == 1:
-            (axis_name, ticks), = axes[:1]
-            axes_.plot(np.arange(len(ticks)), values, "o-", color="C0")
-            axes_.set_xticks(np.arange(len(ticks)), [_tick(t) for t in ticks], rotation=45)
-            axes_.set_xlabel(axis_name)
-            axes_.set_ylabel(name)
-            path = directory / f"line_{name}.png"
-        else:
-            (row_name, rows), (column_name, columns) = axes[:2]
-            image = axes_.imshow(values, origin="lower", aspect="auto", cmap="viridis")
-            axes_.set_yticks(np.arange(len(rows)), [_tick(t) for t in rows])
-            axes_.set_xticks(np.arange(len(columns)), [_tick(t) for t in columns], rotation=45)
-            axes_.set_ylabel(row_name)
-            axes_.set_xlabel(column_name)
-            figure.colorbar(image, ax=axes_, label=name)
-            path = directory / f"heatmap_{name}.png"
-        axes_.set_title(f"{title}\n{name}" + (f" ({held})" if held else ""), fontsize=9)
-        temporary = path.with_name(path.name + ".tmp")
-        figure.savefig(temporary, dpi=100, format="png")
-        plt.close(figure)
-        os.replace(temporary, path)
-        written.append(path)
-    return written
+    return [_save(figure, directory / name)
+            for name, figure in sweep_figures(statistics, axes, title=title).items()]
 
 
 def _tick(value) -> str:

@@ -38,6 +38,7 @@ profiles are gathered to every process (write files from process 0 only).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -48,24 +49,35 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from . import memory, metrics, schedules
 from ._checks import check_positive_int, is_concrete
 from .errors import ConfigError
-from .model import RolloutModel
+from .model import KernelRolloutModel, RolloutModel
 from .rollout import rollout_row
 
-__all__ = ["AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
+__all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
            "polynomial_coefficients"]
 
 AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
-        "head_weights", "temperature")
+        "head_weights", "temperature", "slopes", "exponents")
 """The fields a sweep axis may name. ``lambdas``: schedules (a number for a
 constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
 mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
 grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
-`RolloutModel.create` takes for that field."""
+`RolloutModel.create` takes for that field.
+
+A `KernelRolloutModel` sweeps the lambda axes over any kernel (a schedule
+over measured `DenseKernel`s, say) and, for a `PowerKernel`, ``slopes``,
+``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
+``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
+``head_weights`` (see `KERNEL_AXES`)."""
+
+KERNEL_AXES = {"PowerKernel": ("slopes", "exponents", "slope_scale", "diagonal_scores", "head_weights"),
+               "TableKernel": ("diagonal_scores", "head_weights"),
+               "DenseKernel": (), "AlibiKernel": ()}
+"""The kernel fields a `KernelRolloutModel` sweep may vary, by kernel type (besides the lambda axes)."""
 
 STATISTICS = metrics.Shape._fields
 """The shape statistics of every point in `SweepResult.table` (`jaxroll.metrics.Shape`)."""
@@ -142,6 +154,8 @@ def _reword(axis: str, index: int, error: ConfigError) -> ConfigError:
 
 def _scalar(axis: str, index: int, value) -> float:
     low, low_open = _SCALAR_AXES[axis]
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float() would take True and "0.2"
+        raise ConfigError(f"{axis}[{index}]: got {value!r:.60}; allowed: a number (not a boolean or a string)")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -179,8 +193,54 @@ def _schedule(model: RolloutModel, value) -> np.ndarray:
     return np.asarray(value)
 
 
+def _kernel_fields(kernel) -> dict[str, np.ndarray]:
+    """A kernel's array fields (the PyTree leaves), as float64 NumPy."""
+    return {field.name: np.asarray(getattr(kernel, field.name), np.float64) for field in dataclasses.fields(kernel)
+            if not field.metadata.get("static", False)}
+
+
+def _checked_kernel_axis(model: KernelRolloutModel, name: str, values: list) -> np.ndarray:
+    """A kernel axis' values, each checked by the kernel type's own `create`."""
+    kernel = model.kernel
+    allowed = KERNEL_AXES.get(type(kernel).__name__, ())
+    if name not in allowed and name not in _LAMBDA_AXES:
+        raise ConfigError(f"axis {name!r}: not a field of a {type(kernel).__name__} model; allowed: "
+                          + ", ".join(("lambdas", "lambda_0", "beta") + allowed))
+    if name in _SCALAR_AXES:
+        return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
+    if name == "lambdas":
+        stacked = []
+        for k, value in enumerate(values):
+            try:
+                if not is_concrete(value):
+                    raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+                stacked.append(np.asarray(KernelRolloutModel.create(
+                    kernel=kernel, lambdas=_schedule(model, value),
+                    sequence_length=model.sequence_length).lambdas, np.float64))
+            except ConfigError as error:
+                raise _reword(name, k, error) from None
+        return np.stack(stacked)
+    base = _kernel_fields(kernel)
+    stacked = []
+    for k, value in enumerate(values):
+        try:
+            if not is_concrete(value):
+                raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+            checked = type(kernel).create(num_layers=kernel.num_layers, num_heads=kernel.num_heads,
+                                          **{**base, name: value})
+        except ConfigError as error:
+            raise _reword(name, k, error) from None
+        stacked.append(np.asarray(getattr(checked, name), np.float64))
+    return np.stack(stacked)
+
+
 def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
     """The axis' values as stacked arrays, each checked as `RolloutModel.create` checks it."""
+    if isinstance(model, KernelRolloutModel):
+        return _checked_kernel_axis(model, name, values)
+    if name in ("slopes", "exponents"):
+        raise ConfigError(f"axis {name!r}: a PowerKernel field; allowed for a RolloutModel: "
+                          + ", ".join(a for a in AXES if a not in ("slopes", "exponents")))
     if name in _SCALAR_AXES:
         return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
     base = _base_fields(model)
@@ -200,18 +260,58 @@ def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
 
 
 def make_mesh(mesh=None) -> Mesh:
-    """The mesh of a sweep: None for every device (of every process), an int k
-    for the first k devices, or a `Mesh` (the batch axis is sharded over all
-    its axes)."""
+    """The mesh of a sweep, its axes `Auto`: the batch axis is sharded over all of them.
+
+    `mesh` is None (the mesh set with `jax.set_mesh` / `jax.sharding.use_mesh`
+    when there is one, else every device of every process), an int k (the
+    first k devices), or a `jax.sharding.Mesh` built any way, e.g.
+    ``jax.make_mesh((4,), ("batch",))``, whose axes are `Explicit` on current
+    JAX. A sweep needs only the mesh's devices and axis names: it returns a
+    mesh of the same devices and names with every axis type `Auto`, so
+    sharding constraints inside its compiled calls are legal whatever types
+    the user's mesh has (a profile's layout is not part of its value).
+    """
+    if mesh is None:
+        ambient = _ambient_mesh()
+        if ambient is not None:
+            return _auto(ambient)
     if isinstance(mesh, Mesh):
-        return mesh
+        return _auto(mesh)
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        raise ConfigError("mesh: got an AbstractMesh; allowed: a jax.sharding.Mesh (with devices), "
+                          "a device count or None")
     devices = jax.devices()
     if mesh is None:
-        return Mesh(np.array(devices), (_BATCH,))
+        return Mesh(np.array(devices), (_BATCH,), axis_types=(AxisType.Auto,))
     if isinstance(mesh, bool) or not isinstance(mesh, (int, np.integer)) or not 1 <= mesh <= len(devices):
         raise ConfigError(f"mesh: got {mesh!r}; allowed: 1 to {len(devices)} devices (the devices JAX sees) "
                           "or a jax.sharding.Mesh")
-    return Mesh(np.array(devices[: int(mesh)]), (_BATCH,))
+    return Mesh(np.array(devices[: int(mesh)]), (_BATCH,), axis_types=(AxisType.Auto,))
+
+
+def _auto(mesh: Mesh) -> Mesh:
+    """`mesh`'s devices and axis names, every axis `Auto`."""
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def _mesh_context(mesh: Mesh):
+    """Compute under the sweep's own (Auto) mesh, whatever mesh the caller has set:
+    an ambient Explicit mesh (``jax.set_mesh``) would otherwise have to match
+    every array's mesh."""
+    setter = getattr(jax, "set_mesh", None)
+    return setter(mesh) if setter is not None else contextlib.nullcontext()
+
+
+def _ambient_mesh() -> Mesh | None:
+    """The concrete mesh set by `jax.set_mesh` / `use_mesh`, or None."""
+    getter = getattr(jax.sharding, "get_mesh", None)
+    try:
+        ambient = getter() if getter is not None else None
+    except Exception:  # no mesh set (older JAX raise, newer return an empty mesh)
+        return None
+    if isinstance(ambient, Mesh) and not ambient.empty and ambient.devices.size:
+        return ambient
+    return None
 
 
 def _check_lengths(lengths) -> tuple[int, ...] | None:
@@ -253,7 +353,10 @@ def _points(sizes: list[int], names: list[str], zipped: bool) -> tuple[tuple[int
 
 def _equal_layers(model: RolloutModel) -> bool:
     """True when every layer has the same kernel (slopes, content, weights)."""
-    arrays = (model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
+    if isinstance(model, KernelRolloutModel):
+        arrays = tuple(_kernel_fields(model.kernel).values())
+    else:
+        arrays = (model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
     return all(np.all(np.asarray(x) == np.asarray(x)[:1]) for x in arrays)
 
 
@@ -262,13 +365,20 @@ def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
     rows = len(lengths) * n * itemsize
     if method == "krylov":
         return 3 * rows  # the product, its normalised copy, and the gathered copy on the host
+    if isinstance(base, KernelRolloutModel):
+        # Each start row runs the kernel's own product: the FFT path for relative kernels.
+        per_row = memory.model_influence_bytes(base, n, "auto", itemsize)
+        if type(base.kernel).__name__ == "DenseKernel":  # the shared (T, N, N) array is not per point
+            per_row = 3 * n * itemsize
+        return len(lengths) * per_row + rows
     # A vmapped layer step holds a few (head chunk, n) arrays per row (see jaxroll.structured).
     return rows * (6 * min(base.num_heads, 16) + 4)
 
 
 def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
-    if not isinstance(model, RolloutModel):
-        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel")
+    if not isinstance(model, (RolloutModel, KernelRolloutModel)):
+        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel or "
+                          "jaxroll.KernelRolloutModel")
     names = list(axes)
     values = {name: _axis_values(name, axes[name]) for name in names}
     if "lambdas" in values and values.keys() & {"lambda_0", "beta"}:
@@ -279,6 +389,12 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
                               "give a one-value list to hold it fixed")
     checked = {name: _checked_axis(model, name, values[name]) for name in names}
     lengths = _check_lengths(lengths)
+    if isinstance(model, KernelRolloutModel):
+        for n in lengths or (model.sequence_length,):
+            try:
+                model.kernel.check_length(n)
+            except ConfigError as error:
+                raise ConfigError(f"lengths: {n}: {str(error).partition(': ')[2]}") from None
     mesh = make_mesh(mesh)
     if batch_size is not None:
         batch_size = check_positive_int("batch_size", batch_size)
@@ -286,14 +402,28 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
     shape, indices = _points([len(values[n]) for n in names], names, zipped)
     count = int(np.prod(shape)) if shape else 1
     index = dict(builtins.zip(names, indices)) if names else {}
+    if isinstance(model, KernelRolloutModel):
+        # Only what varies is batched: a measured kernel (T, N, N) is not copied per point.
+        varied = {name for name in names if name not in _LAMBDA_AXES}
+        varied |= {"slopes"} if "slope_scale" in names else set()
+        base_leaves = {"lambdas": np.asarray(model.lambdas, np.float64)}
+        base_leaves |= {f"kernel.{field}": value for field, value in _kernel_fields(model.kernel).items()
+                        if field in varied}
+    else:
+        base_leaves = {field: value for field, value in _base_fields(model).items()
+                       if field in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores",
+                                    "head_weights", "temperature")}
     leaves = {field: np.broadcast_to(value, (count,) + np.shape(value)).copy()
-              for field, value in _base_fields(model).items()
-              if field in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores",
-                           "head_weights", "temperature")}
+              for field, value in base_leaves.items()}
     columns = {f"{name}_index": index[name] for name in names}
     for name in names:
         picked = checked[name][index[name]]
-        if name in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
+        if isinstance(model, KernelRolloutModel):
+            if name in ("slopes", "exponents", "diagonal_scores", "head_weights"):
+                leaves[f"kernel.{name}"] = picked
+            elif name == "lambdas":
+                leaves[name] = picked
+        elif name in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
             leaves[name] = picked
         if name in _SCALAR_AXES:
             columns[name] = picked
@@ -309,7 +439,8 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
         lambda_0, beta = columns["lambda_0"][:, None], columns["beta"][:, None]
         leaves["lambdas"] = np.clip(lambda_0 / (layers + 1.0) ** beta, 0.0, 1.0)
     if "slope_scale" in names:
-        leaves["alibi_slopes"] = leaves["alibi_slopes"] * columns["slope_scale"][:, None, None]
+        slopes = "kernel.slopes" if isinstance(model, KernelRolloutModel) else "alibi_slopes"
+        leaves[slopes] = leaves[slopes] * columns["slope_scale"][:, None, None]
     columns["total_mixing"] = leaves["lambdas"].sum(axis=1)
 
     # One point gains nothing from T + 1 Krylov rows over its own T products.
@@ -339,6 +470,26 @@ def _batched_model(base: RolloutModel, leaves: dict, n: int) -> RolloutModel:
     return RolloutModel(**leaves, mask=base.mask, window=base.window, sequence_length=n)
 
 
+def _point_model(base, leaves: dict, n: int):
+    """One point of a kernel-model sweep: `base` (replicated) with the point's `leaves` put in."""
+    fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name != "lambdas"}
+    return KernelRolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
+                              sequence_length=n)
+
+
+def _row(model, row):
+    """``row^T R_T ... R_1`` for either model type (`rollout_row` for a `RolloutModel`)."""
+    if isinstance(model, RolloutModel):
+        return rollout_row(model, row)
+
+    def apply_layer(vector, layer):
+        weight, kernel = layer
+        return (1.0 - weight) * vector + weight * kernel.row_times_kernel(vector), None
+
+    result, _ = jax.lax.scan(apply_layer, row, (model.lambdas, model.kernel), reverse=True)
+    return result
+
+
 def _one_hot_rows(starts, size: int, dtype):
     return jax.nn.one_hot(jnp.asarray(starts), size, dtype=dtype)
 
@@ -346,10 +497,31 @@ def _one_hot_rows(starts, size: int, dtype):
 def _assemble(parts, groups, n_max: int):
     """Pad each group's ``(..., l, size)`` to ``n_max`` and put the lengths back in order."""
     order = [position for _, _, positions in groups for position in positions]
+    # Row s of a causal rollout reads j <= s only: exact zeros beyond it, whatever
+    # round-off a product left there (the FFT of a relative kernel leaves ~1e-17).
+    parts = [jnp.where(np.arange(size)[None, :] <= np.asarray(starts)[:, None], part, 0.0)
+             for part, (size, starts, _) in builtins.zip(parts, groups)]
     padded = [jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(0, n_max - size)])
               for part, (size, _, _) in builtins.zip(parts, groups)]
     inverse = np.argsort(order)
     return jnp.concatenate(padded, axis=-2)[..., inverse, :]
+
+
+@functools.partial(jax.jit, static_argnames=("groups", "n_max", "sharding"))
+def _vmapped_kernel_profiles(base, leaves: dict, groups, n_max: int, sharding):
+    """`_vmapped_profiles` of a `KernelRolloutModel` sweep: `leaves` batched, `base` shared."""
+    parts = []
+    for size, starts, _ in groups:
+        rows = _one_hot_rows(starts, size, leaves["lambdas"].dtype)
+
+        def one_point(point, rows=rows):
+            model = _point_model(base, point, size)
+            return jax.lax.map(lambda row: _row(model, row), rows)
+
+        parts.append(jax.vmap(one_point)(leaves))
+    profiles = _assemble(parts, groups, n_max)
+    profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
+    return jax.lax.with_sharding_constraint(profiles, sharding)
 
 
 @functools.partial(jax.jit, static_argnames=("groups", "n_max", "sharding"))
@@ -383,7 +555,7 @@ def _krylov(layer: RolloutModel, groups, n_max: int, depth: int):
 
     def powers(row):
         def step(vector, _):
-            following = rollout_row(layer, vector)
+            following = _row(layer, vector)
             return following, following
 
         _, later = jax.lax.scan(step, row, None, length=depth)
@@ -464,7 +636,8 @@ class _Evaluator:
         self.n_max = max(plan.lengths)
         self.groups = _groups(plan.lengths, plan.base.mask)
         if plan.method == "krylov":
-            self.rows = self._krylov_rows()
+            with _mesh_context(plan.mesh):
+                self.rows = self._krylov_rows()
             self.coefficients = polynomial_coefficients(plan.leaves["lambdas"])
 
     def _krylov_rows(self):
@@ -489,12 +662,16 @@ class _Evaluator:
             return _combine(coefficients, self.rows, self.batch)
         leaves = {field: _global(value[take].astype(self.dtype), self.batch)
                   for field, value in plan.leaves.items()}
+        if isinstance(plan.base, KernelRolloutModel):
+            base = jax.tree.map(lambda x: _global(np.asarray(x, self.dtype), self.replicated), plan.base)
+            return _vmapped_kernel_profiles(base, leaves, self.groups, self.n_max, self.batch)
         batched = _batched_model(plan.base, leaves, self.n_max)
         return _vmapped_profiles(batched, self.groups, self.n_max, self.batch)
 
     def host_chunk(self, k: int) -> tuple[np.ndarray, NamedSharding]:
         """Chunk k gathered to the host: ``(batch_size, L, N_max)``, and its sharding."""
-        profiles = self.chunk(k)
+        with _mesh_context(self.plan.mesh):
+            profiles = self.chunk(k)
         return _gather(profiles), profiles.sharding
 
 
@@ -506,7 +683,10 @@ def _fingerprint(plan: _Plan) -> str:
     for field in sorted(plan.leaves):
         digest.update(field.encode())
         digest.update(np.ascontiguousarray(plan.leaves[field]).tobytes())
-    digest.update(repr((plan.lengths, plan.method, plan.batch_size, plan.base.mask, plan.base.window,
+    if isinstance(plan.base, KernelRolloutModel):  # the fixed kernel arrays are not in the leaves
+        for leaf in jax.tree.leaves(plan.base.kernel):
+            digest.update(np.ascontiguousarray(np.asarray(leaf, np.float64)).tobytes())
+    digest.update(repr((plan.lengths, plan.method, plan.batch_size, plan.base.mask, getattr(plan.base, "window", None),
                         str(jnp.result_type(float)))).encode())
     return digest.hexdigest()
 
@@ -601,7 +781,8 @@ def sweep(
     (arXiv 2602.16837).
 
     Args:
-        model: the base `RolloutModel`.
+        model: the base `RolloutModel`, or a `KernelRolloutModel` (lambda
+            axes over any kernel; kernel fields by `KERNEL_AXES`).
         lengths: sequence lengths to evaluate at every point (default: the
             model's ``sequence_length`` only), all in one compiled call:
             start rows ``e_{n-1}`` in power-of-two buckets (causal, sliding),
@@ -610,8 +791,11 @@ def sweep(
             their cartesian product.
         batch_size: points per compiled call (default: what fits
             `MEMORY_BUDGET`); rounded to a multiple of the mesh's devices.
-        mesh: None (every device), a device count, or a `jax.sharding.Mesh`;
-            the batch axis is sharded over all of its axes.
+        mesh: None (the mesh of ``jax.set_mesh`` if one is set, else every
+            device), a device count, or a `jax.sharding.Mesh` built any way
+            (``jax.make_mesh((k,), ("batch",))``, whose axes are `Explicit`
+            on current JAX; `Auto` axes; several axes); the batch axis is
+            sharded over all of its axes (see `make_mesh`).
         progress: a tqdm bar over chunks (process 0 only).
         checkpoint: a directory; every finished chunk is written there
             atomically and chunks already there (of the same sweep) are read

@@ -6,7 +6,7 @@ exactly what the notebooks compute and draw, with no second copy of their
 code. Figures over `MAX_BYTES` are refused rather than committed.
 
     jupytext --to ipynb --execute notebooks/NN_name.py   # after editing a notebook's source
-    python3 scripts/make_figures.py [--out docs/figures]
+    python3 scripts/make_figures.py [--out docs/figures] [--only profile forces]
 
 Run from a checkout with jaxroll installed (``pip install -e '.[test]'``).
 """
@@ -53,30 +53,42 @@ def tagged_png(notebook: nbformat.NotebookNode, name: str) -> bytes:
     raise SystemExit(f"figure {name}: no cell tagged figure:{name}")
 
 
-def rollout_figure() -> bytes:
-    """The ``profile.png`` that the README's main command (`jaxroll rollout`) writes."""
+def command_figure(arguments: list[str], name: str) -> bytes:
+    """The PNG `name` that ``jaxroll ARGUMENTS --out TMP`` writes."""
     import tempfile
 
     from jaxroll.cli import main as jaxroll_main
 
     with tempfile.TemporaryDirectory() as directory:
-        if jaxroll_main(["rollout", "--out", directory, "--force"]) != 0:
-            raise SystemExit("jaxroll rollout failed")
-        return (Path(directory) / "profile.png").read_bytes()
+        if jaxroll_main([*arguments, "--out", directory, "--force"]) != 0:
+            raise SystemExit(f"jaxroll {' '.join(arguments)} failed")
+        return (Path(directory) / name).read_bytes()
+
+
+# The figures the commands draw: name -> (command line, file it writes).
+COMMAND_FIGURES = {
+    "profile": (["rollout"], "profile.png"),  # the README's main command
+    "forces": (["forces"], "forces.png"),
+}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the PNG files")
+    parser.add_argument("--only", nargs="+", choices=sorted(FIGURES) + sorted(COMMAND_FIGURES), default=None,
+                        help="draw these figures only (default: all)")
     args = parser.parse_args(argv)
+    wanted = set(args.only or list(FIGURES) + list(COMMAND_FIGURES))
     figures = {}
-    for stem in dict.fromkeys(FIGURES.values()):
+    for stem in dict.fromkeys(owner for name, owner in FIGURES.items() if name in wanted):
         start = time.perf_counter()
         notebook = execute(NOTEBOOKS / f"{stem}.ipynb")
         print(f"executed {stem}.ipynb in {time.perf_counter() - start:.1f} s")
-        for name in (name for name, owner in FIGURES.items() if owner == stem):
+        for name in (name for name, owner in FIGURES.items() if owner == stem and name in wanted):
             figures[name] = tagged_png(notebook, name)
-    figures["profile"] = rollout_figure()
+    for name, (arguments, file_name) in COMMAND_FIGURES.items():
+        if name in wanted:
+            figures[name] = command_figure(arguments, file_name)
     too_big = [f"{name} ({len(png)} bytes)" for name, png in figures.items() if len(png) > MAX_BYTES]
     if too_big:  # checked before anything is written
         print(f"figures over {MAX_BYTES} bytes: {', '.join(too_big)}", file=sys.stderr)

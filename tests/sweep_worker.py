@@ -50,8 +50,42 @@ def devices(out):
             "mesh_axes": list(sharded.sharding.mesh.axis_names),
             "recompiled": {f: again[f] - compiled[f] for f in compiled},
         }
+    results["meshes"] = meshes()
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(results, handle)
+
+
+def meshes():
+    """Meshes built the standard ways (issue 19): each sweep's largest difference from one device, or its error."""
+    from jax.sharding import AxisType
+
+    builders = {
+        "make_mesh": lambda: jax.make_mesh((4,), ("batch",)),  # Explicit axes on current JAX
+        "make_mesh_auto": lambda: jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,)),
+        "make_mesh_2d": lambda: jax.make_mesh((2, 2), ("data", "model")),
+        "Mesh": lambda: Mesh(np.array(jax.devices()), ("x",)),
+    }
+    cases = [("vmap", content_model(), {"temperature": [0.5, 1.0, 2.0]}),
+             ("krylov", uniform_model(), {"lambda_0": [0.2, 0.9], "beta": [0.5, 1.5]})]
+    single = {kind: jaxroll.sweep(model, **axes, lengths=[7, 24], mesh=1, progress=False).profiles
+              for kind, model, axes in cases}
+    found = {}
+
+    def attempt(label, kind, model, axes, **options):
+        try:
+            result = jaxroll.sweep(model, **axes, lengths=[7, 24], progress=False, **options)
+            found[label] = {"difference": float(np.max(np.abs(result.profiles - single[kind]))),
+                            "devices": int(result.sharding.mesh.devices.size), "method": result.method}
+        except Exception as error:  # reported, not raised: the test names every failing mesh
+            found[label] = {"error": f"{type(error).__name__}: {error}"[:300]}
+
+    for name, build in builders.items():
+        for kind, model, axes in cases:
+            attempt(f"{name}/{kind}", kind, model, axes, mesh=build())
+    for kind, model, axes in cases:  # mesh=None under an ambient jax.set_mesh: that mesh
+        with jax.set_mesh(builders["make_mesh"]()):
+            attempt(f"set_mesh/{kind}", kind, model, axes)
+    return found
 
 
 def multihost(process_id, port, out):

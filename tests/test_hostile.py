@@ -4,6 +4,8 @@ Each refusal is one line naming the field and the value, exit status 2 from
 the command line, and nothing created.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,187 @@ def test_memory_estimates_scale_as_the_algorithms_do():
     assert memory.parse_size("8G") == 8 * 2**30 and memory.parse_size("512m") == 512 * 2**20
     assert memory.parse_size("1.5KiB") == 1536 and memory.parse_size("1000") == 1000
     assert 0 < memory.available_bytes()
+
+
+# ---------------------------------------------------------------- issue 19: the front door
+
+
+def refused(arguments, capsys, out=None) -> str:
+    """Run in-process; assert exit 2, one line on stderr, `out` not created; return the line."""
+    status = main([str(a) for a in arguments])
+    error = capsys.readouterr().err.strip()
+    assert status == 2 and len(error.splitlines()) == 1 and error.startswith("jaxroll: error: "), error
+    assert "Traceback" not in error
+    if out is not None:
+        assert not Path(out).exists()
+    return error
+
+
+@pytest.mark.parametrize("target, message", [
+    ("{file}/sub", "is a file, not a directory"),
+    ("{file}", "exists and is not a directory"),
+    ("/proc/nope", "cannot create it (/proc is not writable)"),
+    ("/proc/nope/deeper", "cannot create it (/proc is not writable)"),
+])
+@pytest.mark.parametrize("command", [["rollout", "--length", "8"], ["forces", "--length", "8"]])
+def test_out_targets_that_cannot_be_directories_are_one_line(command, target, message, tmp_path, capsys):
+    existing = tmp_path / "some_file.csv"
+    existing.write_text("token_position,probability\n0,1.0\n")
+    out = Path(target.format(file=existing))
+    error = refused(command + ["--out", out], capsys)
+    assert f"--out {out}" in error and message in error
+    assert existing.read_text() == "token_position,probability\n0,1.0\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["some_file.csv"]
+
+
+def test_out_in_an_unwritable_directory_is_one_line(tmp_path, capsys, monkeypatch):
+    import jaxroll.io
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    # Root may write anywhere, so the permission is simulated where it is asked.
+    monkeypatch.setattr(jaxroll.io.os, "access", lambda path, mode: Path(path) != locked)
+    error = refused(["rollout", "--length", "8", "--out", locked / "out"], capsys, locked / "out")
+    assert "is not writable" in error
+
+
+def test_broken_pipe_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    profile = tmp_path / "p.csv"
+    profile.write_text("token_position,probability\n" + "".join(f"{k},0.125\n" for k in range(8)))
+    process = subprocess.Popen([sys.executable, "-m", "jaxroll", "compare", str(profile), str(profile)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader is gone before the first line is written (as `| head -0`)
+    with process.stderr:
+        error = process.stderr.read().decode()
+    status = process.wait(timeout=120)
+    assert status == 1 and error == "", error  # Python's documented SIGPIPE convention
+
+
+def test_broken_pipe_in_process(tmp_path, monkeypatch):
+    import sys
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    profile = tmp_path / "p.csv"
+    profile.write_text("token_position,probability\n0,1.0\n")
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["compare", str(profile), str(profile)]) == 1
+
+
+@pytest.mark.parametrize("loader", ["C", "Python"])
+@pytest.mark.parametrize("text", [
+    "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "".join(" " * i + "k:\n" for i in range(5000)),
+    "sequence_length: 8\nnum_layers: 1\nattention_config: {num_heads: 1, alibi_slopes: "
+    + "[" * 5000 + "0.5" + "]" * 5000 + "}\nlambda_schedule_config: {schedule_type: constant, lambda_const: 0.5}\n",
+])
+def test_yaml_nested_5000_levels_is_one_line(text, loader, tmp_path, capsys, monkeypatch):
+    import yaml
+
+    import jaxroll.io
+
+    if loader == "Python":  # the pure-Python parser recurses once per level
+        monkeypatch.setattr(jaxroll.io, "_LOADER", yaml.SafeLoader)
+    config = tmp_path / "deep.yaml"
+    config.write_text(text)
+    refused(["rollout", config, "--out", tmp_path / "out"], capsys, tmp_path / "out")
+
+
+def test_ragged_alibi_slopes_name_the_field():
+    message = one_line_error(lambda: jaxroll.RolloutModel.create(
+        num_layers=2, num_heads=2, lambdas=0.5, alibi_slopes=[[0.5], [0.5, 0.25]]))
+    assert message.startswith("alibi_slopes: got ragged lists (lists of lengths [1, 2]")
+
+
+TYPED = ("sequence_length: 8\nnum_layers: 2\nattention_config: {{num_heads: 1, alibi_slopes: {slopes}, "
+         "softmax_temperature: {temperature}}}\nlambda_schedule_config: {{schedule_type: constant, "
+         "lambda_const: {lambda_const}}}\n")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"lambda_const": "true"}, "lambda_schedule_config.lambda_const: got a boolean (True)"),
+    ({"temperature": "true"}, "attention_config.softmax_temperature: got a boolean (True)"),
+    ({"slopes": "[[true]]"}, "attention_config.alibi_slopes: got a boolean (True)"),
+    ({"slopes": "[[0.5, false]]"}, "attention_config.alibi_slopes: got a boolean (False)"),
+    ({"lambda_const": '"0.2"'}, "lambda_schedule_config.lambda_const: got a quoted number ('0.2'"),
+    ({"temperature": "'2'"}, "attention_config.softmax_temperature: got a quoted number ('2'"),
+    ({"slopes": '[["0.5"]]'}, "attention_config.alibi_slopes: got a quoted number ('0.5'"),
+    ({"slopes": "[[0.5], [0.5, 0.25]]"}, "attention_config.alibi_slopes: inner lists have lengths [1, 2]"),
+])
+def test_booleans_and_quoted_numbers_are_errors_naming_the_field(fields, message, tmp_path):
+    values = {"slopes": "[[0.5]]", "temperature": "1.0", "lambda_const": "0.5"} | fields
+    path = tmp_path / "typed.yaml"
+    path.write_text(TYPED.format(**values))
+    assert one_line_error(lambda: jaxroll.load_config(path)) .startswith(f"{path}: {message}")
+
+
+def test_compare_of_one_position_profiles_prints_no_nan_or_inf(tmp_path, capsys):
+    profile = tmp_path / "one.csv"
+    profile.write_text("token_position,probability\n0,1.0\n")
+    assert main(["compare", str(profile), str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "inf" not in out.lower()
+    assert "spearman               undefined (A and B constant" in out
+    assert "u_index                     undefined      undefined (no middle: N = 1 <= 2k, k = 1 edge position)" in out
+
+
+def test_profiles_with_a_utf8_byte_order_mark_are_read(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbftoken_position,probability\r\n0,0.25\r\n1,0.75\r\n")
+    np.testing.assert_array_equal(jaxroll.read_profile(path), [0.25, 0.75])
+
+
+def test_usage_errors_have_one_prefix(capsys):
+    error = refused(["rollout", "--length", "x"], capsys)
+    assert error == "jaxroll: error: rollout: argument --length: 'x' is not an integer"
+
+
+def test_every_command_defaults_to_its_own_out_folder():
+    from jaxroll.cli import _build_parser
+
+    parser = _build_parser()
+    for command in ("rollout", "forces", "fit", "fit-kernel", "sweep"):
+        extra = {"fit": ["c.yaml", "p.csv"], "fit-kernel": ["k.npz"], "sweep": ["s.yaml"]}.get(command, [])
+        arguments = parser.parse_args([command, *extra])
+        assert arguments.out == Path("results") / command
+    assert parser.parse_args(["rollout", "--out", "results"]).out == Path("results")  # the README's command
+
+
+@pytest.mark.parametrize("width", [40, 57, 80, 123])
+def test_help_never_breaks_a_word(width, monkeypatch):
+    import re
+
+    from jaxroll.cli import _build_parser
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    parser = _build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        text = command.format_help()
+        joined = re.sub(r"\s+", " ", text)
+        sources = [command.description or ""] + [action.help or "" for action in command._actions]
+        for word in {w for source in sources for w in re.findall(r"[A-Za-z_]{8,}", source)}:
+            if "%" not in word:
+                assert word in joined, (name, word)
+
+
+def test_presets_help_names_both_lists(capsys):
+    from jaxroll.cli import _build_parser
+
+    commands = _build_parser()._subparsers._group_actions[0].choices
+    text = commands["presets"].format_help()
+    assert "presets" in text and "published" in text
+
+
+def test_length_one_summary_is_grammatical(tmp_path, capsys):
+    assert main(["rollout", "--length", "1", "--out", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr().out
+    assert "(1 position each)" in out and "(1 positions each)" not in out

@@ -193,3 +193,122 @@ def test_profiles_read_as_valid_arrays_or_one_line(data):
             return
         assert profile.ndim == 1 and profile.size >= 1
         assert np.all(np.isfinite(profile)) and np.all(profile >= 0)
+
+
+# ---------------------------------------------------------------- issue 19: types, nesting, file-system targets
+
+NUMERIC_KEYS = {"sequence_length", "num_layers", "num_heads", "window_size", "alibi_slopes", "head_weights",
+                "softmax_temperature", "diagonal_scores", "base_scores", "lambda_const", "lambda_0", "beta",
+                "lambdas_custom"}
+NESTED_KEYS = {"alibi_slopes", "head_weights", "diagonal_scores", "base_scores"}
+
+
+def _numeric_paths(config: dict) -> list[tuple[str, ...]]:
+    return [path for path in _paths(config) if path[-1] in NUMERIC_KEYS
+            and not (path[-1] == "window_size" and config["mask_config"]["mask_type"] != "sliding_window")]
+
+
+def _set(config: dict, path, value) -> None:
+    holder = config
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+
+
+def _get(config: dict, path):
+    for key in path:
+        config = config[key]
+    return config
+
+
+@st.composite
+def mistyped_configs(draw):
+    """A valid configuration with one numeric field made a boolean, a quoted number, a ragged
+    list or a deeper nesting: ``(text, field)``; every one of them must be refused naming the field."""
+    config = draw(valid_configs())
+    path = draw(st.sampled_from(_numeric_paths(config)))
+    value = _get(config, path)
+    how = draw(st.sampled_from(["boolean", "quoted", "boolean inside", "quoted inside", "ragged", "deeper"]))
+    if how in ("boolean inside", "quoted inside", "ragged") and not isinstance(value, list):
+        how = "boolean"
+    if how == "boolean":
+        value = draw(st.booleans())
+    elif how == "quoted":
+        value = str(draw(st.one_of(st.floats(0.01, 1), st.integers(1, 4))))
+    elif how in ("boolean inside", "quoted inside"):
+        flat = value if not isinstance(value[0], list) else value[draw(st.integers(0, len(value) - 1))]
+        k = draw(st.integers(0, len(flat) - 1))
+        flat[k] = draw(st.booleans()) if how == "boolean inside" else repr(float(flat[k]))
+    elif how == "ragged":
+        row = value[0] if isinstance(value[0], list) else value
+        value = [row, row + [0.5]] if isinstance(value[0], list) else [row, 0.5]
+    else:
+        depth = draw(st.integers(1, 200))
+        for _ in range(depth if path[-1] in NESTED_KEYS else max(depth, 1)):
+            value = [value]
+        if path[-1] == "lambdas_custom" and depth == 1 and len(_get(config, path)) == 1:
+            value = [value, value]  # [[x]] would be 2-D anyway; keep it ragged-free but 2-D
+    if how not in ("boolean inside", "quoted inside"):
+        _set(config, path, value)
+    return yaml.safe_dump(config, sort_keys=False), path[-1], how
+
+
+@SETTINGS
+@given(mistyped_configs())
+def test_booleans_quoted_numbers_ragged_and_deeper_lists_are_refused_naming_the_field(case):
+    text, field, how = case
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "config.yaml"
+        path.write_text(text)
+        try:
+            model = jaxroll.load_config(path)
+        except ConfigError as error:
+            _check_message(error)
+            assert field in str(error), (how, str(error))
+            return
+        raise AssertionError(f"{how} in {field} loaded silently: {model}")
+
+
+SMALL_CONFIG = ("sequence_length: 4\nnum_layers: 1\nattention_config: {num_heads: 1, alibi_slopes: [[0.5]]}\n"
+                "lambda_schedule_config: {schedule_type: constant, lambda_const: 0.5}\n")
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@st.composite
+def file_system_targets(draw):
+    """Where CONFIG and --out point: files, directories, missing paths, paths through files, /proc."""
+    config = draw(st.sampled_from(["config.yaml", "missing.yaml", "folder", "file.csv/config.yaml"]))
+    out = draw(st.sampled_from(["new", "new/deeper", "file.csv", "file.csv/sub", "file.csv/sub/deeper",
+                                "folder", "empty", "/proc/jaxroll-nope", "/proc/self/nope", "config.yaml"]))
+    return config, out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(file_system_targets())
+def test_file_system_targets_write_or_refuse_in_one_line_changing_nothing(targets):
+    import contextlib
+    import io
+
+    config, out = targets
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        (root / "config.yaml").write_text(SMALL_CONFIG)
+        (root / "file.csv").write_text("token_position,probability\n0,1.0\n")
+        (root / "folder").mkdir()
+        (root / "folder" / "mine.txt").write_text("keep")
+        (root / "empty").mkdir()
+        before = _tree(root)
+        out_path = Path(out) if out.startswith("/") else root / out
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            status = main(["rollout", str(root / config), "--out", str(out_path)])
+        message = stderr.getvalue().strip()
+        if status == 0:
+            assert config == "config.yaml" and (out_path / "profile.csv").is_file()
+            _check_profile(jaxroll.read_profile(out_path / "profile.csv"))
+        else:
+            assert status == 2 and len(message.splitlines()) == 1 and message.startswith("jaxroll: error: ")
+            assert _tree(root) == before, message  # nothing created, nothing changed

@@ -82,7 +82,7 @@ def test_create_broadcasts_like_the_schema():
     ({"lambdas": 0.5, "head_weights": [0.0, 0.0]}, "all-zero"),
     ({"lambdas": 0.5, "diagonal_scores": [1.0, 2.0, 3.0]}, r"inner list length 3.*num_heads \(2\)"),
     ({"lambdas": 0.5, "sequence_length": 0}, "sequence_length"),
-    ({"lambdas": "half"}, "lambdas: expected numbers"),
+    ({"lambdas": "half"}, r"lambdas: got a string \(.half.\); allowed: numbers"),
 ])
 def test_create_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message) as error:

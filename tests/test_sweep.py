@@ -234,6 +234,14 @@ def test_sharded_equals_unsharded_on_four_fake_devices(tmp_path):
         assert result["mesh_devices"] == 4 and result["mesh_axes"] == ["batch"]
         assert result["spec_is_batch"] and result["equivalent"]
         assert all(count == 0 for count in result["recompiled"].values()), result["recompiled"]
+    # Meshes built the standard ways: jax.make_mesh (Explicit axes), Auto axes, two axes, a plain
+    # Mesh, and an ambient jax.set_mesh; each sweep equals the one-device sweep.
+    meshes = results["meshes"]
+    assert len(meshes) == 10
+    for label, found in meshes.items():
+        assert "error" not in found, (label, found)
+        assert found["devices"] == 4 and found["difference"] <= TOLERANCE, (label, found)
+        assert found["method"] == label.split("/")[1]
 
 
 def _free_port() -> int:
@@ -342,9 +350,12 @@ def test_interrupted_sweep_resumes_from_the_last_finished_chunk(tmp_path, capsys
     monkeypatch.setattr(sweep_module._Evaluator, "host_chunk", interrupted)
     out = tmp_path / "out"
     status, output = run(["sweep", spec, "--out", out], capsys)
-    assert status == 2 and "--resume" in output.err
+    assert status == 130 and "--resume" in output.err and output.err.startswith("jaxroll: interrupted: ")
     assert sorted(p.name for p in (out / ".partial").iterdir()) == ["chunk_000000.npy", "fingerprint.txt"]
     assert not (out / "sweep.csv").exists()
+    # Rerun without --resume: told to resume (not to --force, which discards the finished chunks).
+    status, output = run(["sweep", spec, "--out", out], capsys)
+    assert status == 2 and "pass --resume to continue it" in output.err
     calls.clear()
     monkeypatch.setattr(sweep_module._Evaluator, "host_chunk",
                         lambda self, k: (calls.append(k), original(self, k))[1])
@@ -387,3 +398,122 @@ def test_config_base_relative_to_the_spec_and_one_axis_line_plots(tmp_path, caps
     np.testing.assert_array_equal(saved["axis_temperature"], [0.5, 1.0, 2.0])
     expected_profiles = jaxroll.sweep(model, temperature=[0.5, 1.0, 2.0], progress=False).profiles
     np.testing.assert_allclose(saved["profiles"], expected_profiles, rtol=0, atol=TOLERANCE)
+
+
+# ---------------------------------------------------------------- kernel models (issue 19)
+
+
+def numpy_relative_profile(lambdas, scores, weights, n):
+    """NumPy float64 oracle of a relative-position rollout: ``scores (T, H, n)`` = f_h(k), k = 0..n-1."""
+    row = np.zeros(n)
+    row[-1] = 1.0
+    for t in reversed(range(len(lambdas))):
+        kernel = np.zeros((n, n))
+        w = weights[t] / weights[t].sum()
+        for h in range(len(w)):
+            for i in range(n):
+                logits = scores[t, h, i - np.arange(i + 1)]
+                e = np.exp(logits - logits.max())
+                kernel[i, : i + 1] += w[h] * e / e.sum()
+        row = (1 - lambdas[t]) * row + lambdas[t] * row @ kernel
+    return row / row.sum()
+
+
+def power_scores(slopes, exponents, diagonal, n):
+    k = np.arange(n, dtype=np.float64)
+    scores = -slopes[..., None] * np.maximum(k, 1.0) ** exponents[..., None]
+    scores[..., 0] = diagonal
+    return scores
+
+
+def test_power_kernel_sweep_over_slopes_and_exponents_matches_numpy():
+    from jaxroll.kernel_types import PowerKernel
+
+    diagonal = np.array([[0.3, -0.2]] * 3)
+    kernel = PowerKernel.create(num_layers=3, num_heads=2, slopes=[0.5, 0.1], exponents=1.0, diagonal_scores=diagonal)
+    model = jaxroll.KernelRolloutModel.create(kernel=kernel, lambdas=[0.3, 0.5, 0.7], sequence_length=12)
+    slopes, exponents = [0.2, [[1.0, 0.05]]], [0.5, [[1.0, 0.7]]]
+    result = jaxroll.sweep(model, slopes=slopes, exponents=exponents, lengths=[5, 12], progress=False)
+    assert result.method == "vmap" and result.profiles.shape == (2, 2, 2, 12)
+    weights = np.full((3, 2), 0.5)
+    for i, s in enumerate(slopes):
+        for j, e in enumerate(exponents):
+            s_array = np.broadcast_to(np.asarray(s, np.float64), (3, 2))
+            e_array = np.broadcast_to(np.asarray(e, np.float64), (3, 2))
+            for position, n in enumerate((5, 12)):
+                want = numpy_relative_profile([0.3, 0.5, 0.7], power_scores(s_array, e_array, diagonal, n), weights, n)
+                np.testing.assert_allclose(result.profiles[i, j, position, :n], want, atol=TOLERANCE, rtol=0)
+                assert np.all(result.profiles[i, j, position, n:] == 0.0)
+    scaled = jaxroll.sweep(model, slope_scale=[0.0, 2.0], progress=False)
+    want = numpy_relative_profile([0.3, 0.5, 0.7], power_scores(np.full((3, 2), [1.0, 0.2]), np.ones((3, 2)),
+                                                               diagonal, 12), weights, 12)
+    np.testing.assert_allclose(scaled.profiles[1], want, atol=TOLERANCE, rtol=0)
+
+
+def test_schedule_sweep_over_measured_dense_kernels_matches_numpy():
+    from jaxroll.kernel_types import DenseKernel
+
+    rng = np.random.default_rng(3)
+    layers = [np.tril(rng.random((10, 10))) for _ in range(2)]
+    layers = [a / a.sum(axis=1, keepdims=True) for a in layers]
+    for stacked, method in ((np.stack([layers[0]] * 3), "krylov"), (np.stack(layers + layers[:1]), "vmap")):
+        model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(stacked), lambdas=0.5)
+        result = jaxroll.sweep(model, lambda_0=[0.3, 0.9], beta=[0.5, 2.0], progress=False)
+        assert result.method == method
+        for i, lambda_0 in enumerate([0.3, 0.9]):
+            for j, beta in enumerate([0.5, 2.0]):
+                row = np.eye(10)[-1]
+                lambdas = power_decay(lambda_0, beta, 3)
+                for t in reversed(range(3)):
+                    row = (1 - lambdas[t]) * row + lambdas[t] * row @ stacked[t]
+                np.testing.assert_allclose(result.profiles[i, j], row / row.sum(), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("axes, message", [
+    ({"slopes": [1.0]}, "axis 'slopes': not a field of a DenseKernel model"),
+    ({"temperature": [1.0]}, "axis 'temperature': not a field of a DenseKernel model"),
+])
+def test_kernel_sweep_refuses_fields_the_kernel_lacks(axes, message):
+    from jaxroll.kernel_types import DenseKernel
+
+    model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(np.eye(4)[None]), lambdas=0.5)
+    with pytest.raises(jaxroll.ConfigError, match=message):
+        jaxroll.sweep(model, **axes, progress=False)
+
+
+def test_memory_estimate_counts_the_fft_path():
+    from jaxroll import memory
+    from jaxroll.kernel_types import PowerKernel
+
+    # n = 5: L = 2^ceil(log2(9)) = 16; H (6 n + 3 L) + 128 n elements.
+    assert memory.influence_bytes(5, 2, "fft", 8) == (2 * (30 + 48) + 640) * 8
+    model = jaxroll.KernelRolloutModel.create(
+        kernel=PowerKernel.create(num_layers=2, num_heads=3, slopes=0.5), lambdas=0.5, sequence_length=64)
+    assert memory.model_influence_bytes(model, 64) == memory.influence_bytes(64, 3, "fft")
+    assert memory.model_influence_bytes(model, 64) > memory.influence_bytes(64, 3, "structured")
+    per_point = sweep_module._per_point_bytes("vmap", model, (64,), 64)
+    assert per_point >= memory.influence_bytes(64, 3, "fft", 8)
+
+
+def test_ctrl_c_exits_130_and_names_resume(tmp_path):
+    """A real SIGINT to a running ``jaxroll sweep``: exit 130, one line naming --resume, chunks kept."""
+    import signal
+    import time
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {preset: mpt-7b, sequence_length: 64}\n"
+                    f"axes: {{temperature: {[0.5 + 0.05 * k for k in range(40)]}}}\nbatch_size: 1\n")
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "jaxroll", "sweep", str(spec), "--out", str(out)],
+                               env=_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = out / ".partial" / "chunk_000000.npy"
+    deadline = time.monotonic() + 240
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    with process.stderr:
+        error = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 130, error
+    last = [line for line in error.splitlines() if line.startswith("jaxroll")]
+    assert last == [line for line in last if line.startswith("jaxroll: interrupted: sweep:")] and len(last) == 1, error
+    assert "--resume" in last[0] and first.exists() and not (out / "sweep.csv").exists()

@@ -6,6 +6,7 @@ and exit status 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import version
 
@@ -28,12 +29,41 @@ def _build_parser():
 
 
 def main(argv=None) -> int:
-    """Run ``jaxroll ARGV``; return the exit status (0, or 2 after a one-line error on stderr)."""
+    """Run ``jaxroll ARGV``; return the exit status.
+
+    0 on success; 2 after a one-line ``jaxroll: error: ...`` (bad input,
+    nothing created); 130 after Ctrl-C (SIGINT), with one line saying what
+    was kept (a command may raise ``KeyboardInterrupt(message)`` to name
+    ``--resume``); 1, silently, when the reader of stdout went away
+    (``jaxroll compare A B | head -3``), as Python's documentation on
+    SIGPIPE recommends.
+    """
     parser = _build_parser()
     try:
         arguments = parser.parse_args(argv)
         arguments.run(arguments)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler
     except ConfigError as error:
         print(f"jaxroll: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:
+        detail = str(interrupt)
+        print(f"jaxroll: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+    except RecursionError:
+        print("jaxroll: error: input nested too deeply to read", file=sys.stderr)
+        return 2
     return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush raises nothing more
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured)
+        pass

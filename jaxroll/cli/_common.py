@@ -3,16 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import re
+import textwrap
 from pathlib import Path
 
 from ..errors import ConfigError
 
 
+class _Wrapper(textwrap.TextWrapper):
+    """Wraps at spaces and after commas, never inside a word: ``lambdas,diagonal_scores``
+    may break after its comma, never as ``diagonal_s cores``."""
+
+    def _split(self, text):
+        return re.findall(r"\s+|[^\s,]+,?|,", text)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter without broken words (see `_Wrapper`)."""
+
+    def _wrapper(self, width, **options):
+        return _Wrapper(width=max(width, 20), break_long_words=False, break_on_hyphens=False, **options)
+
+    def _split_lines(self, text, width):
+        return self._wrapper(width).wrap(self._whitespace_matcher.sub(" ", text).strip())
+
+    def _fill_text(self, text, width, indent):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return self._wrapper(width, initial_indent=indent, subsequent_indent=indent).fill(text)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit status 2."""
+    """argparse, but a usage error is one line and exit status 2, and help never breaks a word."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
-        raise ConfigError(f"{self.prog}: {message}")
+        # "jaxroll: error: rollout: ...", not "jaxroll: error: jaxroll rollout: ..."
+        command = self.prog.partition(" ")[2]
+        raise ConfigError(f"{command}: {message}" if command else message)
 
 
 def positive_int(text: str) -> int:
@@ -36,8 +66,14 @@ def non_negative_int(text: str) -> int:
 
 
 def add_output_arguments(parser) -> None:
-    """``--out DIR`` (default results), ``--force`` and ``--float64``, as every writing command has them."""
-    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
+    """``--out DIR`` (default ``results/<command>``), ``--force`` and ``--float64``.
+
+    A folder per command, so that ``jaxroll rollout`` then ``jaxroll forces``
+    never meet in one directory (nor mix their files under ``--force``).
+    """
+    command = parser.prog.partition(" ")[2] or parser.prog
+    default = Path("results") / command
+    parser.add_argument("--out", type=Path, default=default, help=f"output directory (default {default})")
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
     parser.add_argument("--float64", action="store_true", help="compute in float64")
 
@@ -105,7 +141,7 @@ def check_memory(model, arguments) -> None:
     limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
     method = getattr(arguments, "method", "auto")
     itemsize = 8 if arguments.float64 else 4
-    needed = memory.influence_bytes(model.sequence_length, model.num_heads, method, itemsize)
+    needed = memory.model_influence_bytes(model, model.sequence_length, method, itemsize)
     memory.check_fits(needed, f"{arguments.command}: N = {model.sequence_length}", limit)
 
 

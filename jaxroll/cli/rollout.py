@@ -19,8 +19,10 @@ def add_parser(commands) -> None:
                          help="how to multiply by the kernels (default auto)")
     rollout.set_defaults(run=_run_rollout)
 
-    listing = commands.add_parser("presets", help="list the built-in presets",
-                                  description="List the built-in model geometries.")
+    listing = commands.add_parser("presets", help="list the presets and the published configurations",
+                                  description="List the built-in presets (model geometries with a fitted "
+                                              "power-decay schedule, --preset NAME) and the published "
+                                              "measured configurations (--published NAME).")
     listing.set_defaults(run=_run_presets)
 
 
@@ -50,6 +52,7 @@ def _run_rollout(arguments) -> None:
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
     plot.plot_profile(out / "profile.png", profile, attention_only,
+                      attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
                       title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
     _print_summary(model, profile, float(mass), source, out)
 

@@ -182,6 +182,9 @@ def run(arguments) -> None:
         if arguments.force:
             raise ConfigError("--resume: give --resume or --force, not both")
     elif main_process:
+        if (partial / "fingerprint.txt").is_file() and not arguments.force:
+            raise ConfigError(f"--out {out}: holds an interrupted sweep; pass --resume to continue it "
+                              "(or --force to discard its finished chunks and start over)")
         io.prepare_output_dir(out, force=arguments.force)
         if partial.exists():
             shutil.rmtree(partial)  # --force: a fresh sweep, not a resumed one
@@ -190,7 +193,9 @@ def run(arguments) -> None:
                                 batch_size=options["batch_size"], mesh=options["mesh"],
                                 progress=True, checkpoint=partial)
     except KeyboardInterrupt:
-        raise ConfigError(f"sweep: interrupted; the finished chunks are in {partial}, rerun with --resume") from None
+        # main() prints this line and exits 130 (an interrupt, not bad input).
+        raise KeyboardInterrupt(f"sweep: the finished chunks are in {partial}; rerun the same command "
+                                "with --resume to continue") from None
     if not main_process:
         return
     written = ["sweep.csv"]

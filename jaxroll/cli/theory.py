@@ -35,6 +35,8 @@ def add_parser(commands) -> None:
 
 
 def _run_compare(arguments) -> None:
+    import numpy as np
+
     from .. import io, metrics
 
     if not 0 < arguments.fraction < 0.5:
@@ -47,14 +49,37 @@ def _run_compare(arguments) -> None:
         field, _, rest = str(error).partition(":")
         name = {"p": arguments.first, "q": arguments.second}.get(field, field)
         raise ConfigError(f"{name}:{rest}") from None
+    k = metrics.edge_count(p.size, arguments.fraction)
     print(f"jaxroll compare: A = {arguments.first}, B = {arguments.second}, N = {p.size}")
+    constant = [name for name, x in (("A", p), ("B", q)) if np.all(x == x[0])]
     for field in ("wasserstein", "spearman", "kl", "js", "total_variation"):
         label = {"kl": "kl(A || B)", "wasserstein": "wasserstein W1/(N-1)"}.get(field, field)
-        print(f"  {label:22} {getattr(result, field):.9g}")
+        value, note = getattr(result, field), ""
+        if field == "spearman" and constant:
+            value, note = "undefined", f"({' and '.join(constant)} constant: ranks without spread)"
+        elif field == "kl" and value == np.inf:
+            note = "(B is 0 where A is not)"
+        elif field == "wasserstein" and p.size == 1:
+            note = "(one position: no distance to travel)"
+        print(f"  {label:22} {_cell(value, 9)} {note}".rstrip())
     print(f"  {'':22} {'A':>14} {'B':>14}")
     for field in metrics.Shape._fields:
         a, b = getattr(result.p, field), getattr(result.q, field)
-        print(f"  {field:22} {a:14.6g} {b:14.6g}")
+        note = ""
+        if field == "u_index" and p.size <= 2 * k:
+            a = b = "undefined"
+            note = f"(no middle: N = {p.size} <= 2k, k = {k} edge position{'s' if k > 1 else ''})"
+        elif field == "u_index" and np.inf in (a, b):
+            note = "(inf: the middle holds no mass)"
+        elif field == "center_of_mass" and p.size == 1:
+            note = "(one position: defined as 0)"
+        print(f"  {field:22} {_cell(a, 6, 14)} {_cell(b, 6, 14)} {note}".rstrip())
+
+
+def _cell(value, digits: int, width: int = 0) -> str:
+    """A number with `digits` significant digits, or a word, right-aligned to `width`."""
+    text = value if isinstance(value, str) else f"{value:.{digits}g}"
+    return f"{text:>{width}}"
 
 
 def _run_forces(arguments) -> None:
