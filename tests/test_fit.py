@@ -358,7 +358,8 @@ def test_fitted_model_is_numpy_float64_and_round_trips(tmp_path):
     assert result.restart_losses.shape == (3,)
     assert result.final_loss == pytest.approx(result.restart_losses.min(), rel=1e-9)
     assert result.final_loss <= result.initial_loss
-    assert result.losses.shape == (20,) and np.all(np.isfinite(result.losses))
+    assert 1 <= result.steps <= 20 and result.max_steps == 20 and result.optimizer == "adam"
+    assert result.losses.shape == (result.steps + 1,) and np.all(np.isfinite(result.losses))
     assert result.losses[0] == pytest.approx(result.initial_loss, rel=1e-9) or \
         result.restart_losses.argmin() != 0
 
