@@ -67,7 +67,8 @@ def compare_variants(
         model=attention_only, profile=np.asarray(profile, dtype=np.float64),
         losses=np.zeros(0), initial_loss=value, final_loss=value,
         metrics=_compare(profile, jnp.asarray(checked)), steps=0,
-        restart_losses=np.array([value]), schedule_parameters={})}
+        restart_losses=np.array([value]), schedule_parameters={}, converged=True,
+        stop_reason="evaluated, not fitted (lambda = 1 by definition)")}
     no_content = dataclasses.replace(model, diagonal_scores=np.zeros((model.num_layers, model.num_heads)))
     results["no_content"] = fit(no_content, checked, fit=("lambdas",), schedule=schedule, **common)
     results["content"] = fit(model, checked, fit=("lambdas", "diagonal_scores"), schedule=schedule,
