@@ -241,7 +241,7 @@ def _numpy_loss(raw, model, target, schedule, content):
     u = raw["lambdas"]
     arrays["lambdas"] = {"free": lambda: _sigmoid(u),
                          "constant": lambda: np.full(T, _sigmoid(u)),
-                         "power_decay": lambda: _sigmoid(u[0]) / (t + 1) ** _softplus(u[1])}[schedule]()
+                         "power_decay": lambda: _sigmoid(u[0]) / (t + 1) ** u[1] ** 2}[schedule]()
     arrays["diagonal"] = np.broadcast_to(raw["diagonal_scores"], (T, H))
     arrays["slopes"] = _softplus(raw["alibi_slopes"])
     arrays["weights"] = _softmax(raw["head_weights"])
@@ -534,7 +534,7 @@ def test_identifiability_report_matches_finite_differences():
     """Power decay and temperature (three parameters) on a small model: the
     report's Jacobian, singular values, directions and uncertainties against a
     central-difference Jacobian of the NumPy oracle in the same unconstrained
-    coordinates (logit lambda_0, softplus^-1 beta, softplus^-1 tau), at a
+    coordinates (logit lambda_0, sqrt beta, softplus^-1 tau), at a
     model whose profile differs from the target (so rho is the residual).
     Then a fit reports the same thing at its solution.
 
@@ -554,11 +554,11 @@ def test_identifiability_report_matches_finite_differences():
     report = identifiability(model, target, fit="lambdas,temperature", schedule="power_decay")
     assert report.names == ("lambda_0", "beta", "temperature")
 
-    u = np.array([np.log(0.6 / 0.4), np.log(np.expm1(0.8)), np.log(np.expm1(0.8))])
+    u = np.array([np.log(0.6 / 0.4), np.sqrt(0.8), np.log(np.expm1(0.8))])
 
     def profile_of(u):
         arrays = arrays_of(model)
-        arrays["lambdas"] = _sigmoid(u[0]) / (t + 1.0) ** _softplus(u[1])
+        arrays["lambdas"] = _sigmoid(u[0]) / (t + 1.0) ** u[1] ** 2
         arrays["temperature"] = float(_softplus(u[2]))
         return oracle.influence(arrays, n)
 

@@ -76,7 +76,9 @@ def test_an_exact_target_stops_at_the_floor_and_skips_the_other_restarts():
     result = jaxroll.fit(model_of(0.2), target, schedule="constant", loss="l2", restarts=3)
     assert result.converged and "reached the floor 2.2e-15" in result.stop_reason
     assert result.final_loss <= 2.3e-15
-    assert result.schedule_parameters["lambda_const"] == pytest.approx(0.7, abs=1e-6)
+    # l2 <= 2.2e-15 bounds ||p - q||_2 by 5e-8; ||dp/dlambda||_2 is O(0.1) here,
+    # so lambda is pinned to ~1e-6: 1e-5 leaves a margin.
+    assert result.schedule_parameters["lambda_const"] == pytest.approx(0.7, abs=1e-5)
     losses = result.restart_losses
     assert losses.shape == (3,) and losses[0] <= 2.3e-15 and np.all(np.isinf(losses[1:]))
 

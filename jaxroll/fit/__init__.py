@@ -15,7 +15,7 @@ array               parametrisation                                shape
 lambdas, free       ``lambda_t = sigmoid(u_t)``                    ``(T,)``
 lambdas, power      ``lambda_t = lambda_0 / (t + 1)^beta``,
                     ``lambda_0 = sigmoid(u_0)``,
-                    ``beta = softplus(u_1)``                       ``(2,)``
+                    ``beta = u_1^2``                               ``(2,)``
 lambdas, constant   ``lambda_t = sigmoid(u)``                      ``()``
 diagonal_scores     ``d = u`` (logit units), shared by the heads
                     of a layer (``content="per_layer"``) or one
