@@ -1,43 +1,34 @@
-"""Benchmark: fitting a free lambda schedule and per-layer content on BLOOM-176B,
-and recovering a power-decay schedule from constant starts (issue 13).
+"""Benchmark of `jaxroll.fit` and `fit_kernel` defaults (issues 13 and 20).
 
-Part "speed" (BLOOM-176B):
-Start: the published no_content/bloom.yaml (T = 70, H = 112), read from the
-package data (`jaxroll.published.load("bloom-176b")`).
-Target: the profile of all_content/fineweb-edu/bloom.yaml at the same N.
-Free: lambdas (free schedule, 70) and per-layer diagonal content (70), loss
-the normalised W1.
-
-Rows:
-- jaxroll `fit` (Adam, one compiled scan) at N = 256 with the dense and the
-  structured kernels, and at N = 16384 with the structured kernels. Each fit
-  runs twice with the same arguments: the first call is compile + run, the
-  second (a jit cache hit) is the run; compile = first - second.
-- baseline: `scipy.optimize.minimize(method="L-BFGS-B")` with 2-point
-  finite-difference gradients on the same loss, computed by a plain NumPy
-  dense rollout (written here). One L-BFGS-B iteration costs at least one
-  finite-difference gradient, 141 evaluations; when `--scipy-iterations` is
-  0 (the default at N = 256, where a gradient takes minutes) the baseline
-  times `--scipy-evaluations` evaluations and reports the cost of one
-  gradient as 141 of them.
-
-The ratio is the baseline's seconds per gradient over jaxroll's seconds per
-step (one Adam step is one exact gradient). Correctness first: the NumPy
-loss and jaxroll's loss agree at the start point before anything is timed.
-
-Part "recovery" (issue 13, "Fits that find the global answer"): the
+Part "recovery" (issue 20's first target): the README's recovery case, the
 MPT-7B-like geometry (T = 32, H = 32, standard ALiBi slopes, no content,
-N = 256), target the profile of power_decay(0.35, 1.3), started from
-constant(0.1) and constant(0.9), schedule="power_decay", loss W1, float64.
-Rows: the local fit alone (``search=0``: the spurious minimum of the issue)
-and with the global stage (the default), each with Adam (the default,
-`--adam-steps`) and optax.lbfgs (`--lbfgs-steps`). Reported: the fitted
-(lambda_0, beta), their errors, W1 (a plain NumPy W1 of the fitted profile,
-computed by the NumPy dense rollout below) and the wall time of the call
-(the first call of each optimiser includes compilation; the rows after it
-reuse the compiled scan). Written to results/fit_recovery.csv.
+N = 256), target the NumPy profile of power_decay(0.35, 1.3), started from
+constant(0.1), ``schedule="power_decay"``, float64. Rows, in one process:
+the new default (`jaxroll.fit` with nothing else: design + L-BFGS from 3
+points until converged) and the old default (Adam, cosine decay, 3000 steps,
+tolerances 0 so it runs them all). wall_s includes compilation (the new
+default runs first and so also pays the compilation of the design and the
+identifiability report, which both share); the new default is called a
+second time for the run alone (rerun_s).
 
-Usage: python benchmarks/fit.py [--part speed|recovery|all] [--steps 1000] [--long-steps 1000]
+Part "grid": the 16 power-decay truths x 2 starts of tests/test_fit_recovery.py
+with the defaults; per fit: wall time (the first fit of each (N, H) block
+includes its compilation), steps, converged, recovered (lambda_0, beta), W1
+of the fitted profile by the NumPy rollout below. Prints the median time per
+fit and every case that fails the acceptance (|error| <= 1e-2, W1 <= 1e-6).
+
+Part "kernel": fit_kernel on the 12 power-kernel truths of the tests (one
+layer each, N = 64), defaults (L-BFGS) against the old default (Adam 2000
+steps, tolerances 0).
+
+Part "speed": BLOOM-176B (published no_content, T = 70, H = 112), free
+lambdas and per-layer content (140 parameters: Adam), target the
+all_content profile, N = 256, structured kernels: the default fit (stops by
+convergence, at most --steps) against the same fit with tolerances 0 (runs
+all --steps).
+
+Writes results/fit_<part>.csv. Usage:
+python benchmarks/fit.py [--part recovery|grid|kernel|speed|all] [--steps 2000]
 """
 
 from __future__ import annotations
@@ -50,7 +41,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
-import scipy.optimize
 
 import jaxroll
 from jaxroll import schedules
@@ -81,168 +71,182 @@ def numpy_w1(p, q):
     return float(np.abs(np.cumsum(p - q)[:-1]).sum() / (p.size - 1))
 
 
-def time_jaxroll(start, target, n, method, steps):
-    arguments = dict(fit=("lambdas", "diagonal_scores"), content="per_layer", steps=steps, n=n,
-                     method=method)
-    began = time.perf_counter()
-    first = jaxroll.fit(start, target, **arguments)
-    first_seconds = time.perf_counter() - began
-    began = time.perf_counter()
-    result = jaxroll.fit(start, target, **arguments)
-    run_seconds = time.perf_counter() - began
-    assert np.array_equal(first.losses, result.losses)
-    return {
-        "tool": f"jaxroll fit ({method})", "n": n, "steps": steps,
-        "compile_s": max(first_seconds - run_seconds, 0.0), "run_s": run_seconds,
-        "per_step_s": run_seconds / steps, "w1_start": result.initial_loss,
-        "w1_end": result.final_loss,
-    }
-
-
-def time_scipy(start, target, n, evaluations, iterations):
-    slopes = np.asarray(start.alibi_slopes)
-    T, H = slopes.shape
-    lambdas0 = np.asarray(start.lambdas)
-    content0 = np.asarray(start.diagonal_scores).mean(axis=1)
-
-    def loss(x):
-        diagonal = np.repeat(x[T:, None], H, axis=1)
-        return numpy_w1(numpy_influence(x[:T], slopes, diagonal, n), target)
-
-    x0 = np.concatenate([lambdas0, content0])
-    bounds = [(0.0, 1.0)] * T + [(None, None)] * T
-    began = time.perf_counter()
-    value = loss(x0)
-    for _ in range(evaluations - 1):
-        loss(x0)
-    per_evaluation = (time.perf_counter() - began) / evaluations
-    per_gradient = per_evaluation * (x0.size + 1)
-    row = {"tool": "scipy L-BFGS-B + FD (NumPy dense)", "n": n, "steps": iterations,
-           "compile_s": 0.0, "w1_start": value, "w1_end": float("nan"),
-           "per_evaluation_s": per_evaluation}
-    if iterations:
-        began = time.perf_counter()
-        result = scipy.optimize.minimize(loss, x0, method="L-BFGS-B", bounds=bounds,
-                                         options={"maxiter": iterations})
-        row["run_s"] = time.perf_counter() - began
-        row["per_step_s"] = row["run_s"] / max(result.nit, 1)
-        row["w1_end"] = float(result.fun)
-    else:
-        row["run_s"] = float("nan")
-        row["per_step_s"] = per_gradient  # one FD gradient: 141 evaluations
-    return row
-
-
-def recovery(adam_steps: int, lbfgs_steps: int, path: Path) -> None:
-    """Issue 13's recovery table (see the module docstring)."""
-    T, H, n = 32, 32, 256
-
-    def model(lambdas):
-        return jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=lambdas, sequence_length=n)
-
-    truth = model(schedules.power_decay(0.35, 1.3, T))
-    slopes = np.asarray(truth.alibi_slopes)
-    zeros = np.zeros((T, H))
-    target = numpy_influence(np.asarray(truth.lambdas), slopes, zeros, n)
-    lbfgs = optax.lbfgs()  # one object: the rows that use it share one compiled scan
-    runs = [("adam", None, adam_steps, 0.1, 0), ("adam", None, adam_steps, 0.1, None),
-            ("adam", None, adam_steps, 0.9, None), ("lbfgs", lbfgs, lbfgs_steps, 0.1, 0),
-            ("lbfgs", lbfgs, lbfgs_steps, 0.1, None), ("lbfgs", lbfgs, lbfgs_steps, 0.9, 0),
-            ("lbfgs", lbfgs, lbfgs_steps, 0.9, None)]
-    rows = []
-    with jax.enable_x64(True):
-        for name, optimizer, steps, start, search in runs:
-            began = time.perf_counter()
-            result = jaxroll.fit(model(schedules.constant(start, T)), target, schedule="power_decay",
-                                 steps=steps, search=search, optimizer=optimizer, method="structured")
-            seconds = time.perf_counter() - began
-            fitted = result.schedule_parameters
-            profile = numpy_influence(np.asarray(result.model.lambdas), slopes, zeros, n)
-            report = result.identifiability
-            rows.append({
-                "start": f"constant({start})", "stage": "local only" if search == 0 else "global + local",
-                "optimizer": name, "steps": steps, "design_points": result.search_points,
-                "lambda_0": fitted["lambda_0"], "beta": fitted["beta"],
-                "lambda_0_error": abs(fitted["lambda_0"] - 0.35), "beta_error": abs(fitted["beta"] - 1.3),
-                "w1": numpy_w1(profile, target), "wall_s": seconds,
-                "singular_values": " ".join(f"{s:.3g}" for s in report.singular_values),
-                "undetermined": " ".join(report.undetermined) or "-",
-            })
-            row = rows[-1]
-            print(f"{row['start']:14} {row['stage']:15} {name:6} {steps:5d} steps  "
-                  f"lambda_0 {row['lambda_0']:.4f} beta {row['beta']:.4f}  W1 {row['w1']:.3g}  "
-                  f"{seconds:7.1f} s  s = {row['singular_values']}  undetermined: {row['undetermined']}",
-                  flush=True)
+def _write(rows, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {path}")
+    print(f"wrote {path}", flush=True)
+
+
+def _geometry(num_heads, n, lambdas):
+    return jaxroll.RolloutModel.create(num_layers=32, num_heads=num_heads, lambdas=lambdas, sequence_length=n)
+
+
+def _fit_row(label, model, target, truth, slopes, n, **arguments):
+    began = time.perf_counter()
+    result = jaxroll.fit(model, target, schedule="power_decay", **arguments)
+    seconds = time.perf_counter() - began
+    fitted = result.schedule_parameters
+    profile = numpy_influence(np.asarray(result.model.lambdas), slopes, np.zeros(slopes.shape), n)
+    return {"case": label, "optimizer": result.optimizer, "wall_s": seconds, "steps": result.steps,
+            "max_steps": result.max_steps, "converged": result.converged,
+            "lambda_0": fitted["lambda_0"], "beta": fitted["beta"],
+            "lambda_0_error": abs(fitted["lambda_0"] - truth[0]), "beta_error": abs(fitted["beta"] - truth[1]),
+            "w1": numpy_w1(profile, target), "stop_reason": result.stop_reason}
+
+
+def _show(row) -> None:
+    print(f"{row['case']:34} {row['optimizer']:6} {row['wall_s']:8.1f} s  rerun {row.get('rerun_s', float('nan')):7.1f} s"
+          f"  steps {row['steps']:5d}  converged {row['converged']!s:5}  lambda_0 {row['lambda_0']:.6f}  "
+          f"beta {row['beta']:.6f}  W1 {row['w1']:.2g}", flush=True)
+
+
+def recovery(adam_steps: int, path: Path) -> None:
+    """The README's case: new default against the old default (module docstring)."""
+    n, H = 256, 32
+    truth = (0.35, 1.3)
+    slopes = np.asarray(_geometry(H, n, 0.5).alibi_slopes)
+    target = numpy_influence(schedules.power_decay(*truth, 32), slopes, np.zeros(slopes.shape), n)
+    start = _geometry(H, n, schedules.constant(0.1, 32))
+    from jaxroll.fit import default_optimizer
+
+    old = dict(optimizer=default_optimizer(adam_steps), steps=adam_steps, restarts=1,
+               gradient_tolerance=0.0, loss_tolerance=0.0)
+    rows = []
+    with jax.enable_x64(True):
+        for label, arguments in (("new default", {}), (f"old default (Adam {adam_steps})", old)):
+            row = _fit_row(label, start, target, truth, slopes, n, **arguments)
+            if not arguments:  # the old default's rerun would take minutes more: the new one's only
+                row["rerun_s"] = _fit_row(label, start, target, truth, slopes, n, **arguments)["wall_s"]
+            rows.append(row)
+            _show(row)
+    print(f"ratio old / new (wall incl. compilation): {rows[1]['wall_s'] / rows[0]['wall_s']:.1f}")
+    _write(rows, path)
+
+
+GRID = {
+    (128, 8): [(0.1, 0.0), (0.6, 0.4), (0.9, 2.0), (0.35, 1.3)],
+    (128, 32): [(0.9, 0.0), (0.2, 1.0), (0.5, 2.0), (0.75, 0.6)],
+    (256, 8): [(0.3, 0.0), (0.9, 1.0), (0.1, 2.0), (0.6, 1.5)],
+    (256, 32): [(0.6, 0.0), (0.35, 1.3), (0.1, 0.5), (0.8, 1.8)],
+}
+
+
+def grid(path: Path, blocks) -> None:
+    """The grid of tests/test_fit_recovery.py with the defaults (module docstring)."""
+    rows = []
+    with jax.enable_x64(True):
+        for (n, H), truths in GRID.items():
+            if blocks and f"{n}x{H}" not in blocks:
+                continue
+            slopes = np.asarray(_geometry(H, n, 0.5).alibi_slopes)
+            for truth in truths:
+                target = numpy_influence(schedules.power_decay(*truth, 32), slopes, np.zeros(slopes.shape), n)
+                for start in (0.05, 0.9):
+                    row = _fit_row(f"N={n} H={H} {truth} from {start}", _geometry(H, n, start), target, truth,
+                                   slopes, n)
+                    row["first_of_block"] = not any(r["case"].startswith(f"N={n} H={H} ") for r in rows)
+                    rows.append(row)
+                    _show(row)
+    times = [r["wall_s"] for r in rows]
+    warm = [r["wall_s"] for r in rows if not r["first_of_block"]]
+    print(f"grid: {len(rows)} fits, median {np.median(times):.1f} s per fit (incl. the first of each block, "
+          f"which compiles), median {np.median(warm):.1f} s without those")
+    failed = [r for r in rows if not (r["converged"] and r["lambda_0_error"] <= 1e-2
+                                      and r["beta_error"] <= 1e-2 and r["w1"] <= 1e-6)]
+    print(f"cases outside the acceptance with the defaults: {len(failed)}")
+    for r in failed:
+        print(f"  {r['case']}: {r['stop_reason']}; errors {r['lambda_0_error']:.2g}, {r['beta_error']:.2g}, "
+              f"W1 {r['w1']:.2g}")
+    _write(rows, path)
+
+
+def kernel(path: Path) -> None:
+    """fit_kernel on the power family, new default against Adam 2000 steps."""
+    from jaxroll.kernel_fit import fit_kernel
+    from jaxroll.kernel_types import DenseKernel
+
+    truths = [(0.05, 0.5, 0.0), (0.9, 1.3, 0.0), (1.5, 0.8, 0.0), (2.0, 2.0, 0.0), (0.05, 2.0, 0.0),
+              (0.3, 1.0, 0.0), (0.05, 0.5, 1.5), (0.9, 1.3, -1.0), (1.5, 0.8, 2.0), (2.0, 0.5, 2.0),
+              (0.2, 2.0, -2.0), (0.6, 1.6, 1.0)]
+    n = 64
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    offsets = np.where(j <= i, i - j, 0).astype(np.float64)
+
+    def dense(m, alpha, d):
+        scores = np.where(j <= i, -m * offsets ** alpha + d * (i == j), -np.inf)
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        return weights / weights.sum(axis=1, keepdims=True)
+
+    truth = np.array(truths)
+    model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(np.stack([dense(*t) for t in truths])),
+                                              lambdas=np.full(len(truths), 0.5))
+    rows = []
+    with jax.enable_x64(True):
+        for label, arguments in (("new default", {}), ("old default (Adam 2000)", dict(
+                optimizer=optax.adam(optax.cosine_decay_schedule(0.1, 2000)), gradient_tolerance=0.0,
+                loss_tolerance=0.0))):
+            timings = []
+            for _ in range(2):
+                began = time.perf_counter()
+                result = fit_kernel(model, **arguments)
+                timings.append(time.perf_counter() - began)
+            fitted = result.model.kernel
+            error = np.maximum(np.abs(np.asarray(fitted.slopes)[:, 0] / truth[:, 0] - 1),
+                               np.abs(np.asarray(fitted.exponents)[:, 0] / truth[:, 1] - 1))
+            rows.append({"case": label, "wall_s": timings[0], "rerun_s": timings[1],
+                         "steps_max": int(result.steps.max()), "steps_median": float(np.median(result.steps)),
+                         "converged": result.converged, "worst_relative_error": float(error.max()),
+                         "worst_truth": str(truths[int(error.argmax())])})
+            print(rows[-1], flush=True)
+    _write(rows, path)
+
+
+def speed(steps: int, path: Path) -> None:
+    """BLOOM-176B free lambdas + per-layer content: converged vs all steps."""
+    start = jaxroll.published.load("bloom-176b")
+    content = jaxroll.published.load("bloom-176b", content="all")
+    n = 256
+    rows = []
+    with jax.enable_x64(True):
+        target = np.asarray(jaxroll.influence(content, n), dtype=np.float64)
+        # Correctness before timing: the NumPy loss is jaxroll's loss at the start.
+        jax_start = float(jaxroll.metrics.wasserstein(jaxroll.influence(start, n), target))
+        numpy_start = numpy_w1(numpy_influence(np.asarray(start.lambdas), np.asarray(start.alibi_slopes),
+                                               np.asarray(start.diagonal_scores), n), target)
+        assert abs(jax_start - numpy_start) < 1e-10, (jax_start, numpy_start)
+        arguments = dict(fit=("lambdas", "diagonal_scores"), steps=steps, n=n, method="structured")
+        for label, extra in (("default (stops when converged)", {}),
+                             (f"all {steps} steps (tolerances 0)", dict(gradient_tolerance=0.0, loss_tolerance=0.0))):
+            began = time.perf_counter()
+            result = jaxroll.fit(start, target, **arguments, **extra)
+            seconds = time.perf_counter() - began
+            rows.append({"case": label, "optimizer": result.optimizer, "wall_s": seconds, "steps": result.steps,
+                         "converged": result.converged, "w1_start": result.initial_loss,
+                         "w1_end": result.final_loss, "stop_reason": result.stop_reason})
+            print(rows[-1], flush=True)
+    _write(rows, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000, help="jaxroll steps at N = 256")
-    parser.add_argument("--long-steps", type=int, default=1000, help="jaxroll steps at N = 16384")
-    parser.add_argument("--long-n", type=int, default=16384)
-    parser.add_argument("--scipy-evaluations", type=int, default=3)
-    parser.add_argument("--scipy-iterations", type=int, default=0,
-                        help="run L-BFGS-B for real for this many iterations (0: estimate from evaluations)")
-    parser.add_argument("--skip-dense", action="store_true")
-    parser.add_argument("--part", choices=("speed", "recovery", "all"), default="all")
-    parser.add_argument("--adam-steps", type=int, default=3000, help="recovery: Adam steps (the issue's call)")
-    parser.add_argument("--lbfgs-steps", type=int, default=60, help="recovery: L-BFGS steps")
-    parser.add_argument("--csv", type=Path, default=Path(__file__).parent / "results" / "fit.csv")
+    parser.add_argument("--part", choices=("recovery", "grid", "kernel", "speed", "all"), default="all")
+    parser.add_argument("--adam-steps", type=int, default=3000, help="recovery: the old default's Adam steps")
+    parser.add_argument("--steps", type=int, default=2000, help="speed: the step limit")
+    parser.add_argument("--blocks", nargs="*", default=[], help="grid: only these blocks, e.g. 128x8 256x32")
+    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     arguments = parser.parse_args()
-
+    print(f"JAX {jax.__version__}, {jax.devices()[0].platform}, float64", flush=True)
     if arguments.part in ("recovery", "all"):
-        recovery(arguments.adam_steps, arguments.lbfgs_steps, arguments.csv.with_name("fit_recovery.csv"))
-    if arguments.part == "recovery":
-        return
-    start = jaxroll.published.load("bloom-176b")
-    content = jaxroll.published.load("bloom-176b", content="all")
-    rows = []
-    n = 256
-    with jax.enable_x64(True):
-        target = np.asarray(jaxroll.influence(content, n), dtype=np.float64)
-        # Correctness before timing: the baseline's loss is jaxroll's loss.
-        jax_start = float(jaxroll.metrics.wasserstein(jaxroll.influence(start, n), target))
-    numpy_start = numpy_w1(numpy_influence(np.asarray(start.lambdas), np.asarray(start.alibi_slopes),
-                                           np.asarray(start.diagonal_scores), n), target)
-    assert abs(jax_start - numpy_start) < 1e-10, (jax_start, numpy_start)
-
-    rows.append(time_scipy(start, target, n, arguments.scipy_evaluations, arguments.scipy_iterations))
-    if not arguments.skip_dense:
-        rows.append(time_jaxroll(start, target, n, "dense", arguments.steps))
-    rows.append(time_jaxroll(start, target, n, "structured", arguments.steps))
-    long_target = np.asarray(jaxroll.influence(content, arguments.long_n, method="structured"),
-                             dtype=np.float64)
-    long_target /= long_target.sum()
-    rows.append(time_jaxroll(start, long_target, arguments.long_n, "structured", arguments.long_steps))
-
-    baseline = rows[0]["per_step_s"]
-    for row in rows:
-        row["ratio_vs_scipy"] = baseline / row["per_step_s"] if row["n"] == n else float("nan")
-    columns = ["tool", "n", "steps", "compile_s", "run_s", "per_step_s", "ratio_vs_scipy",
-               "w1_start", "w1_end"]
-    print(f"BLOOM-176B (T=70, H=112), free lambdas + per-layer content, loss W1/(N-1); "
-          f"JAX {jax.__version__}, {jax.devices()[0].platform}, float32 for jaxroll")
-    print(" | ".join(f"{c:>12}" if c != "tool" else f"{c:34}" for c in columns))
-    for row in rows:
-        cells = []
-        for c in columns:
-            v = row.get(c, float("nan"))
-            cells.append(f"{v:34}" if c == "tool" else f"{v:12d}" if isinstance(v, int) else f"{v:12.4g}")
-        print(" | ".join(cells))
-    print("scipy per_step_s is one finite-difference gradient (141 NumPy evaluations at "
-          f"{rows[0]['per_evaluation_s']:.3g} s each) unless --scipy-iterations ran it.")
-    arguments.csv.parent.mkdir(parents=True, exist_ok=True)
-    with open(arguments.csv, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns + ["per_evaluation_s"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {arguments.csv}")
+        recovery(arguments.adam_steps, arguments.results / "fit_recovery.csv")
+    if arguments.part in ("grid", "all"):
+        grid(arguments.results / "fit_grid.csv", arguments.blocks)
+    if arguments.part in ("kernel", "all"):
+        kernel(arguments.results / "fit_kernel.csv")
+    if arguments.part in ("speed", "all"):
+        speed(arguments.steps, arguments.results / "fit_speed.csv")
 
 
 if __name__ == "__main__":

@@ -111,8 +111,13 @@ def kernel_file_path(path) -> Path:
     return path.with_name(path.stem + ".kernels.npz")
 
 
-def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bool = False) -> Path:
+def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bool = False,
+                schedule: dict | None = None) -> Path:
     """Write `model` in the rollout YAML schema; `load_config` reads it back exactly.
+
+    `schedule`, a ``lambda_schedule_config`` mapping (e.g. ``{"schedule_type":
+    "power_decay", "lambda_0": 0.35, "beta": 1.3}``, what `FitResult.schedule_config`
+    gives), is written instead of the lambdas when it reproduces them exactly.
 
     Numbers are written with Python's shortest round-trip representation, so
     every float64 value survives the round trip bit for bit. A dense or table
@@ -120,15 +125,24 @@ def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bo
     the config by a relative path.
 
     Raises:
-        ConfigError: when `path` (or the kernel npz) exists and `overwrite` is false.
+        ConfigError: when `path` (or the kernel npz) exists and `overwrite` is
+            false, or `schedule` does not give the model's lambdas.
     """
     path = Path(path)
+    if schedule is not None:
+        from .schema import _schedule_from_config
+
+        if not np.array_equal(np.asarray(_schedule_from_config(schedule, model.num_layers)), model.lambdas):
+            raise ConfigError(f"schedule: {schedule!r:.80} does not give the model's lambdas; allowed: "
+                              "a schedule that reproduces them exactly")
     arrays = kernel_arrays(model)
     companion = kernel_file_path(path) if arrays else None
     for target in (path, companion):
         if target is not None and target.exists() and not overwrite:
             raise ConfigError(f"{target}: exists; pass overwrite=True to replace it")
     config = config_from_model(model, companion.name if companion else None)
+    if schedule is not None:
+        config["lambda_schedule_config"] = dict(schedule)
     text = yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=100)
     if companion is not None:
         with open(companion, "wb") as handle:

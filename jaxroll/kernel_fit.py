@@ -11,12 +11,17 @@ The loss is the mean row-wise Kullback-Leibler divergence
 
     L = 1 / (T (N - 1)) sum_t sum_{i >= 1} KL(A_t[i, :] || B_t[i, :])
 
-(row 0 is ``[1]`` for every causal kernel), minimised with optax Adam in one
-compiled `lax.scan`, as `jaxroll.fit` does for lambdas. Parameters stay valid
-throughout: slopes and exponents as exponentials of free values (Adam's
-steps are then relative changes, which suits slopes spanning decades), head
-weights by softmax;
-content and tables are free.
+(row 0 is ``[1]`` for every causal kernel). The layers are independent
+problems, ``L = mean_t L_t``: each is minimised on its own (one after the
+other under `lax.map`) by the loop of `jaxroll.fit` (`jaxroll.fit.optimise`:
+a compiled `lax.while_loop` that stops when the gradient norm and the
+relative change of ``L_t`` fall below tolerances, ``L_t`` reaches the floor,
+or `steps` is reached). The default optimiser is L-BFGS (``optax.lbfgs``)
+when a layer has at most `jaxroll.fit.LBFGS_MAX_PARAMETERS` (8) parameters
+(power and ALiBi families with H <= 2 heads), else Adam with a cosine decay.
+Parameters stay valid throughout: slopes and exponents as exponentials of
+free values (steps are then relative changes, which suits slopes spanning
+decades), head weights by softmax; content and tables are free.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import optax
 
 from ._checks import check_positive_int
 from .errors import ConfigError
+from .fit.optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state,
+                           _minimise, _stop_reason, _tolerances, default_lbfgs)
 from .kernel_types import DenseKernel, PowerKernel, TableKernel
 from .kernels import alibi_slopes
 from .model import KernelRolloutModel
@@ -47,15 +54,25 @@ class KernelFitResult(NamedTuple):
     Attributes:
         model: the `KernelRolloutModel` with the fitted relative kernel and the
             measured lambdas.
-        losses: ``(steps,)``, the loss before each step.
+        losses: ``(steps + 1,)``, the mean over layers of the loss at each
+            iterate (a layer that stopped keeps its last value).
         divergence: ``(T,)``, the fitted kernel's mean row KL per layer.
         max_abs_error: ``(T,)``, ``max_ij |A_t - B_t|`` per layer.
+        converged: whether every layer passed the stopping test.
+        stop_reason: one line: how the layers stopped (the first layer that
+            did not converge, else the one that took the most steps).
+        steps: ``(T,)``, the steps each layer took.
+        optimizer: ``"lbfgs"``, ``"adam"`` or ``"custom"``.
     """
 
     model: KernelRolloutModel
     losses: np.ndarray
     divergence: np.ndarray
     max_abs_error: np.ndarray
+    converged: bool = True
+    stop_reason: str = ""
+    steps: np.ndarray = np.zeros(0, dtype=np.int64)
+    optimizer: str = "custom"
 
 
 def kernel_divergence(target, fitted):
@@ -89,28 +106,39 @@ def _initial(family, num_layers, num_heads, n):
     return raw
 
 
-@functools.partial(jax.jit, static_argnames=("family", "steps", "learning_rate"))
-def _run(target, raw, family, steps, learning_rate):
+def _layer_loss(family, raw, target):
+    """``L_t``: the mean row KL of one layer's kernel ``(N, N)`` against its target."""
     n = target.shape[-1]
-    optimiser = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
+    fitted = _kernel(family, jax.tree.map(lambda x: x[None], raw), n)
+    return kernel_divergence(target[None], jax.vmap(lambda layer: layer.dense(n))(fitted))[0]
 
-    def loss(raw):
-        kernel = _kernel(family, raw, n)
-        fitted = jax.vmap(lambda layer: layer.dense(n))(kernel)
-        return jnp.mean(kernel_divergence(target, fitted))
 
-    def step(carry, _):
-        raw, state = carry
-        value, gradient = jax.value_and_grad(loss)(raw)
-        updates, state = optimiser.update(gradient, state, raw)
-        return (optax.apply_updates(raw, updates), state), value
+@functools.partial(jax.jit, static_argnames=("family", "optimizer", "max_steps"))
+def _run(target, raw, tolerances, *, family, optimizer, max_steps):
+    """Every layer from its start `raw` (leading axis: layers), one after the other."""
+    def one_layer(arguments):
+        layer_target, layer_raw = arguments
+        state = _initial_state(layer_raw, optimizer, target.dtype, max_steps)
+        return _minimise(lambda r: _layer_loss(family, r, layer_target), optimizer, state, tolerances,
+                         max_steps + 1, max_steps)
 
-    (raw, _), losses = jax.lax.scan(step, (raw, optimiser.init(raw)), None, length=steps)
-    return raw, losses
+    return jax.lax.map(one_layer, (target, raw))
+
+
+@functools.lru_cache(maxsize=64)
+def _adam(steps: int, learning_rate: float) -> optax.GradientTransformation:
+    return optax.with_extra_args_support(optax.adam(optax.cosine_decay_schedule(learning_rate, steps)))
+
+
+@functools.lru_cache(maxsize=64)
+def _with_extra_args(optimizer):
+    return optax.with_extra_args_support(optimizer)
 
 
 def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,
-               learning_rate: float = 0.1) -> KernelFitResult:
+               learning_rate: float = 0.1, optimizer: optax.GradientTransformation | None = None,
+               gradient_tolerance: float = GRADIENT_TOLERANCE,
+               loss_tolerance: float = LOSS_TOLERANCE) -> KernelFitResult:
     """Fit a relative-position kernel to a model's dense kernels (module docstring).
 
     Args:
@@ -119,8 +147,11 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
         family: ``"power"`` (``-m k^alpha``), ``"alibi"`` (``-m k``) or
             ``"table"`` (free ``f(k)``, k = 1..N-1).
         num_heads: heads H of the fitted mixture per layer.
-        steps: Adam steps (cosine decay of the learning rate).
-        learning_rate: Adam's initial learning rate.
+        steps: the most optimisation steps per layer.
+        learning_rate: of the default Adam (cosine decay over `steps`).
+        optimizer: any optax transformation (default: module docstring).
+        gradient_tolerance, loss_tolerance: of the stopping test (as in
+            `jaxroll.fit.fit`).
 
     Returns:
         A `KernelFitResult`; its model keeps the measured lambdas and length.
@@ -143,11 +174,34 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     num_layers, n = target.shape[0], target.shape[-1]
     if n < 2:
         raise ConfigError(f"kernel: N = {n}; allowed: N >= 2 to fit offsets")
-    raw, losses = _run(target, _initial(family, num_layers, num_heads, n), family, steps, float(learning_rate))
+    start = _initial(family, num_layers, num_heads, n)
+    per_layer = sum(int(np.prod(u.shape[1:])) for u in start.values())
+    name = "custom"
+    if optimizer is None:
+        name = "lbfgs" if per_layer <= LBFGS_MAX_PARAMETERS else "adam"
+        optimizer = default_lbfgs() if name == "lbfgs" else None
+    # Cached objects: a repeated fit reuses the compiled loop.
+    optimizer = _adam(steps, float(learning_rate)) if optimizer is None else _with_extra_args(optimizer)
+    tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
+    state = _run(target, start, tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
+                 optimizer=optimizer, max_steps=steps)
+    raw = state["best_raw"]
+    taken = np.asarray(state["step"])
+    history = np.asarray(state["history"], dtype=np.float64)[:, :int(taken.max()) + 1]
+    # A layer that stopped keeps its last loss, so the mean is over all layers.
+    history = np.where(np.isnan(history), np.take_along_axis(history, taken[:, None], axis=1), history)
+    codes = np.asarray(state["reason"])
+    failed = [t for t in range(num_layers) if codes[t] not in _CONVERGED]
+    shown = failed[0] if failed else int(np.argmax(taken))
+    reason = _stop_reason(int(codes[shown]), int(taken[shown]), float(state["gradient_norm"][shown]),
+                          float(state["change"][shown]), tolerances)
+    reason = f"layer {shown}: {reason}" + (f" ({len(failed)} of {num_layers} layers not converged)"
+                                           if failed else f" (all {num_layers} layers converged)")
     kernel = _kernel(family, raw, n)
     fitted = jax.vmap(lambda layer: layer.dense(n))(kernel)
     divergence = np.asarray(kernel_divergence(target, fitted), dtype=np.float64)
     error = np.asarray(jnp.max(jnp.abs(fitted - target), axis=(-1, -2)), dtype=np.float64)
     fitted_model = KernelRolloutModel(lambdas=model.lambdas, kernel=jax.tree.map(np.asarray, kernel),
                                       sequence_length=model.sequence_length)
-    return KernelFitResult(fitted_model, np.asarray(losses, dtype=np.float64), divergence, error)
+    return KernelFitResult(fitted_model, history.mean(axis=0), divergence, error, converged=not failed,
+                           stop_reason=reason, steps=taken.astype(np.int64), optimizer=name)

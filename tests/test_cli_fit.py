@@ -52,7 +52,7 @@ def test_fit_writes_config_csv_and_figure(files, tmp_path, capsys):
     code = main(["fit", str(config), str(profile), "--fit", "lambdas,diagonal_scores",
                  "--steps", "40", "--out", str(out), "--float64"])
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["fit.csv", "fit.png", "fitted.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["fit.csv", "fit.png", "fitted.csv", "fitted.yaml"]
     assert (out / "fit.png").stat().st_size > 1000
 
     with open(out / "fit.csv", newline="") as handle:
@@ -65,8 +65,18 @@ def test_fit_writes_config_csv_and_figure(files, tmp_path, capsys):
     fitted = oracle.influence(oracle.config_arrays(oracle.read_config(out / "fitted.yaml")), N)
     np.testing.assert_allclose(table[:, 2], initial, rtol=0, atol=TOL)
     np.testing.assert_allclose(table[:, 3], fitted, rtol=0, atol=TOL)
+    # fitted.csv: the fitted profile in the format every command reads.
+    np.testing.assert_array_equal(jaxroll.read_profile(out / "fitted.csv"), table[:, 3])
 
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # 12 free parameters: Adam; 40 steps do not converge, the first line and
+    # one warning line on stderr say so, and the exit status is still 0.
+    first = printed.splitlines()[0]
+    assert first.startswith(f"jaxroll fit: {config} -> {profile}: not converged: stopped at the step limit 40")
+    assert "optimizer = adam" in printed
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "did not converge in 40 steps" in warnings[0]
     match = re.search(r"Wasserstein W1/\(N-1\): before (\S+), after (\S+)", printed)
     before, after = float(match.group(1)), float(match.group(2))
     # Printed with 6 significant digits.
@@ -81,16 +91,68 @@ def test_fit_writes_config_csv_and_figure(files, tmp_path, capsys):
     np.testing.assert_allclose(again, fitted, rtol=0, atol=TOL)
 
 
-def test_power_decay_schedule_prints_its_parameters(files, tmp_path, capsys):
+def test_power_decay_schedule_is_saved_as_power_decay(files, tmp_path, capsys):
     config, profile, _ = files
     assert main(["fit", str(config), str(profile), "--schedule", "power_decay", "--steps", "20",
                  "--out", str(tmp_path / "out"), "--float64"]) == 0
     printed = capsys.readouterr().out
     lambda_0 = float(re.search(r"lambda_0 = (\S+)", printed).group(1))
     beta = float(re.search(r"beta = (\S+)", printed).group(1))
+    # What was fitted is what is saved: the schedule type and its two parameters.
+    saved = oracle.read_config(tmp_path / "out" / "fitted.yaml")["lambda_schedule_config"]
+    assert saved["schedule_type"] == "power_decay" and set(saved) == {"schedule_type", "lambda_0", "beta"}
+    assert saved["lambda_0"] == pytest.approx(lambda_0, rel=1e-5) and saved["beta"] == pytest.approx(beta, rel=1e-5)
     fitted = jaxroll.load_config(tmp_path / "out" / "fitted.yaml")
     t = np.arange(6)
-    np.testing.assert_allclose(fitted.lambdas, lambda_0 / (t + 1) ** beta, rtol=1e-5)
+    np.testing.assert_allclose(fitted.lambdas, saved["lambda_0"] / (t + 1.0) ** saved["beta"], rtol=1e-15)
+
+
+def test_constant_fit_converges_and_saves_its_constant(tmp_path, capsys):
+    """One parameter, an exact target (constant 0.7 from 0.2): L-BFGS converges,
+    the first line says so, no warning, and fitted.yaml is a constant schedule
+    at 0.7 (to 1e-6: the loss floor 10 eps of float64 pins it far closer)."""
+    small = dict(num_layers=6, num_heads=4, sequence_length=N)
+    config = jaxroll.save_config(jaxroll.RolloutModel.create(lambdas=0.2, **small), tmp_path / "start.yaml")
+    truth = jaxroll.save_config(jaxroll.RolloutModel.create(lambdas=0.7, **small), tmp_path / "truth.yaml")
+    profile = jaxroll.write_profile(oracle.influence(oracle.config_arrays(oracle.read_config(truth)), N),
+                                    tmp_path / "target.csv")
+    assert main(["fit", str(config), str(profile), "--schedule", "constant", "--out", str(tmp_path / "out"),
+                 "--float64"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0].startswith(f"jaxroll fit: {config} -> {profile}: converged")
+    assert "optimizer = lbfgs" in captured.out and "warning:" not in captured.err
+    saved = oracle.read_config(tmp_path / "out" / "fitted.yaml")["lambda_schedule_config"]
+    assert saved["schedule_type"] == "constant" and abs(saved["lambda_const"] - 0.7) < 1e-6
+
+
+def test_fit_from_a_preset_at_the_profile_length(tmp_path, capsys):
+    """--preset gives the start (its geometry; the length is the profile's):
+    the start's profile in fit.csv is the oracle's profile of the preset's
+    arrays at that length."""
+    n = 20
+    preset = jaxroll.presets.get("mpt-7b")
+    profile = jaxroll.write_profile(np.full(n, 1 / n), tmp_path / "flat.csv")
+    out = tmp_path / "out"
+    assert main(["fit", str(profile), "--preset", "mpt-7b", "--search", "0", "--steps", "3",
+                 "--optimizer", "adam", "--out", str(out), "--float64"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"jaxroll fit: preset mpt-7b -> {profile}:") and f"N = {n}," in printed
+    with open(out / "fit.csv", newline="") as handle:
+        initial = np.array([row[2] for row in list(csv.reader(handle))[1:]], dtype=np.float64)
+    arrays = oracle.config_arrays(oracle.read_config(jaxroll.save_config(preset, tmp_path / "p.yaml")))
+    np.testing.assert_allclose(initial, oracle.influence(arrays, n), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], "fit: no starting model; allowed: CONFIG, --preset NAME or --published NAME"),
+    (["--preset", "mpt-7b", "--published-content", "mean"], "--published-content: applies to --published only"),
+])
+def test_a_start_is_required(files, tmp_path, capsys, extra, message):
+    _, profile, _ = files
+    assert main(["fit", str(profile), "--out", str(tmp_path / "out")] + extra) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -98,6 +160,7 @@ def test_power_decay_schedule_prints_its_parameters(files, tmp_path, capsys):
     (["--length", "32"], "target: length 24 differs from n = 32"),
     (["--schedule", "linear"], "argument --schedule: invalid choice"),
     (["--steps", "0"], "argument --steps"),
+    (["--loss-tolerance", "-1"], "--loss-tolerance: got -1.0; allowed: a finite number >= 0"),
     (["--schedule", "constant", "--fit", "temperature"], "schedule: 'constant' parametrises lambdas"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(files, tmp_path, capsys, extra, message):
@@ -176,3 +239,25 @@ def test_search_zero_turns_the_global_stage_off(files, tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "argument --search" in error
     assert not (tmp_path / "bad").exists()
+
+
+def test_fit_kernel_from_published_kernels(tmp_path, capsys):
+    """fit-kernel --published: the ALiBi model's own kernels at --length are the
+    target (32 heads mixed per layer, which one power head cannot represent
+    exactly, so recovery is tested in test_fit_recovery.py; here the
+    plumbing): the family's parameters are written and read back, one row per
+    layer in kernel_fit.csv with the steps taken, and the first line says how
+    the layers stopped."""
+    out = tmp_path / "k"
+    assert main(["fit-kernel", "--published", "mpt-7b", "--length", "12", "--steps", "50",
+                 "--out", str(out), "--float64"]) == 0
+    captured = capsys.readouterr()
+    first = captured.out.splitlines()[0]
+    assert first.startswith("jaxroll fit-kernel: published mpt-7b") and "layer" in first
+    saved = oracle.read_config(out / "fitted.yaml")
+    assert saved["kernel_config"]["kernel_type"] == "relative" and saved["kernel_config"]["family"] == "power"
+    table = np.loadtxt(out / "kernel_fit.csv", delimiter=",", skiprows=1)
+    assert table.shape == (32, 4) and np.all((table[:, 3] >= 1) & (table[:, 3] <= 50))
+    model = jaxroll.load_config(out / "fitted.yaml")
+    assert model.num_layers == 32 and np.all(np.asarray(model.kernel.slopes) > 0)
+    assert ("warning:" in captured.err) == ("not converged" in first)

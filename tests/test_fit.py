@@ -241,7 +241,7 @@ def _numpy_loss(raw, model, target, schedule, content):
     u = raw["lambdas"]
     arrays["lambdas"] = {"free": lambda: _sigmoid(u),
                          "constant": lambda: np.full(T, _sigmoid(u)),
-                         "power_decay": lambda: _sigmoid(u[0]) / (t + 1) ** _softplus(u[1])}[schedule]()
+                         "power_decay": lambda: _sigmoid(u[0]) / (t + 1) ** u[1] ** 2}[schedule]()
     arrays["diagonal"] = np.broadcast_to(raw["diagonal_scores"], (T, H))
     arrays["slopes"] = _softplus(raw["alibi_slopes"])
     arrays["weights"] = _softmax(raw["head_weights"])
@@ -358,7 +358,8 @@ def test_fitted_model_is_numpy_float64_and_round_trips(tmp_path):
     assert result.restart_losses.shape == (3,)
     assert result.final_loss == pytest.approx(result.restart_losses.min(), rel=1e-9)
     assert result.final_loss <= result.initial_loss
-    assert result.losses.shape == (20,) and np.all(np.isfinite(result.losses))
+    assert 1 <= result.steps <= 20 and result.max_steps == 20 and result.optimizer == "adam"
+    assert result.losses.shape == (result.steps + 1,) and np.all(np.isfinite(result.losses))
     assert result.losses[0] == pytest.approx(result.initial_loss, rel=1e-9) or \
         result.restart_losses.argmin() != 0
 
@@ -494,7 +495,8 @@ def test_restarts_are_drawn_over_the_box():
     """Free per-layer lambdas (16 parameters, no design by default): the
     starting points are the model's own and draws over BOX['lambda'], in the
     box and spread over it, not noise around the start."""
-    from jaxroll.fit import _setup, _starting_points
+    from jaxroll.fit.design import _starting_points
+    from jaxroll.fit.problem import _setup
 
     model = jaxroll.RolloutModel.create(num_layers=16, num_heads=4, lambdas=0.1, sequence_length=16)
     target = np.full(16, 1 / 16)
@@ -532,7 +534,7 @@ def test_identifiability_report_matches_finite_differences():
     """Power decay and temperature (three parameters) on a small model: the
     report's Jacobian, singular values, directions and uncertainties against a
     central-difference Jacobian of the NumPy oracle in the same unconstrained
-    coordinates (logit lambda_0, softplus^-1 beta, softplus^-1 tau), at a
+    coordinates (logit lambda_0, sqrt beta, softplus^-1 tau), at a
     model whose profile differs from the target (so rho is the residual).
     Then a fit reports the same thing at its solution.
 
@@ -552,11 +554,11 @@ def test_identifiability_report_matches_finite_differences():
     report = identifiability(model, target, fit="lambdas,temperature", schedule="power_decay")
     assert report.names == ("lambda_0", "beta", "temperature")
 
-    u = np.array([np.log(0.6 / 0.4), np.log(np.expm1(0.8)), np.log(np.expm1(0.8))])
+    u = np.array([np.log(0.6 / 0.4), np.sqrt(0.8), np.log(np.expm1(0.8))])
 
     def profile_of(u):
         arrays = arrays_of(model)
-        arrays["lambdas"] = _sigmoid(u[0]) / (t + 1.0) ** _softplus(u[1])
+        arrays["lambdas"] = _sigmoid(u[0]) / (t + 1.0) ** u[1] ** 2
         arrays["temperature"] = float(_softplus(u[2]))
         return oracle.influence(arrays, n)
 
@@ -600,7 +602,8 @@ def test_identifiability_finds_the_slope_temperature_null_direction():
 def test_reverse_mode_jacobian_matches_forward_mode():
     """The report's fallback (n vector-Jacobian products, for an influence
     behind a jax.custom_vjp) gives the forward-mode Jacobian, to rounding."""
-    from jaxroll.fit import _profile_jacobian, _setup
+    from jaxroll.fit.identifiability import _profile_jacobian
+    from jaxroll.fit.problem import _setup
 
     model = jaxroll.RolloutModel.create(num_layers=4, num_heads=2, lambdas=schedules.power_decay(0.5, 0.7, 4),
                                         diagonal_scores=0.5, temperature=1.2, sequence_length=12)
@@ -618,7 +621,7 @@ def test_identifiability_with_fewer_positions_than_parameters_reports_the_null_d
     """J is 2 x 3: one direction of parameter space cannot move the profile at
     all, so its singular value is 0 and every parameter loading on it is
     undetermined; the report still has one entry per parameter."""
-    from jaxroll.fit import _identifiability
+    from jaxroll.fit.identifiability import _identifiability
 
     jacobian = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 2.0]])
     report = _identifiability(jacobian, ["a", "b", "c"], residual=1e-3, scale=1.0)

@@ -9,20 +9,32 @@ from . import _common
 
 
 def add_parser(commands) -> None:
+    from .. import presets, published
     from ..fit import CONTENTS, FIELDS, LOSSES, SCHEDULES
 
     fit = commands.add_parser(
         "fit", help="fit lambdas and content to a measured profile",
-        description="Fit the arrays named by --fit so that the configuration's influence "
-                    "profile matches PROFILE.csv: a global stage (a design over the parameter "
-                    "box, for up to 8 free parameters) then optax Adam with a cosine decay from "
-                    "the best --restarts points. Writes "
-                    "fitted.yaml (a config `jaxroll rollout` reads), fit.csv (position, "
-                    "target, initial, fitted) and fit.png into --out, and prints the "
-                    "Wasserstein distance before and after.")
-    fit.add_argument("config", type=Path, help="rollout YAML file: the start and the fixed arrays")
+        description="Fit the arrays named by --fit so that the influence profile of CONFIG (or "
+                    "--preset/--published) matches PROFILE.csv: a global stage (a design over the "
+                    "parameter box, for up to 8 free parameters) then, from the best points, L-BFGS "
+                    "(up to 8 free parameters) or Adam with a cosine decay, until the fit converges "
+                    "(gradient norm and relative loss change below tolerances) or --steps is reached. "
+                    "Writes fitted.yaml (a config `jaxroll rollout` reads; a power_decay or constant "
+                    "schedule with its parameters), fitted.csv (the fitted profile, "
+                    "token_position,probability), fit.csv (position, target, initial, fitted) and "
+                    "fit.png into --out; the summary's first line says whether the fit converged.")
+    fit.add_argument("config", nargs="?", type=Path, default=None,
+                     help="rollout YAML file: the start and the fixed arrays (or --preset/--published)")
     fit.add_argument("profile", type=Path, metavar="PROFILE.csv",
                      help="target profile, header token_position,probability")
+    fit.add_argument("--preset", choices=presets.names(), default=None,
+                     help="start from a built-in geometry with a power-decay schedule")
+    fit.add_argument("--published", choices=published.names(), default=None,
+                     help="start from the paper authors' measured configuration of this model")
+    fit.add_argument("--published-content", choices=("none", "mean", "all"), default="none",
+                     help="with --published: no content, one score per layer, or per head (default none)")
+    fit.add_argument("--dataset", choices=published.DATASETS, default="fineweb-edu",
+                     help="with --published: the text it was measured on (default fineweb-edu)")
     fit.add_argument("--fit", default="lambdas",
                      help=f"comma-separated free arrays, any of {','.join(FIELDS)} (default lambdas)")
     fit.add_argument("--schedule", choices=SCHEDULES, default="free",
@@ -30,10 +42,19 @@ def add_parser(commands) -> None:
     fit.add_argument("--content", choices=CONTENTS, default="per_layer",
                      help="free diagonal content per layer or per head (default per_layer)")
     fit.add_argument("--loss", choices=LOSSES, default="wasserstein", help="default wasserstein")
-    fit.add_argument("--steps", type=_common.positive_int, default=2000, help="optimisation steps (default 2000)")
-    fit.add_argument("--restarts", type=_common.positive_int, default=1,
-                     help="starting points refined side by side: the best of the global design, "
-                          "or the config and draws over the box (default 1)")
+    fit.add_argument("--steps", type=_common.positive_int, default=2000,
+                     help="the most optimisation steps per starting point (default 2000); a fit stops "
+                          "earlier when it converges")
+    fit.add_argument("--optimizer", choices=("auto", "lbfgs", "adam"), default="auto",
+                     help="local optimiser (default auto: L-BFGS for up to 8 free parameters, else Adam)")
+    fit.add_argument("--gradient-tolerance", type=float, default=None,
+                     help="stop when max |gradient| (unconstrained coordinates) and the relative loss "
+                          "change are below their tolerances (default 1e-8)")
+    fit.add_argument("--loss-tolerance", type=float, default=None,
+                     help="tolerance on the relative change of the loss per step (default 1e-10)")
+    fit.add_argument("--restarts", type=_common.positive_int, default=None,
+                     help="starting points refined one after the other: the best of the global design, "
+                          "or the config and draws over the box (default 3 with L-BFGS, else 1)")
     fit.add_argument("--search", type=_common.non_negative_int, default=None,
                      help="design points of the global stage, 0 turns it off (default 128 when "
                           "at most 8 parameters are free, else 0)")
@@ -48,8 +69,26 @@ def add_parser(commands) -> None:
     _add_kernel_fit_parser(commands)
 
 
+def _start_model(arguments):
+    """The starting model of ``[CONFIG | --preset NAME | --published NAME]`` and a name for it."""
+    import argparse
+
+    if arguments.config is None and arguments.preset is None and arguments.published is None:
+        raise ConfigError(f"{arguments.command}: no starting model; allowed: CONFIG, --preset NAME or --published NAME")
+    if arguments.published is None and (arguments.published_content != "none"
+                                        or arguments.dataset != "fineweb-edu"):
+        flag = "--published-content" if arguments.published_content != "none" else "--dataset"
+        raise ConfigError(f"{flag}: applies to --published only")
+    shared = argparse.Namespace(
+        command=arguments.command, config=arguments.config, preset=arguments.preset,
+        published=arguments.published, content=arguments.published_content, dataset=arguments.dataset,
+        no_residual=False, length=None, max_memory=None, float64=arguments.float64, method=arguments.method)
+    return _common.model_from_arguments(shared)
+
+
 def _run_fit(arguments) -> None:
     import csv
+    import sys
 
     import jax
 
@@ -58,44 +97,57 @@ def _run_fit(arguments) -> None:
     import numpy as np
 
     from .. import io, plot
-    from ..fit import IDENTIFIABILITY_MAX_PARAMETERS, fit, objective
+    from ..fit import (GRADIENT_TOLERANCE, IDENTIFIABILITY_MAX_PARAMETERS, LOSS_TOLERANCE, default_lbfgs,
+                       default_optimizer, fit, objective)
     from ..rollout import influence
 
-    model = io.load_config(arguments.config)
+    model, source = _start_model(arguments)
     _common.require_alibi_model(model, "fit")
     target = io.read_profile(arguments.profile)
-    if arguments.length is None and target.size != model.sequence_length:
+    if arguments.length is None and arguments.config is not None and target.size != model.sequence_length:
         raise ConfigError(
             f"{arguments.profile}: {target.size} positions, but {arguments.config} has sequence_length "
             f"{model.sequence_length}; allowed: a profile of {model.sequence_length} positions, or "
             f"--length {target.size} to fit at the profile's length")
+    # A preset or published geometry has no length of its own: fit at the profile's.
     n = target.size if arguments.length is None else arguments.length
+    tolerances = {"gradient_tolerance": GRADIENT_TOLERANCE if arguments.gradient_tolerance is None
+                  else arguments.gradient_tolerance,
+                  "loss_tolerance": LOSS_TOLERANCE if arguments.loss_tolerance is None else arguments.loss_tolerance}
+    for flag, value in tolerances.items():
+        if not (np.isfinite(value) and value >= 0):
+            raise ConfigError(f"--{flag.replace('_', '-')}: got {value!r}; allowed: a finite number >= 0")
+    optimizer = {"auto": None, "lbfgs": default_lbfgs(),
+                 "adam": default_optimizer(arguments.steps)}[arguments.optimizer]
     # Check everything (and fail with one line) before the output directory is touched.
     objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
               content=arguments.content, loss=arguments.loss, n=n, method=arguments.method)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit(model, target, fit=arguments.fit, schedule=arguments.schedule,
                  content=arguments.content, loss=arguments.loss, steps=arguments.steps,
-                 restarts=arguments.restarts, search=arguments.search,
+                 restarts=arguments.restarts, search=arguments.search, optimizer=optimizer,
                  key=jax.random.PRNGKey(arguments.seed), n=n,
-                 method=arguments.method, progress=True)
+                 method=arguments.method, progress=True, **tolerances)
     target = target / target.sum()
     initial = np.asarray(influence(model, n, method=arguments.method), dtype=np.float64)
-    io.save_config(result.model, out / "fitted.yaml", overwrite=True)
+    # What was fitted is what is saved: a power_decay or constant schedule with its parameters.
+    io.save_config(result.model, out / "fitted.yaml", overwrite=True, schedule=result.schedule_config)
+    io.write_profile(result.profile, out / "fitted.csv", overwrite=True)
     with open(out / "fit.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(("token_position", "target", "initial", "fitted"))
         for row in zip(range(n), target, initial, result.profile):
             writer.writerow((row[0],) + tuple(repr(float(x)) for x in row[1:]))
     plot.plot_fit(out / "fit.png", target, initial, result.profile, result.losses,
-                  title=f"{arguments.config.name} fitted to {arguments.profile.name} ({arguments.fit})")
+                  title=f"{Path(source).name} fitted to {arguments.profile.name} ({arguments.fit})")
     from ..metrics import wasserstein
 
     before = float(wasserstein(initial, target))
-    print(f"jaxroll fit: {arguments.config} -> {arguments.profile}")
+    print(f"jaxroll fit: {source} -> {arguments.profile}: {result.stop_reason}")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
-          f"schedule = {arguments.schedule}, loss = {arguments.loss}, steps = {result.steps}, "
-          f"restarts = {arguments.restarts}, global design = {result.search_points} points")
+          f"schedule = {arguments.schedule}, loss = {arguments.loss}, optimizer = {result.optimizer}, "
+          f"steps = {result.steps} of at most {result.max_steps}, restarts = {result.restart_losses.size}, "
+          f"global design = {result.search_points} points")
     print(f"  Wasserstein W1/(N-1): before {before:.6g}, after {result.metrics.wasserstein:.6g}")
     print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
           f"Spearman after {result.metrics.spearman:.6g}")
@@ -106,7 +158,11 @@ def _run_fit(arguments) -> None:
     else:
         for line in result.identifiability.summary():
             print(f"  {line}")
-    print(f"  wrote {out}/fitted.yaml, fit.csv, fit.png")
+    print(f"  wrote {out}/fitted.yaml, fitted.csv, fit.csv, fit.png")
+    if not result.converged:
+        print(f"warning: the fit did not converge in {result.max_steps} steps ({result.stop_reason}); "
+              "the parameters may be short of the optimum: raise --steps or the tolerances",
+              file=sys.stderr)
 
 
 def _add_kernel_fit_parser(commands) -> None:
@@ -116,18 +172,45 @@ def _add_kernel_fit_parser(commands) -> None:
         "fit-kernel", help="fit a relative-position kernel to measured dense kernels",
         description="Fit a relative-position kernel f_h(i - j) (power: -m k^alpha, alibi: -m k, table: "
                     "free) to the dense kernels of CONFIG (e.g. the config.yaml `jaxroll measure` writes "
-                    "for a rotary model), by Adam on the mean row KL divergence. Writes fitted.yaml (a "
-                    "config `jaxroll rollout` reads at any --length for power and alibi) and "
-                    "kernel_fit.csv (per layer: KL, max abs error) into --out.")
-    fit.add_argument("config", type=Path, help="rollout YAML file with a dense kernel_config")
+                    "for a rotary model; or the kernels of any CONFIG, --preset or --published model at "
+                    "--length), layer by layer, minimising the mean row KL divergence until it converges "
+                    "(L-BFGS for up to 8 parameters per layer, else Adam; at most --steps). Writes "
+                    "fitted.yaml (the family's parameters; a config `jaxroll rollout` reads at any "
+                    "--length for power and alibi) and kernel_fit.csv (per layer: KL, max abs error, "
+                    "steps) into --out.")
+    _common.add_model_arguments(fit)
     fit.add_argument("--family", choices=FAMILIES, default="power", help="default power")
     fit.add_argument("--heads", type=_common.positive_int, default=1, help="heads of the fitted mixture (default 1)")
-    fit.add_argument("--steps", type=_common.positive_int, default=2000, help="optimisation steps (default 2000)")
+    fit.add_argument("--steps", type=_common.positive_int, default=2000,
+                     help="the most optimisation steps per layer (default 2000); a layer stops earlier when "
+                          "it converges")
     _common.add_output_arguments(fit)
     fit.set_defaults(run=_run_kernel_fit)
 
 
+def _dense_model(model):
+    """`model` with its layer kernels at its length as a `DenseKernel` (measured
+    configs already are)."""
+    import numpy as np
+
+    from ..kernel_types import DenseKernel
+    from ..model import KernelRolloutModel
+    from ..rollout import attention_kernel
+
+    if isinstance(model, KernelRolloutModel) and isinstance(model.kernel, DenseKernel):
+        return model
+    n = model.sequence_length
+    kernels = np.stack([np.asarray(attention_kernel(model, t, n), dtype=np.float64)
+                        for t in range(model.num_layers)])
+    # float32 kernels: renormalise the rows to float64 sums of 1.
+    kernels /= kernels.sum(axis=-1, keepdims=True)
+    return KernelRolloutModel.create(kernel=DenseKernel.create(kernels), lambdas=np.asarray(model.lambdas),
+                                      sequence_length=n)
+
+
 def _run_kernel_fit(arguments) -> None:
+    import sys
+
     import jax
 
     if arguments.float64:
@@ -136,28 +219,40 @@ def _run_kernel_fit(arguments) -> None:
 
     from .. import io
     from ..kernel_fit import fit_kernel
-    from ..kernel_types import DenseKernel
     from ..metrics import wasserstein
-    from ..model import KernelRolloutModel
     from ..rollout import influence
 
-    model = io.load_config(arguments.config)
-    if not isinstance(model, KernelRolloutModel) or not isinstance(model.kernel, DenseKernel):
-        raise ConfigError(f"{arguments.config}: kernel_config.kernel_type: not dense; allowed: a config with "
-                          "measured dense kernels (kernel_type: dense)")
+    model, source = _common.model_from_arguments(arguments)
+    bytes_needed = 8 * model.num_layers * model.sequence_length ** 2
+    if bytes_needed > 4 * 2 ** 30:
+        raise ConfigError(f"fit-kernel: {model.num_layers} dense {model.sequence_length}^2 kernels need "
+                          f"{bytes_needed / 2 ** 30:.1f} GiB; allowed: up to 4 GiB (pass a smaller --length)")
+    model = _dense_model(model)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit_kernel(model, family=arguments.family, num_heads=arguments.heads, steps=arguments.steps)
     io.save_config(result.model, out / "fitted.yaml", overwrite=True)
     np.savetxt(out / "kernel_fit.csv", np.column_stack([np.arange(model.num_layers), result.divergence,
-                                                        result.max_abs_error]),
-               delimiter=",", header="layer,kl,max_abs_error", comments="", fmt=["%d", "%.17g", "%.17g"])
+                                                        result.max_abs_error, result.steps]),
+               delimiter=",", header="layer,kl,max_abs_error,steps", comments="",
+               fmt=["%d", "%.17g", "%.17g", "%d"])
     measured = np.asarray(influence(model), dtype=np.float64)
     fitted = np.asarray(influence(result.model), dtype=np.float64)
     n = model.sequence_length
-    print(f"jaxroll fit-kernel: {arguments.config} (N = {n}, T = {model.num_layers}), family {arguments.family}, "
-          f"H = {arguments.heads}, steps = {arguments.steps}")
+    print(f"jaxroll fit-kernel: {source}: {result.stop_reason}")
+    print(f"  N = {n}, T = {model.num_layers}, family {arguments.family}, H = {arguments.heads}, "
+          f"optimizer = {result.optimizer}, steps per layer {int(result.steps.min())}-{int(result.steps.max())} "
+          f"of at most {arguments.steps}")
     print(f"  mean row KL: before {result.losses[0]:.6g}, after {float(np.mean(result.divergence)):.6g}; "
           f"max abs kernel error {float(np.max(result.max_abs_error)):.3g}")
     print(f"  profile Wasserstein W1/(N-1), measured kernels vs fitted: {float(wasserstein(fitted, measured)):.6g}")
+    if arguments.family != "table":
+        kernel = result.model.kernel
+        for t in range(min(model.num_layers, 4)):
+            print(f"  layer {t}: slopes {np.array2string(np.asarray(kernel.slopes[t]), precision=4)}, exponents "
+                  f"{np.array2string(np.asarray(kernel.exponents[t]), precision=4)}, diagonal "
+                  f"{np.array2string(np.asarray(kernel.diagonal_scores[t]), precision=4)}")
     extra = ", fitted.kernels.npz" if arguments.family == "table" else ""
     print(f"  wrote {out}/fitted.yaml{extra}, kernel_fit.csv")
+    if not result.converged:
+        print(f"warning: the kernel fit did not converge in {arguments.steps} steps ({result.stop_reason}); "
+              "raise --steps", file=sys.stderr)

@@ -1,0 +1,497 @@
+"""The local stage: optax updates until the fit converges, in compiled loops.
+
+Every restart runs a `jax.lax.while_loop` whose condition is the stopping
+test, so a fit stops on the device when it has converged, without a host
+round trip per step; the restarts run one after the other under `lax.scan`
+(each stops on its own, and the later ones are skipped once one of them has
+reproduced the target to the loss floor).
+
+Stopping (evaluated at every iterate ``u_k``, with ``f_k = L(u_k)``,
+``g_k = grad L(u_k)`` in the unconstrained coordinates, where the bounds of
+the model are built in, so ``g_k`` is the projected gradient of the bounded
+problem):
+
+- ``gradient``: ``max_i |g_k,i| <= gradient_tolerance`` and
+  ``|f_{k-1} - f_k| <= loss_tolerance * max(|f_{k-1}|, |f_k|)``;
+- ``floor``: ``f_k <= 10 eps`` of the dtype (the target is reproduced to
+  rounding; W1 has a kink there, so the gradient does not vanish);
+- ``stationary``: the relative change stayed below ``loss_tolerance`` for
+  `PATIENCE` consecutive steps (a line search that finds no decrease: a kink
+  of the W1 loss at a minimum, or a valley flatter than the dtype resolves);
+- otherwise the fit stops at ``steps`` (not converged), or when the loss is
+  not finite (not converged).
+
+Tolerances below the dtype's resolution are raised to ``10 eps``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array
+
+from .. import metrics
+from .._checks import check_positive_int
+from ..model import RolloutModel
+from ..rollout import influence
+from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
+from .identifiability import Identifiability, _report
+from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
+
+__all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
+           "FitResult", "fit", "default_optimizer", "default_lbfgs"]
+
+# The stopping test (module docstring). The free coordinates are logits and
+# softplus arguments, O(1) per unit of effect, and the losses are O(1e-3..1)
+# at a start: a gradient of 1e-8 per coordinate changes the loss by less than
+# 1e-8 per unit step, beyond what a profile measured on text determines.
+GRADIENT_TOLERANCE = 1e-8
+# Relative change of the loss from one step to the next: at 1e-10 a float64
+# fit has converged to ~5 significant digits of the parameters along the
+# weakest direction seen in the power-decay problems (curvature ratio ~1e-5).
+LOSS_TOLERANCE = 1e-10
+# Steps in a row with a relative change below LOSS_TOLERANCE before a fit is
+# stationary: one quiet step can be a short line-search step; ten in a row
+# are a line search that finds no decrease (L-BFGS) or a learning rate that
+# has decayed to nothing (Adam with the cosine schedule).
+PATIENCE = 10
+# L-BFGS (optax.lbfgs, zoom line search) is the default local optimiser up
+# to this many free parameters: the power-decay, constant, temperature and
+# slope-scale parametrisations and their combinations, the problems the
+# global design (GLOBAL_DIMENSIONS) serves. There the loss is a smooth
+# narrow curved valley (curvature ratio 1e-4..1e-6) that Adam crosses in
+# thousands of steps and L-BFGS in tens. Above it (free per-layer schedules
+# and content: 2T parameters, many of them near-null directions, see
+# Identifiability) Adam's normalised steps make steady progress where a
+# quasi-Newton model of a nearly singular Hessian does not.
+LBFGS_MAX_PARAMETERS = GLOBAL_DIMENSIONS
+# Starting points refined by the default L-BFGS: the best three of the design
+# (and the model's own point), so one spurious basin does not decide the fit.
+LBFGS_RESTARTS = 3
+
+# Reason codes of the loop, and their text.
+_RUNNING, _GRADIENT, _FLOOR, _STATIONARY, _LIMIT, _NOT_FINITE, _SKIPPED = range(7)
+_CONVERGED = (_GRADIENT, _FLOOR, _STATIONARY)
+
+
+class FitResult(eqx.Module):
+    """The outcome of `fit`.
+
+    Attributes:
+        model: the fitted `RolloutModel` (NumPy float64 arrays, checked by
+            `RolloutModel.create`, ``sequence_length = n``): `save_config`
+            writes it and ``jaxroll rollout`` reads it back.
+        profile: ``(n,)``, the fitted model's influence profile.
+        losses: ``(steps + 1,)``, the loss at every iterate ``u_0 .. u_steps``
+            of the returned restart (``u_0`` its starting point).
+        initial_loss: the loss of the model that was passed in.
+        final_loss: the loss of `model`, the best point seen over all steps
+            and restarts. It is at most `initial_loss` whenever the
+            parametrisation can represent the starting model (not so for a
+            power-decay fit started from a schedule of another shape, or
+            per-layer content started from per-head content).
+        metrics: ``metrics.compare(profile, target)``, a `metrics.Comparison`.
+        steps: the optimisation steps the returned restart took (at most
+            `max_steps`).
+        restart_losses: ``(restarts,)``, the best loss of each restart (inf
+            for a restart skipped because an earlier one reached the floor).
+        schedule_parameters: the fitted ``{"lambda_0", "beta"}`` of a
+            power-decay schedule, ``{"lambda_const"}`` of a constant one,
+            empty otherwise.
+        search_points: the number of design points of the global stage
+            (0 when it did not run).
+        identifiability: an `Identifiability` report at the solution, or
+            None (more than `IDENTIFIABILITY_MAX_PARAMETERS` free
+            parameters, or nothing was fitted).
+        converged: whether the returned restart passed the stopping test
+            (module docstring of `jaxroll.fit.optimise`) before `max_steps`.
+        stop_reason: why it stopped, one line (e.g. ``converged: gradient
+            norm 3e-09 <= 1e-08 and relative loss change 0 <= 1e-10``).
+        max_steps: the step limit it ran under (`fit`'s ``steps``).
+        optimizer: ``"lbfgs"`` or ``"adam"`` for the defaults, ``"custom"``
+            for a transformation that was passed.
+    """
+
+    model: RolloutModel
+    profile: np.ndarray
+    losses: np.ndarray
+    initial_loss: float
+    final_loss: float
+    metrics: metrics.Comparison
+    steps: int
+    restart_losses: np.ndarray
+    schedule_parameters: dict
+    search_points: int = 0
+    identifiability: Identifiability | None = None
+    converged: bool = True
+    stop_reason: str = ""
+    max_steps: int = 0
+    optimizer: str = "custom"
+
+    @property
+    def schedule_config(self) -> dict | None:
+        """The ``lambda_schedule_config`` of a power-decay or constant fit (what
+        ``save_config(..., schedule=)`` writes), None for a free schedule."""
+        parameters = self.schedule_parameters
+        if "beta" in parameters:
+            return {"schedule_type": "power_decay", **parameters}
+        if "lambda_const" in parameters:
+            return {"schedule_type": "constant", **parameters}
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def default_optimizer(steps: int, learning_rate: float = 0.05) -> optax.GradientTransformation:
+    """``optax.adam`` with a cosine decay of the learning rate from 0.05 to 0 over `steps`.
+
+    The default for more than `LBFGS_MAX_PARAMETERS` free parameters. The
+    free vectors are logits (lambda, head weights), softplus arguments
+    (slopes, temperature) or content in logit units, all O(1) per unit of
+    effect, so one learning rate serves them all. Cached, so that the same
+    `steps` gives the same object and a repeated fit hits the jit cache.
+    """
+    return optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
+
+
+@functools.lru_cache(maxsize=1)
+def default_lbfgs() -> optax.GradientTransformation:
+    """``optax.lbfgs()`` (memory 10, zoom line search with the strong Wolfe
+    conditions), one cached object so that fits share the compiled loop.
+
+    The default for at most `LBFGS_MAX_PARAMETERS` free parameters."""
+    return optax.lbfgs()
+
+
+@functools.lru_cache(maxsize=64)
+def _with_extra_args(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`optax.with_extra_args_support`, cached: the wrapper is part of the jit
+    static problem, so the same optimizer object must give the same wrapper
+    for a second fit to reuse the compiled loop (L-BFGS compiles for ~10 s)."""
+    return optax.with_extra_args_support(optimizer)
+
+
+def _has_line_search_state(state) -> bool:
+    """Whether the optimiser keeps the value and gradient at the accepted point
+    (optax's line searches do), so the loop need not evaluate them again."""
+    try:
+        return optax.tree_utils.tree_get(state, "value") is not None and \
+            optax.tree_utils.tree_get(state, "grad") is not None
+    except (KeyError, ValueError):
+        return False
+
+
+def _max_abs(tree) -> Array:
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(tree)]))
+
+
+def _initial_state(raw, optimizer: optax.GradientTransformation, dtype, max_steps: int) -> dict:
+    """The loop state of one start `raw` (unbatched): nothing evaluated yet."""
+    inf = jnp.asarray(jnp.inf, dtype=dtype)
+    zero = jnp.asarray(0, jnp.int32)
+    return dict(raw=raw, opt_state=optimizer.init(raw), best_raw=raw, best_loss=inf, step=zero, previous=inf,
+                quiet=zero, reason=zero, history=jnp.full((max_steps + 1,), jnp.nan, dtype=dtype),
+                gradient_norm=inf, change=inf)
+
+
+def _minimise(objective: Callable, optimizer: optax.GradientTransformation, state: dict, tolerances, limit,
+              max_steps: int) -> dict:
+    """Run one start until the stopping test passes (module docstring), the step
+    count reaches `limit` (traced), or `max_steps`; pure, for use under jit.
+
+    One `lax.while_loop`; each iteration evaluates ``f_k, g_k`` once (taken
+    from a line search's state when the optimiser keeps them), records
+    ``f_k``, tests, and applies one optax update only if the test failed.
+    """
+    gradient_tolerance, loss_tolerance, floor = tolerances
+
+    def running(state):
+        return (state["reason"] == _RUNNING) & (state["step"] < limit)
+
+    def body(state):
+        raw, opt_state, step = state["raw"], state["opt_state"], state["step"]
+        if _has_line_search_state(opt_state):
+            value, grad = optax.value_and_grad_from_state(objective)(raw, state=opt_state)
+        else:
+            value, grad = jax.value_and_grad(objective)(raw)
+        # Keep the best point seen: the loss is not monotone under Adam.
+        better = value < state["best_loss"]
+        best_raw = jax.tree.map(lambda b, r: jnp.where(better, r, b), state["best_raw"], raw)
+        best_loss = jnp.where(better, value, state["best_loss"])
+        previous = state["previous"]
+        scale = jnp.maximum(jnp.abs(previous), jnp.abs(value))
+        change = jnp.where(step == 0, jnp.inf, jnp.abs(previous - value) / jnp.maximum(scale, 1e-300))
+        quiet = jnp.where(change <= loss_tolerance, state["quiet"] + 1, 0).astype(jnp.int32)
+        gradient_norm = _max_abs(grad)
+        reason = jnp.select(
+            [~jnp.isfinite(value), value <= floor,
+             (gradient_norm <= gradient_tolerance) & (change <= loss_tolerance),
+             quiet >= PATIENCE, step >= max_steps],
+            [_NOT_FINITE, _FLOOR, _GRADIENT, _STATIONARY, _LIMIT], _RUNNING).astype(jnp.int32)
+
+        def update(raw, opt_state):
+            # value, grad and value_fn serve optimisers with a line search
+            # (optax.lbfgs); the others ignore them.
+            updates, opt_state = optimizer.update(grad, opt_state, raw, value=value, grad=grad,
+                                                  value_fn=objective)
+            return optax.apply_updates(raw, updates), opt_state
+
+        raw, opt_state = jax.lax.cond(reason == _RUNNING, update, lambda r, s: (r, s), raw, opt_state)
+        return state | dict(
+            raw=raw, opt_state=opt_state, best_raw=best_raw, best_loss=best_loss,
+            step=jnp.where(reason == _RUNNING, step + 1, step).astype(jnp.int32), previous=value, quiet=quiet,
+            reason=reason, history=state["history"].at[step].set(value), gradient_norm=gradient_norm,
+            change=change)
+
+    return jax.lax.while_loop(running, body, state)
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
+def _run_restarts(carry, fixed, target, tolerances, limit, *, problem: _Problem, max_steps: int):
+    """Advance every restart (leading axis of `carry`) with `_minimise`.
+
+    The restarts follow each other under `lax.scan` (each stops on its own,
+    and no work is spent on finished ones, as it would be under vmap),
+    carrying the best loss so far: a restart after one that reached the
+    floor is skipped.
+    """
+    def objective(raw):
+        return _objective(raw, fixed, target, problem)
+
+    def one_restart(best_so_far, restart):
+        skip = (best_so_far <= tolerances[2]) & (restart["reason"] == _RUNNING)
+        restart = restart | dict(reason=jnp.where(skip, _SKIPPED, restart["reason"]).astype(jnp.int32))
+        restart = _minimise(objective, problem.optimizer, restart, tolerances, limit, max_steps)
+        return jnp.minimum(best_so_far, restart["best_loss"]), restart
+
+    _, carry = jax.lax.scan(one_restart, jnp.asarray(jnp.inf, dtype=target.dtype), carry)
+    return carry
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
+def _initial_carry(raw, target, *, problem: _Problem, max_steps: int):
+    return jax.vmap(lambda r: _initial_state(r, problem.optimizer, target.dtype, max_steps))(raw)
+
+
+def _tolerances(gradient_tolerance, loss_tolerance, dtype) -> tuple[float, float, float]:
+    """(gradient, loss change, loss floor), each at least 10 eps of `dtype`."""
+    gradient_tolerance = _check_tolerance("gradient_tolerance", gradient_tolerance)
+    loss_tolerance = _check_tolerance("loss_tolerance", loss_tolerance)
+    eps = float(jnp.finfo(dtype).eps)
+    return max(gradient_tolerance, 10 * eps), max(loss_tolerance, 10 * eps), 10 * eps
+
+
+def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, progress: bool):
+    """All steps in one compiled call, or in about 50 chunks under a progress bar
+    (the same compiled loop, bounded by a traced step limit)."""
+    if not progress:
+        return _run_restarts(carry, fixed, target, tolerances, steps + 1, problem=problem, max_steps=steps)
+    from tqdm.auto import tqdm
+
+    chunk = max(1, math.ceil(steps / 50))
+    # delay: a bar only for runs that last more than a couple of seconds.
+    with tqdm(total=steps, desc="fit", unit="step", delay=2.0) as bar:
+        limit = 0
+        while limit <= steps:
+            limit = min(limit + chunk, steps + 1)
+            carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
+            done = int(np.max(np.asarray(carry["step"])))
+            bar.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}", refresh=False)
+            bar.update(min(done, steps) - bar.n)
+            if np.all(np.asarray(carry["reason"]) != _RUNNING):
+                break
+    return carry
+
+
+def _stop_reason(code: int, step: int, gradient_norm: float, change: float, tolerances) -> str:
+    gradient_tolerance, loss_tolerance, floor = tolerances
+    measured = f"gradient norm {gradient_norm:.2g}, relative loss change {change:.2g}"
+    return {
+        _GRADIENT: f"converged: gradient norm {gradient_norm:.2g} <= {gradient_tolerance:.2g} and relative "
+                   f"loss change {change:.2g} <= {loss_tolerance:.2g} after {step} steps",
+        _FLOOR: f"converged: the loss reached the floor {floor:.2g} (the target is reproduced to rounding) "
+                f"after {step} steps",
+        _STATIONARY: f"converged: the loss changed by less than {loss_tolerance:.2g} (relative) for "
+                     f"{PATIENCE} steps in a row after {step} steps ({measured})",
+        _LIMIT: f"not converged: stopped at the step limit {step} ({measured}; tolerances "
+                f"{gradient_tolerance:.2g} and {loss_tolerance:.2g})",
+        _NOT_FINITE: f"not converged: the loss is not finite after {step} steps",
+    }.get(code, f"not converged: stopped after {step} steps")
+
+
+def _check_tolerance(field: str, value) -> float:
+    from ..errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not value >= 0 \
+            or not math.isfinite(value):
+        raise ConfigError(f"{field}: got {value!r}; allowed: a finite number >= 0")
+    return float(value)
+
+
+def fit(
+    model: RolloutModel,
+    target,
+    *,
+    fit: Sequence[str] | str = ("lambdas",),
+    schedule: str = "free",
+    content: str = "per_layer",
+    loss: str | Callable = "wasserstein",
+    optimizer: optax.GradientTransformation | None = None,
+    steps: int = 2000,
+    restarts: int | None = None,
+    search: int | None = None,
+    key: Array | None = None,
+    n: int | None = None,
+    method: str = "auto",
+    progress: bool = False,
+    gradient_tolerance: float = GRADIENT_TOLERANCE,
+    loss_tolerance: float = LOSS_TOLERANCE,
+) -> FitResult:
+    """Fit the free arrays of `model` so that its influence profile matches `target`.
+
+    Minimises ``L(theta) = loss(p_T(theta), q)`` where
+    ``p_T(j) = (e_{n-1}^T R_T ... R_1)_j``, ``R_t = (1 - lambda_t) I + lambda_t A_t``
+    (arXiv 2602.16837) and ``theta`` are the arrays named in `fit`, each
+    through the parametrisation of `jaxroll.fit`'s docstring (so every iterate
+    is a valid model); the other arrays keep their values in `model`. Losses:
+
+    - ``"wasserstein"``: ``W1(p, q) / (n - 1) = sum_j |F_p(j) - F_q(j)| / (n - 1)``
+      (`jaxroll.metrics.wasserstein`);
+    - ``"kl"``: ``KL(q || p) = sum_j q_j log(q_j / p_j)`` (`jaxroll.metrics.kl`);
+    - ``"l2"``: ``sum_j (p_j - q_j)^2``;
+    - a callable ``(p, q) -> scalar``, differentiable in `p`.
+
+    Two stages:
+
+    1. Global: the model's own point and `search` points of a design over
+       the parameter box `BOX` (Halton for up to `GLOBAL_DIMENSIONS` free
+       parameters, uniform draws from `key` beyond) are scored in one
+       jit-compiled call; the best `restarts` of them go on. By default
+       ``search = GLOBAL_POINTS`` (128) when there are at most
+       `GLOBAL_DIMENSIONS` (8) free parameters and 0 otherwise. With
+       ``search = 0`` the r = `restarts` starting points are the model's
+       own and r - 1 draws over the box, all refined.
+    2. Local: optax updates from each starting point until the stopping test
+       of `jaxroll.fit.optimise` passes (gradient norm and relative loss
+       change below `gradient_tolerance` and `loss_tolerance`, the loss at
+       its floor, or a stationary loss) or `steps` is reached. The default
+       optimiser is `default_lbfgs` (L-BFGS with a zoom line search, from
+       `LBFGS_RESTARTS` = 3 points) for at most `LBFGS_MAX_PARAMETERS` (8)
+       free parameters, else `default_optimizer(steps)` (Adam, learning rate
+       0.05 with a cosine decay over `steps`, from 1 point). The best point
+       seen over all steps and restarts is returned; `FitResult.converged`
+       and `FitResult.stop_reason` say how its restart stopped.
+
+    Then the profile's Jacobian at the solution gives the `Identifiability`
+    report (``result.identifiability``).
+
+    Args:
+        model: the starting point and the fixed arrays.
+        target: ``(n,)``, the profile to reproduce: finite, >= 0, summing to
+            1 within `TARGET_SUM_TOLERANCE` (it is renormalised).
+        fit: the free arrays, any of `FIELDS` (or one comma-separated string).
+        schedule: how free lambdas are parametrised: ``"free"`` (one per
+            layer), ``"power_decay"`` (``lambda_0 / (t + 1)^beta``) or
+            ``"constant"``.
+        content: ``"per_layer"`` (one diagonal score per layer, shared by its
+            heads) or ``"per_head"``.
+        loss: one of `LOSSES` or a callable.
+        optimizer: any optax transformation (its own schedule included);
+            line searches (optax.lbfgs) get ``value``, ``grad`` and
+            ``value_fn``.
+        steps: the most optimisation steps per restart, >= 1.
+        restarts: starting points refined one after the other, >= 1 (default
+            `LBFGS_RESTARTS` with the default L-BFGS, else 1).
+        search: design points of the global stage, >= 0 (0 turns it off;
+            default: see above).
+        key: a `jax.random` key for draws over the box (default ``PRNGKey(0)``).
+        n: the sequence length (default ``model.sequence_length``); under a
+            causal mask a profile at length n is exact for the first n
+            tokens, so long models can be fitted at a short n.
+        method: passed to `jaxroll.influence`.
+        progress: show a progress bar over steps (the same compiled loop,
+            run in about 50 chunks).
+        gradient_tolerance: on ``max_i |dL/du_i|`` (`GRADIENT_TOLERANCE`).
+        loss_tolerance: on ``|f_{k-1} - f_k| / max(|f_{k-1}|, |f_k|)``
+            (`LOSS_TOLERANCE`). Both are raised to 10 eps of the dtype.
+
+    Returns:
+        A `FitResult`.
+
+    Raises:
+        ConfigError: bad target, unknown names, steps or restarts < 1,
+            search < 0, a negative tolerance; one line.
+
+    Note:
+        Memory: reverse-mode through the dense path keeps each layer's
+        ``(H, n, n)`` kernel; fit long or wide models at a reduced n, or with
+        ``method="structured"``.
+    """
+    steps = check_positive_int("steps", steps)
+    _tolerances(gradient_tolerance, loss_tolerance, float)  # checked before any work
+    size_problem, _, _ = _setup(model, target, fit, schedule, content, loss, n, method, None)
+    size = size_problem.parametrisation.size
+    name = "custom"
+    if optimizer is None:
+        name = "lbfgs" if size <= LBFGS_MAX_PARAMETERS else "adam"
+        optimizer = default_lbfgs() if name == "lbfgs" else default_optimizer(steps)
+    if restarts is None:
+        restarts = LBFGS_RESTARTS if name == "lbfgs" else 1
+    restarts = check_positive_int("restarts", restarts)
+    problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method,
+                                    _with_extra_args(optimizer))
+    parametrisation, loss_function, n = problem.parametrisation, problem.loss, problem.n
+
+    if search is None:
+        search = GLOBAL_POINTS if size <= GLOBAL_DIMENSIONS else 0
+    search = _check_non_negative_int("search", search)
+    raw, search_points = _starting_points(problem, fixed, target, parametrisation.initial(model),
+                                          restarts, search, key)
+    initial_loss = float(loss_function(influence(model, n, method=method), target))
+    tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
+    carry = _initial_carry(raw, target, problem=problem, max_steps=steps)
+    carry = _optimise(carry, fixed, target, tuple(jnp.asarray(x, target.dtype) for x in tolerances),
+                      problem, steps, progress)
+
+    winner = int(jnp.argmin(carry["best_loss"]))
+    taken = int(carry["step"][winner])
+    code = int(carry["reason"][winner])
+    best = {key_: np.asarray(u[winner], dtype=np.float64) for key_, u in carry["best_raw"].items()}
+    values = parametrisation.values({key_: jnp.asarray(u) for key_, u in best.items()})
+    schedule_parameters = parametrisation.schedule_parameters(best)
+    if "beta" in schedule_parameters:
+        # The schedule exactly as `jaxroll.schedules.power_decay` (and so a
+        # saved power_decay config) computes it from the reported parameters.
+        from ..schedules import power_decay
+
+        values["lambdas"] = power_decay(schedule_parameters["lambda_0"], schedule_parameters["beta"],
+                                        model.num_layers)
+    fitted = eqx.tree_at(lambda m: tuple(getattr(m, name_) for name_ in values), model,
+                         tuple(np.asarray(v, dtype=np.float64) for v in values.values()))
+    fitted = _as_numpy_model(fitted, n)
+    profile = influence(fitted, n, method=method)
+    final_loss = float(loss_function(profile, target))
+    return FitResult(
+        model=fitted,
+        profile=np.asarray(profile, dtype=np.float64),
+        losses=np.asarray(carry["history"][winner, :taken + 1], dtype=np.float64),
+        initial_loss=initial_loss,
+        final_loss=final_loss,
+        metrics=_compare(profile, target),
+        steps=taken,
+        restart_losses=np.asarray(carry["best_loss"], dtype=np.float64),
+        schedule_parameters=schedule_parameters,
+        search_points=search_points,
+        identifiability=_report(best, fixed, target, profile, problem),
+        converged=code in _CONVERGED,
+        stop_reason=_stop_reason(code, taken, float(carry["gradient_norm"][winner]),
+                                 float(carry["change"][winner]), tolerances),
+        max_steps=steps,
+        optimizer=name,
+    )
