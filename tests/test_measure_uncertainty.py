@@ -141,3 +141,36 @@ def test_imports_without_torch():
     code = ("import sys; import jaxroll.measure.uncertainty, jaxroll.measure.progress; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_score_command_prints_the_function_s_numbers_and_refuses_mismatches(tmp_path, capsys):
+    import json
+
+    from jaxroll.cli import main
+
+    rows = np.random.default_rng(4).gamma(2.0, size=(20, N))
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    np.savez(measured / "measurement.npz", influence_per_sequence=rows)
+    predicted = tmp_path / "predicted.csv"
+    profile = u_shape(N)
+    predicted.write_text("token_position,probability\n" + "".join(f"{j},{float(value)!r}\n" for j, value in enumerate(profile)))
+    argv = ["score", str(predicted), "--measured", str(measured), "--resamples", "200", "--splits", "50", "--seed", "3"]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = score(profile, rows, B=200, splits=50, seed=3).as_dict()
+    assert printed == json.loads(json.dumps(expected))
+    assert main(argv) == 0
+    assert "W1 / floor" in capsys.readouterr().out
+    short = tmp_path / "short.csv"
+    short.write_text("token_position,probability\n0,0.5\n1,0.5\n")
+    np.savez(tmp_path / "old.npz", influence=profile)
+    old = tmp_path / "old"
+    old.mkdir()
+    (tmp_path / "old.npz").rename(old / "measurement.npz")
+    for bad, message in (([str(short), "--measured", str(measured)], "N = 2"),
+                         ([str(predicted), "--measured", str(old)], "influence_per_sequence"),
+                         ([str(predicted), "--measured", str(tmp_path / "none")], "no measurement.npz")):
+        assert main(["score", *bad]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
