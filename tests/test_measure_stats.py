@@ -318,3 +318,45 @@ def test_default_stats_fit_the_architecture_and_progress_goes_to_stderr(saved, t
     assert code == 0 and captured.err == "" and "sinks (eps 0.3)" in captured.out
     with np.load(tmp_path / "bloom" / "measurement.npz") as data:
         assert data["sink_rate"].shape == (8,)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_activation_checkpointing_restores_an_instance_forward_it_found():
+    # accelerate's device-map dispatch sets block.forward on the instance; measuring must leave it in place.
+    model = tiny("bloom")
+    block = model.transformer.h[0]
+    calls = []
+    original = block.forward
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    block.forward = wrapped
+    ids = token_ids(2, 6)
+    result = measure(model, ids, stats=("influence",), checkpointing=True)
+    assert block.__dict__["forward"] is wrapped and calls  # still there, and it ran
+    reference = measure(tiny("bloom"), ids, stats=("influence",), checkpointing=False)
+    np.testing.assert_allclose(result.influence, reference.influence, rtol=1e-12)
+
+
+def test_device_map_auto_on_the_cpu_measures_what_a_plain_load_measures(saved):
+    pytest.importorskip("accelerate")
+    from jaxroll.measure import load_model
+
+    ids = token_ids(2, 8)
+    plain = measure(load_model(saved["bloom"], dtype="float64"), ids, stats=("lambda", "influence"))
+    mapped_model = load_model(saved["bloom"], dtype="float64", device_map="auto")
+    mapped = measure(mapped_model, ids, stats=("lambda", "influence"))
+    np.testing.assert_allclose(mapped.influence_per_sequence, plain.influence_per_sequence, rtol=1e-12)
+    np.testing.assert_allclose(mapped.lambdas, plain.lambdas, rtol=1e-12)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_device_cuda_without_cuda_is_refused_before_loading(saved, tmp_path, capsys):
+    out = tmp_path / "cuda"
+    code = main([str(item) for item in ["measure", saved["hollow"], "--texts", saved["texts"], "--length", "8",
+                                        "--samples", "2", "--out", out, "--device", "cuda"]])
+    stderr = capsys.readouterr().err
+    assert code == 2 and "no CUDA device" in stderr and not out.exists()

@@ -24,12 +24,12 @@ profile p (N,), `score` reports
   estimate: the even/odd and first/second-half splits of one measurement
   can differ six-fold). ``floor`` is its median, ``floor_interval`` its
   percentile interval;
-- ``ratio = W1(p, m) / floor`` with a bootstrap interval: in resample b the
-  first and the last ``floor(S / 2)`` draws are two independent halves
-  (draws with replacement are exchangeable), so ``ratio_b = W1(p, m_b) /
-  W1(m_{b,A}, m_{b,B})`` carries the uncertainty of both W1 and the floor.
-  A ratio whose interval lies above 1 is a prediction distinguishable from
-  the measurement's own noise.
+- ``ratio = W1(p, m) / floor`` with a bootstrap interval: in resample b,
+  ``ratio_b = W1(p, m_b) / floor_b`` with ``floor_b`` the median split-half
+  W1 over `resample_splits` random splits of that resample's S draws into
+  halves, so the interval carries the uncertainty of both W1 and the floor
+  (not the noise of one split). A ratio whose interval lies above 1 is a
+  prediction distinguishable from the measurement's own noise.
 
 The split-half floor measures the distance between two means of S/2
 sequences, i.e. sqrt(2) x sqrt(2) = 2 times the standard error of the
@@ -70,6 +70,7 @@ class Score:
     sequences: int
     resamples: int
     splits: int
+    resample_splits: int
     seed: int
     level: float
     floor_samples: np.ndarray = dataclasses.field(repr=False)
@@ -160,6 +161,20 @@ def _floor(rows, splits, rng):
                        profile_from_rows(_counts(permutations[:, half: 2 * half], count), rows))
 
 
+def _resample_floors(rows, draws, splits, rng, chunk=64):
+    # Per resample: the median split-half W1 over `splits` random splits of its draws.
+    resamples, count = draws.shape
+    half = count // 2
+    floors = np.empty(resamples)
+    for start in range(0, resamples, chunk):
+        block = np.repeat(draws[start: start + chunk], splits, axis=0)  # (b * splits, S)
+        block = rng.permuted(block, axis=1)
+        values = wasserstein(profile_from_rows(_counts(block[:, :half], count), rows),
+                             profile_from_rows(_counts(block[:, half: 2 * half], count), rows))
+        floors[start: start + chunk] = np.median(values.reshape(-1, splits), axis=1)
+    return floors
+
+
 def _counts(indices, count):
     # (K, k) indices into S rows -> (K, S) how often each row was drawn.
     rows = indices.shape[0]
@@ -175,7 +190,7 @@ def _interval(values, level):
 
 
 def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, splits: int = 1000,
-          level: float = 0.95) -> Score:
+          level: float = 0.95, resample_splits: int = 16) -> Score:
     """W1, Spearman and KL of `predicted` against a measurement, with bootstrap intervals and the noise floor.
 
     Args:
@@ -187,6 +202,8 @@ def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, spl
         seed: seed of ``numpy.random.default_rng`` (the resamples, then the
             splits, are drawn from it).
         splits: random half splits for the floor.
+        resample_splits: random half splits of each resample for its floor
+            (the median of them), for the ratio's interval.
         level: the intervals' coverage (0.95: the 2.5 % and 97.5 % quantiles).
 
     Returns:
@@ -201,11 +218,11 @@ def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, spl
         raise ValueError(f"predicted: shape {predicted.shape}; allowed: ({rows.shape[1]},) like the measurement")
     if not np.all(np.isfinite(predicted)) or np.any(predicted < 0) or abs(predicted.sum() - 1) > 1e-6:
         raise ValueError("predicted: allowed: a finite, non-negative profile that sums to 1")
-    if not (isinstance(B, int) and B >= 2 and isinstance(splits, int) and splits >= 1 and 0 < level < 1):
-        raise ValueError(f"B = {B!r}, splits = {splits!r}, level = {level!r}; allowed: B >= 2, splits >= 1, "
-                         "0 < level < 1")
+    if not (isinstance(B, int) and B >= 2 and isinstance(splits, int) and splits >= 1 and 0 < level < 1
+            and isinstance(resample_splits, int) and resample_splits >= 1):
+        raise ValueError(f"B = {B!r}, splits = {splits!r}, resample_splits = {resample_splits!r}, level = {level!r}; "
+                         "allowed: B >= 2, splits >= 1, resample_splits >= 1, 0 < level < 1")
     count = rows.shape[0]
-    half = count // 2
     rng = np.random.default_rng(seed)
     measured = profile_from_rows(np.full((1, count), 1.0 / count), rows)[0]
 
@@ -213,9 +230,7 @@ def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, spl
     resampled = profile_from_rows(_counts(draws, count), rows)
     bootstrap = {"w1": wasserstein(predicted, resampled), "spearman": spearman(predicted, resampled),
                  "kl": kl(resampled, predicted)}
-    # The first and the last `half` draws of each resample: two independent halves.
-    floor_b = wasserstein(profile_from_rows(_counts(draws[:, :half], count), rows),
-                          profile_from_rows(_counts(draws[:, count - half:], count), rows))
+    floor_b = _resample_floors(rows, draws, resample_splits, rng)
     with np.errstate(divide="ignore", invalid="ignore"):
         bootstrap["ratio"] = np.where(floor_b > 0, bootstrap["w1"] / floor_b, np.inf)
     floor_samples = _floor(rows, splits, rng)
@@ -228,5 +243,5 @@ def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, spl
         kl=float(kl(measured, predicted)), kl_interval=_interval(bootstrap["kl"], level),
         floor=floor, floor_interval=_interval(floor_samples, level),
         ratio=w1 / floor if floor > 0 else float("inf"), ratio_interval=_interval(bootstrap["ratio"], level),
-        sequences=count, resamples=B, splits=splits, seed=seed, level=level,
+        sequences=count, resamples=B, splits=splits, resample_splits=resample_splits, seed=seed, level=level,
         floor_samples=floor_samples, bootstrap=bootstrap)
