@@ -31,7 +31,7 @@ Three tables, each printed and written as CSV into --out:
    the CPU), each with one thread, on a tiny saved BLOOM: seconds per
    sequence of the measuring loop (the slowest rank's, from
    metadata.json) and of the whole command (startup and loading included);
-   target ratio <= 0.6. Both runs' outputs are checked equal first.
+   target ratio <= 0.6; alternating repetitions, medians. Both runs' outputs are checked equal first.
 
 Correctness first: each family's influence is checked to sum to 1 and the
 checkpointed run to equal the plain one before anything is timed.
@@ -242,7 +242,7 @@ def overhead_table(length, samples, repeats):
     return rows
 
 
-def parallel_table(length, samples, layers, hidden):
+def parallel_table(length, samples, layers, hidden, repeats):
     import os
     import shutil
     import socket
@@ -271,23 +271,26 @@ def parallel_table(length, samples, layers, hidden):
             port = probe.getsockname()[1]
         launchers = {1: [sys.executable], 2: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                              "--master-addr", "127.0.0.1", "--master-port", str(port)]}
-        results = {}
-        for processes, launcher in launchers.items():
-            out = root / f"out{processes}"
-            start = time.perf_counter()
-            subprocess.run([*launcher, *command, "--out", str(out)], env=environment, check=True,
-                           capture_output=True, text=True)
-            wall = time.perf_counter() - start
-            timing = json.loads((out / "metadata.json").read_text())["timing"]
-            results[processes] = (max(timing["loop_seconds_per_process"]) / samples, wall / samples, out)
-        with np.load(results[1][2] / "measurement.npz") as one, np.load(results[2][2] / "measurement.npz") as two:
+        loops, walls = {1: [], 2: []}, {1: [], 2: []}
+        for repeat in range(repeats):  # alternating 1, 2, 1, 2, ...: the machine's load hits both alike
+            for processes, launcher in launchers.items():
+                out = root / f"out{processes}-{repeat}"
+                start = time.perf_counter()
+                subprocess.run([*launcher, *command, "--out", str(out)], env=environment, check=True,
+                               capture_output=True, text=True)
+                walls[processes].append((time.perf_counter() - start) / samples)
+                timing = json.loads((out / "metadata.json").read_text())["timing"]
+                loops[processes].append(max(timing["loop_seconds_per_process"]) / samples)
+        with np.load(root / "out1-0" / "measurement.npz") as one, np.load(root / "out2-0" / "measurement.npz") as two:
             for name in one.files:
                 assert np.allclose(one[name], two[name], rtol=1e-12, atol=1e-15), name
+        loop = {key: float(np.median(values)) for key, values in loops.items()}
+        wall = {key: float(np.median(values)) for key, values in walls.items()}
         return [{"model": f"bloom L={layers} D={hidden} H={HEADS}", "length": length, "samples": samples,
-                 "loop_1proc_ms": 1e3 * results[1][0], "loop_2proc_ms": 1e3 * results[2][0],
-                 "ratio_loop": results[2][0] / results[1][0],
-                 "wall_1proc_ms": 1e3 * results[1][1], "wall_2proc_ms": 1e3 * results[2][1],
-                 "ratio_wall": results[2][1] / results[1][1]}]
+                 "repeats": repeats, "loop_1proc_ms": 1e3 * loop[1], "loop_2proc_ms": 1e3 * loop[2],
+                 "ratio_loop": loop[2] / loop[1], "ratios_loop_each": " ".join(
+                     f"{two / one:.3f}" for one, two in zip(loops[1], loops[2])),
+                 "wall_1proc_ms": 1e3 * wall[1], "wall_2proc_ms": 1e3 * wall[2], "ratio_wall": wall[2] / wall[1]}]
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -312,6 +315,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of the overhead table")
     parser.add_argument("--parallel-samples", type=int, default=16)
     parser.add_argument("--parallel-length", type=int, default=256)
+    parser.add_argument("--parallel-repeats", type=int, default=3)
     parser.add_argument("--tables", default="cost,memory,falcon,overhead,parallel")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     arguments = parser.parse_args()
@@ -334,8 +338,8 @@ def main():
              arguments.out / "measure_overhead.csv")
     if "parallel" in tables:
         show(f"1 process against torchrun --nproc-per-node 2 (gloo, 1 thread each, float64, "
-             f"N = {arguments.parallel_length}, S = {arguments.parallel_samples})",
-             parallel_table(arguments.parallel_length, arguments.parallel_samples, 4, 128),
+             f"N = {arguments.parallel_length}, S = {arguments.parallel_samples}, median of {arguments.parallel_repeats})",
+             parallel_table(arguments.parallel_length, arguments.parallel_samples, 4, 128, arguments.parallel_repeats),
              arguments.out / "measure_parallel.csv")
 
 
