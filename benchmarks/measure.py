@@ -221,24 +221,29 @@ def overhead_table(length, samples, repeats):
         assert np.array_equal(old.influence, new.influence) and np.array_equal(old.lambdas, new.lambdas)
         assert np.allclose(new.influence_per_sequence.mean(0), new.influence_raw, rtol=1e-12)
         timings = {"before": [], "now": [], "now_quiet": []}
+        cpu = {name: [] for name in timings}
         names = list(timings)
         with tempfile.TemporaryDirectory() as directory:
             # As the command runs it: a checkpoint written after every sequence (now with the (S, N) rows).
             checkpoint = Path(directory) / "checkpoint.npz"
             for repeat in range(repeats):  # interleaved and rotated, so that the machine's load hits all alike
                 for name in names[repeat % 3:] + names[: repeat % 3]:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     if name == "before":
                         _baseline_measure.measure(model, ids, stats=stats, checkpoint_path=checkpoint)
                     else:
                         progress = Progress(samples, stream=io.StringIO()) if name == "now" else False
                         measure(model, ids, stats=stats, progress=progress, checkpoint_path=checkpoint)
                     timings[name].append((time.perf_counter() - start) / samples)
+                    # CPU seconds of this process: what other processes on a shared machine disturb least.
+                    cpu[name].append((time.process_time() - start_cpu) / samples)
         before, now, quiet = (float(np.median(timings[name])) for name in ("before", "now", "now_quiet"))
+        cpu_before, cpu_now = (float(np.median(cpu[name])) for name in ("before", "now"))
         rows.append({"family": family, "length": length, "samples": samples, "repeats": repeats,
                      "stats": "+".join(stats), "before_ms": 1e3 * before, "now_ms": 1e3 * now,
                      "now_quiet_ms": 1e3 * quiet, "ratio_now_before": now / before,
-                     "ratio_quiet_before": quiet / before})
+                     "ratio_quiet_before": quiet / before, "cpu_before_ms": 1e3 * cpu_before,
+                     "cpu_now_ms": 1e3 * cpu_now, "cpu_ratio_now_before": cpu_now / cpu_before})
     return rows
 
 
