@@ -21,10 +21,23 @@ Three tables, each printed and written as CSV into --out:
    logit units (scaled, jaxroll's default) and raw ``q.k`` (the authors'
    convention).
 
+4. ``measure_overhead.csv``: seconds per sequence of today's `measure`
+   (per-sequence influence kept, progress lines on, written to a buffer as
+   on a non-terminal) against the loop before them (``_baseline_measure.py``,
+   jaxroll commit 0d814fc), interleaved repetitions in one process, the
+   median of each; target ratio <= 1.05.
+5. ``measure_parallel.csv``: one process (``python -m jaxroll measure``)
+   against two (``torchrun --nproc-per-node 2 -m jaxroll measure``, gloo on
+   the CPU), each with one thread, on a tiny saved BLOOM: seconds per
+   sequence of the measuring loop (the slowest rank's, from
+   metadata.json) and of the whole command (startup and loading included);
+   target ratio <= 0.6; alternating repetitions, medians. Both runs' outputs are checked equal first.
+
 Correctness first: each family's influence is checked to sum to 1 and the
 checkpointed run to equal the plain one before anything is timed.
 
     python3 benchmarks/measure.py [--length 128] [--samples 8] [--out benchmarks/results]
+                                  [--tables cost,memory,falcon,overhead,parallel]
 """
 
 from __future__ import annotations
@@ -188,6 +201,105 @@ def falcon_table(length, samples):
     return rows
 
 
+def overhead_table(length, samples, repeats):
+    import io
+    import tempfile
+
+    import torch
+
+    import _baseline_measure
+    from jaxroll.measure import measure
+    from jaxroll.measure.progress import Progress
+
+    torch.set_num_threads(1)
+    ids = np.random.default_rng(0).integers(0, VOCAB, (samples, length))
+    rows = []
+    for family, stats in (("bloom", ("lambda", "content", "influence")), ("llama", ("lambda", "influence"))):
+        model = tiny(family)
+        old = _baseline_measure.measure(model, ids, stats=stats)
+        new = measure(model, ids, stats=stats, progress=Progress(samples, stream=io.StringIO()))
+        assert np.array_equal(old.influence, new.influence) and np.array_equal(old.lambdas, new.lambdas)
+        assert np.allclose(new.influence_per_sequence.mean(0), new.influence_raw, rtol=1e-12)
+        timings = {"before": [], "now": [], "now_quiet": []}
+        cpu = {name: [] for name in timings}
+        names = list(timings)
+        with tempfile.TemporaryDirectory() as directory:
+            # As the command runs it: a checkpoint written after every sequence (now with the (S, N) rows).
+            checkpoint = Path(directory) / "checkpoint.npz"
+            for repeat in range(repeats):  # interleaved and rotated, so that the machine's load hits all alike
+                for name in names[repeat % 3:] + names[: repeat % 3]:
+                    start, start_cpu = time.perf_counter(), time.process_time()
+                    if name == "before":
+                        _baseline_measure.measure(model, ids, stats=stats, checkpoint_path=checkpoint)
+                    else:
+                        progress = Progress(samples, stream=io.StringIO()) if name == "now" else False
+                        measure(model, ids, stats=stats, progress=progress, checkpoint_path=checkpoint)
+                    timings[name].append((time.perf_counter() - start) / samples)
+                    # CPU seconds of this process: what other processes on a shared machine disturb least.
+                    cpu[name].append((time.process_time() - start_cpu) / samples)
+        before, now, quiet = (float(np.median(timings[name])) for name in ("before", "now", "now_quiet"))
+        cpu_before, cpu_now = (float(np.median(cpu[name])) for name in ("before", "now"))
+        rows.append({"family": family, "length": length, "samples": samples, "repeats": repeats,
+                     "stats": "+".join(stats), "before_ms": 1e3 * before, "now_ms": 1e3 * now,
+                     "now_quiet_ms": 1e3 * quiet, "ratio_now_before": now / before,
+                     "ratio_quiet_before": quiet / before, "cpu_before_ms": 1e3 * cpu_before,
+                     "cpu_now_ms": 1e3 * cpu_now, "cpu_ratio_now_before": cpu_now / cpu_before})
+    return rows
+
+
+def parallel_table(length, samples, layers, hidden, repeats):
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    import torch
+    import transformers as T
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_tokenizer import WORDS, word_level_tokenizer
+
+    root = Path(tempfile.mkdtemp(prefix="jaxroll-parallel-"))
+    try:
+        torch.manual_seed(0)
+        config = T.BloomConfig(n_layer=layers, n_head=HEADS, hidden_size=hidden, vocab_size=64)
+        T.AutoModelForCausalLM.from_config(config).save_pretrained(root / "model")
+        word_level_tokenizer().save_pretrained(root / "model")
+        rng = np.random.default_rng(0)
+        texts = root / "docs.txt"
+        texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=length + 4)) for _ in range(samples)) + "\n")
+        environment = dict(os.environ, OMP_NUM_THREADS="1")
+        command = ["-m", "jaxroll", "measure", str(root / "model"), "--texts", str(texts), "--length", str(length),
+                   "--samples", str(samples), "--quiet", "--dtype", "float64"]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        launchers = {1: [sys.executable], 2: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                             "--master-addr", "127.0.0.1", "--master-port", str(port)]}
+        loops, walls = {1: [], 2: []}, {1: [], 2: []}
+        for repeat in range(repeats):  # alternating 1, 2, 1, 2, ...: the machine's load hits both alike
+            for processes, launcher in launchers.items():
+                out = root / f"out{processes}-{repeat}"
+                start = time.perf_counter()
+                subprocess.run([*launcher, *command, "--out", str(out)], env=environment, check=True,
+                               capture_output=True, text=True)
+                walls[processes].append((time.perf_counter() - start) / samples)
+                timing = json.loads((out / "metadata.json").read_text())["timing"]
+                loops[processes].append(max(timing["loop_seconds_per_process"]) / samples)
+        with np.load(root / "out1-0" / "measurement.npz") as one, np.load(root / "out2-0" / "measurement.npz") as two:
+            for name in one.files:
+                assert np.allclose(one[name], two[name], rtol=1e-12, atol=1e-15), name
+        loop = {key: float(np.median(values)) for key, values in loops.items()}
+        wall = {key: float(np.median(values)) for key, values in walls.items()}
+        return [{"model": f"bloom L={layers} D={hidden} H={HEADS}", "length": length, "samples": samples,
+                 "repeats": repeats, "loop_1proc_ms": 1e3 * loop[1], "loop_2proc_ms": 1e3 * loop[2],
+                 "ratio_loop": loop[2] / loop[1], "ratios_loop_each": " ".join(
+                     f"{two / one:.3f}" for one, two in zip(loops[1], loops[2])),
+                 "wall_1proc_ms": 1e3 * wall[1], "wall_2proc_ms": 1e3 * wall[2], "ratio_wall": wall[2] / wall[1]}]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def show(title, rows, path):
     print(f"\n{title}")
     keys = list(rows[0])
@@ -205,15 +317,35 @@ def main():
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--memory-length", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of the overhead table")
+    parser.add_argument("--parallel-samples", type=int, default=16)
+    parser.add_argument("--parallel-length", type=int, default=256)
+    parser.add_argument("--parallel-repeats", type=int, default=3)
+    parser.add_argument("--tables", default="cost,memory,falcon,overhead,parallel")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     arguments = parser.parse_args()
     arguments.out.mkdir(parents=True, exist_ok=True)
-    show(f"cost per sequence (N = {arguments.length}, S = {arguments.samples}, float32, 1 thread)",
-         cost_table(arguments.length, arguments.samples), arguments.out / "measure_cost.csv")
-    show(f"peak memory growth of the influence pass (BLOOM, N = {arguments.memory_length}, float32)",
-         memory_table(arguments.memory_length), arguments.out / "measure_memory.csv")
-    show(f"tiny Falcon (4 layers, initializer_range 0.2, float64, N = {arguments.length}, S = {arguments.samples})",
-         falcon_table(arguments.length, arguments.samples), arguments.out / "measure_falcon.csv")
+    tables = set(arguments.tables.split(","))
+    if "cost" in tables:
+        show(f"cost per sequence (N = {arguments.length}, S = {arguments.samples}, float32, 1 thread)",
+             cost_table(arguments.length, arguments.samples), arguments.out / "measure_cost.csv")
+    if "memory" in tables:
+        show(f"peak memory growth of the influence pass (BLOOM, N = {arguments.memory_length}, float32)",
+             memory_table(arguments.memory_length), arguments.out / "measure_memory.csv")
+    if "falcon" in tables:
+        show(f"tiny Falcon (4 layers, initializer_range 0.2, float64, N = {arguments.length}, "
+             f"S = {arguments.samples})",
+             falcon_table(arguments.length, arguments.samples), arguments.out / "measure_falcon.csv")
+    if "overhead" in tables:
+        show(f"overhead of per-sequence influence + progress lines against the loop before them "
+             f"(N = {arguments.length}, S = {arguments.samples}, float32, 1 thread, median of {arguments.repeats})",
+             overhead_table(arguments.length, arguments.samples, arguments.repeats),
+             arguments.out / "measure_overhead.csv")
+    if "parallel" in tables:
+        show(f"1 process against torchrun --nproc-per-node 2 (gloo, 1 thread each, float64, "
+             f"N = {arguments.parallel_length}, S = {arguments.parallel_samples}, median of {arguments.parallel_repeats})",
+             parallel_table(arguments.parallel_length, arguments.parallel_samples, 4, 128, arguments.parallel_repeats),
+             arguments.out / "measure_parallel.csv")
 
 
 if __name__ == "__main__":

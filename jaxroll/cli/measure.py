@@ -1,7 +1,17 @@
-"""``jaxroll measure``: lambda_t, content and influence of a local Hugging Face model."""
+"""``jaxroll measure``: lambda_t, content and influence of a local Hugging Face model.
+
+Checks first, loads later: the architecture, the statistics it allows, N
+against the model's limit, the memory of the requested statistics and the
+texts are all checked from ``config.json``, the tokenizer and the texts
+before the weights load and before ``--out`` is touched. Under torchrun
+(``WORLD_SIZE > 1``) every rank measures its block of the sequences and
+rank 0 merges the partial sums and writes the outputs
+(`jaxroll.measure.distributed`).
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -12,27 +22,38 @@ def add_parser(commands) -> None:
     measure = commands.add_parser(
         "measure", help="measure lambda_t, content scores and influence on a local Hugging Face model",
         description="Measure a causal LM saved in MODEL_DIR (local files only): lambda_t per block, "
-                    "content scores per layer and head, gradient influence of each input position, "
-                    "optionally the mean attention. Writes measurement.npz, metadata.json, config.yaml, "
-                    "influence.csv, lambdas.png and influence.png into --out. Needs jaxroll[measure].")
+                    "content scores per layer and head, gradient influence of each input position "
+                    "(mean and per sequence), optionally the mean attention and attention sinks. Writes "
+                    "measurement.npz, metadata.json, config.yaml, influence.csv, lambdas.png and "
+                    "influence.png into --out. Data parallel under torchrun: torchrun --nproc-per-node K "
+                    "-m jaxroll measure ... Needs jaxroll[measure].")
     measure.add_argument("model", type=Path, metavar="MODEL_DIR", help="directory written by save_pretrained")
     measure.add_argument("--texts", type=Path, required=True,
                          help=".txt (blank-line separated documents), .jsonl (field 'text') or a saved dataset")
     measure.add_argument("--length", type=_common.positive_int, required=True, help="tokens per sequence N")
     measure.add_argument("--samples", type=_common.positive_int, required=True, help="number of sequences S")
     measure.add_argument("--out", type=Path, required=True, help="output directory")
-    measure.add_argument("--stats", default="lambda,content,influence",
-                         help="comma-separated subset of lambda,content,influence,attention,qk "
-                              "(default lambda,content,influence)")
+    measure.add_argument("--stats", default=None,
+                         help="comma-separated subset of lambda,content,influence,attention,qk,sinks "
+                              "(default: what the architecture supports of lambda,content,influence: "
+                              "lambda,influence for rotary models)")
     measure.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32",
-                         help="model dtype (default float32)")
+                         help="model dtype (default float32); statistics accumulate in float64 whatever it is")
+    measure.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                         help="where the model runs (default cpu; auto: cuda when available; under torchrun "
+                              "each rank takes cuda:LOCAL_RANK)")
+    measure.add_argument("--device-map", choices=("auto",), default=None,
+                         help="spread a model larger than one device over all devices (needs accelerate)")
     measure.add_argument("--falcon-alibi", choices=("once", "doubled"), default="once",
                          help="Falcon's ALiBi: once (intended, default) or doubled (its eager path)")
     measure.add_argument("--positions", type=_common.positive_int, default=1,
                          help="keep qk_mean at every K-th position (with --stats ...,qk)")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
-    measure.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    measure.add_argument("--quiet", action="store_true",
+                         help="no progress (default: a bar on a terminal, a line every 5%% or 30 s on stderr "
+                              "otherwise)")
+    measure.add_argument("--resume", action="store_true", help="continue from the checkpoint(s) in --out")
     measure.add_argument("--force", action="store_true", help="write into a non-empty --out")
     measure.set_defaults(run=_run_measure)
 
@@ -46,55 +67,123 @@ def _run_measure(arguments) -> None:
     except ImportError:
         raise ConfigError("measure: needs torch and transformers; install jaxroll[measure]") from None
     from .. import measure
+    from ..measure import distributed, loading
 
-    stats = measure.parse_stats(arguments.stats)
-    if arguments.resume and not (arguments.out / "checkpoint.npz").is_file():
-        raise ConfigError(f"--resume: no checkpoint.npz in {arguments.out}; allowed: the --out of an interrupted run")
-    # Everything is read and checked before --out is touched.
+    world = distributed.from_environment()
+    checkpoint = arguments.out / distributed.checkpoint_name(world)
+    given = None if arguments.stats is None else measure.parse_stats(arguments.stats)
+    if arguments.resume and not checkpoint.is_file():
+        raise ConfigError(f"--resume: no {checkpoint.name} in {arguments.out}; allowed: the --out of an "
+                          "interrupted run (with the same number of processes)")
+    # Everything is read and checked before the weights load and --out is touched.
+    plan = measure.inspect_model(arguments.model)
+    stats = given or plan.default
+    measure.check_stats_allowed(stats, plan.layer_map, plan.position)
+    if plan.max_length is not None and arguments.length > plan.max_length:
+        raise ConfigError(f"--length: {arguments.length}; allowed: at most the model's max_seq_len "
+                          f"({plan.max_length})")
+    if "content" in stats and arguments.length < 2:
+        raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
+    _check_measure_memory(plan, stats, arguments)
+    device = loading.resolve_device(arguments.device)
+    if world.distributed and device == "cuda" and arguments.device_map is None:
+        device = f"cuda:{world.local_rank}"
+    if arguments.device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise ConfigError("--device-map auto: needs accelerate; pip install accelerate") from None
     documents = measure.read_texts(arguments.texts)
-    model = measure.load_model(arguments.model, dtype=arguments.dtype)
     tokenizer = measure.load_tokenizer(arguments.model)
     token_ids, indices = measure.select_sequences(documents, tokenizer, arguments.length, arguments.samples)
-    _check_measure_memory(model.config, stats, arguments)
-    out = arguments.out if arguments.resume else io.prepare_output_dir(arguments.out, force=arguments.force)
-    checkpoint = out / "checkpoint.npz"
+    if world.distributed and arguments.samples < world.size:
+        raise ConfigError(f"--samples: {arguments.samples}; allowed: at least one sequence per process "
+                          f"({world.size})")
+
+    distributed.init(world, device)
     try:
-        result = measure.measure(
-            model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
-            checkpointing=not arguments.no_checkpointing, progress=True, checkpoint_path=checkpoint,
-            resume=arguments.resume, source=str(arguments.model))
-    except KeyboardInterrupt:
-        raise ConfigError(f"measure: interrupted; the completed sequences are in {checkpoint}, rerun with --resume") from None
+        error = None
+        if world.is_main and not arguments.resume:
+            try:
+                io.prepare_output_dir(arguments.out, force=arguments.force)
+            except ConfigError as refused:
+                error = str(refused)
+        error = distributed.broadcast_error(world, error)
+        if error is not None:
+            raise ConfigError(error)
+        out = arguments.out
+        model = measure.load_model(arguments.model, dtype=arguments.dtype, device=device,
+                                   device_map=arguments.device_map)
+        progress = False
+        if not arguments.quiet and world.is_main:
+            from ..measure.progress import Progress
+
+            label = "jaxroll measure" + (f" (rank 0 of {world.size})" if world.distributed else "")
+            progress = Progress(len(_shard(arguments.samples, world)), label=label,
+                                initial=_done(checkpoint) if arguments.resume else 0)
+        try:
+            result = measure.measure(
+                model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
+                checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
+                resume=arguments.resume, source=str(arguments.model),
+                shard=(world.rank, world.size) if world.distributed else None,
+                reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
+        except KeyboardInterrupt:
+            print(f"jaxroll measure: interrupted; the completed sequences are in {checkpoint}; rerun the same "
+                  "command with --resume to continue", file=sys.stderr)
+            raise
+        if result is not None:
+            _write(result, indices, documents, arguments, out, world, measure)
+    finally:
+        distributed.finalize(world)
+
+
+def _shard(samples, world):
+    import numpy as np
+
+    return np.array_split(np.arange(samples), world.size)[world.rank]
+
+
+def _done(checkpoint) -> int:
+    import numpy as np
+
+    with np.load(checkpoint, allow_pickle=False) as data:
+        return int(data["count"]) if "count" in data.files else 0
+
+
+def _write(result, indices, documents, arguments, out, world, measure) -> None:
     result.document_indices = indices
+    result.metadata["processes"] = world.size
+    result.metadata["device"] = arguments.device if arguments.device_map is None else "device_map=auto"
     result.metadata["protocol"] = {
         "texts": str(arguments.texts), "documents": len(documents),
         "rule": "documents in order, keep those with >= N tokens, take the first N, no padding",
         "tokenizer_defaults": "add_special_tokens as the tokenizer's default", "length": arguments.length,
         "samples": arguments.samples}
     written = measure.write_measurement(result, out, overwrite=True)
-    checkpoint.unlink(missing_ok=True)
+    for rank in range(world.size):  # every rank's sums are merged into the outputs
+        from ..measure.distributed import World, checkpoint_name
+
+        (out / checkpoint_name(World(rank, world.size))).unlink(missing_ok=True)
     _print_measure_summary(result, out, written)
 
 
-def _check_measure_memory(config, stats, arguments) -> None:
-    """Refuse ``--stats attention`` / ``qk`` whose float64 means cannot fit: (L, N, N) and (L, H, n, n)."""
+def _check_measure_memory(plan, stats, arguments) -> None:
+    """Refuse statistics whose float64 sums cannot fit, e.g. attention (L, N, N) or qk (L, H, n, n)."""
     from .. import memory
+    from ..measure import stats_bytes
+    from ..measure.measure import Shapes
 
-    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    n = arguments.length
-    needed = 0
-    if "attention" in stats:
-        needed += 8 * layers * n * n
-    if "qk" in stats:
-        kept = len(range(0, n, arguments.positions))
-        needed += 8 * layers * heads * kept * kept
-    memory.check_fits(needed, f"measure --stats {arguments.stats} at N = {n}", allowed=(
+    shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, arguments.length)
+    needed = stats_bytes(stats, shape, arguments.positions)
+    memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {arguments.length}", allowed=(
         "a shorter --length, fewer --stats (or --positions K for qk)"))
 
 
 def _print_measure_summary(result, out, written) -> None:
     import numpy as np
+
+    from ..measure.measure import summary_lines
 
     meta = result.metadata
     print(f"jaxroll measure: {meta['model']} ({meta['model_type']}, {meta['num_layers']} layers, "
@@ -107,4 +196,6 @@ def _print_measure_summary(result, out, written) -> None:
     if result.influence is not None:
         print(f"  influence: p[0] = {result.influence[0]:.4g}, p[-1] = {result.influence[-1]:.4g}, "
               f"argmin = {int(np.argmin(result.influence))}")
+    for line in summary_lines(result):
+        print(f"  {line}")
     print(f"  wrote {out}/" + ", ".join(path.name for path in written))

@@ -3,21 +3,56 @@
 The data the rollout theory of arXiv 2602.16837 is fitted to and compared
 with, from Hugging Face causal LMs: per block the mixing coefficient
 ``lambda_t = mean ||a|| / (||x|| + ||a||)``, per layer and head the content
-scores of ``q_i . k_j``, the dataset-averaged attention, and the influence
+scores of ``q_i . k_j``, the dataset-averaged attention, the influence
 ``||d f / d e_j||`` of each input embedding on the top next-token
-probability at the last position. Needs the optional extra
-``jaxroll[measure]`` (torch, transformers).
+probability at the last position, attention sinks. Needs the optional
+extra ``jaxroll[measure]`` (torch, transformers).
+
+Names load lazily: `jaxroll.measure.uncertainty` (bootstrap intervals, the
+noise floor) and `jaxroll.measure.progress` are pure NumPy / Python and
+import without torch.
 """
 
-from .layer_maps import LAYER_MAPS as LAYER_MAPS, LayerMap as LayerMap, layer_map_for as layer_map_for
-from .measure import (
-    DEFAULT_STATS as DEFAULT_STATS,
-    STATS as STATS,
-    Measurement as Measurement,
-    influence_gradients as influence_gradients,
-    measure as measure,
-    parse_stats as parse_stats,
-)
-from .outputs import read_measurement as read_measurement, write_measurement as write_measurement
-from .texts import load_tokenizer as load_tokenizer, read_texts as read_texts, select_sequences as select_sequences
-from .loading import load_model as load_model
+import importlib
+import sys
+import types
+
+_NAMES = {
+    "LAYER_MAPS": "layer_maps", "LayerMap": "layer_maps", "layer_map_for": "layer_maps",
+    "DEFAULT_STATS": "measure", "STATS": "measure", "Measurement": "measure", "PartialSums": "measure",
+    "Statistic": "measure", "Shapes": "measure", "allowed_stats": "measure", "check_stats_allowed": "measure",
+    "default_stats": "measure", "register_statistic": "measure", "statistic_names": "measure",
+    "stats_bytes": "measure", "influence_gradients": "measure", "measure": "measure", "parse_stats": "measure",
+    "read_measurement": "outputs", "write_measurement": "outputs",
+    "load_tokenizer": "texts", "read_texts": "texts", "select_sequences": "texts",
+    "load_model": "loading", "inspect_model": "loading", "ModelPlan": "loading",
+    "score": "uncertainty", "Score": "uncertainty",
+    "Progress": "progress",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxroll.measure' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once: the next lookup is a plain attribute
+    return value
+
+
+def __dir__():
+    return __all__
+
+
+class _Package(types.ModuleType):
+    # Importing the submodule jaxroll.measure.measure would bind its name on
+    # this package over the function `measure`; keep the function.
+    def __setattr__(self, name, value):
+        if name == "measure" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -94,15 +94,20 @@ class Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for block in self._patched:
+        for block, previous in self._patched:
             # The wrapper lives in the instance's __dict__; deleting it
-            # restores the class's forward.
-            del block.forward
+            # restores the class's forward, unless an instance forward was
+            # there before (accelerate's device-map dispatch puts one there).
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
         self._patched.clear()
         self._pending.clear()
 
     def _patch(self, block) -> None:
         original = block.forward
+        previous = block.__dict__.get("forward")
 
         def forward(*args, **kwargs):
             if not torch.is_grad_enabled():
@@ -112,7 +117,7 @@ class Hooks:
         # An instance attribute, signature-agnostic: the block's own class
         # (and its attention class) stay untouched.
         block.forward = forward
-        self._patched.append(block)
+        self._patched.append((block, previous))
 
     def _block_input(self, layer):
         def hook(module, args, kwargs):
