@@ -11,7 +11,7 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import fit, measure, rollout, sweep, theory
+from . import cache, fit, measure, rollout, sweep, theory
 
 __all__ = ["main"]
 
@@ -22,16 +22,24 @@ def _build_parser():
         "transformers (arXiv 2602.16837)."))
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
-    for command in (rollout, measure, theory, fit, sweep):
+    for command in (rollout, measure, theory, fit, sweep, cache):
         command.add_parser(commands)
     return parser
 
 
 def main(argv=None) -> int:
-    """Run ``jaxroll ARGV``; return the exit status (0, or 2 after a one-line error on stderr)."""
+    """Run ``jaxroll ARGV``; return the exit status (0, or 2 after a one-line error on stderr).
+
+    From the command line (`argv` None) the persistent compilation cache is
+    on (`jaxroll.cache`); a caller's ``main([...])`` leaves JAX's settings alone.
+    """
     parser = _build_parser()
     try:
         arguments = parser.parse_args(argv)
+        if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
+            from .. import cache as compilation_cache
+
+            compilation_cache.enable()  # $JAXROLL_CACHE_DIR or the XDG cache; JAXROLL_NO_CACHE=1: off
         arguments.run(arguments)
     except ConfigError as error:
         print(f"jaxroll: error: {error}", file=sys.stderr)

@@ -9,7 +9,7 @@ from . import _common
 
 
 def add_parser(commands) -> None:
-    from ..fit import CONTENTS, FIELDS, LOSSES, SCHEDULES
+    from ._names import FIT_CONTENTS as CONTENTS, FIT_FIELDS as FIELDS, FIT_LOSSES as LOSSES, FIT_SCHEDULES as SCHEDULES
 
     fit = commands.add_parser(
         "fit", help="fit lambdas and content to a measured profile",
@@ -110,7 +110,7 @@ def _run_fit(arguments) -> None:
 
 
 def _add_kernel_fit_parser(commands) -> None:
-    from ..kernel_fit import FAMILIES
+    from ._names import KERNEL_FAMILIES as FAMILIES
 
     fit = commands.add_parser(
         "fit-kernel", help="fit a relative-position kernel to measured dense kernels",
