@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--numpy-33", action="store_true", help="also the NumPy baseline over the 33 (slow)")
     parser.add_argument("--today", default="/work/main", help="the tree of the code before (default /work/main)")
     parser.add_argument("--csv", type=Path, default=HERE / "process.csv")
+    parser.add_argument("--only", default=None, help="time only the rows whose command contains this text")
     parser.add_argument("--numpy", nargs="+", metavar="CONFIG", help=argparse.SUPPRESS)
     parser.add_argument("--numpy-out", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -180,11 +181,24 @@ def main() -> None:
         ("33 published configs, one process, float64", "new, warm cache",
          lambda: [python, str(WORKER), "rollout", *files, "--float64", "--out", out()], new_warm, arguments.rounds_33),
     ]
+    rows += [
+        ("jaxroll rollout: BLOOM-176B (--published bloom-176b) --no-figure", "new, warm cache",
+         lambda: [python, "-m", "jaxroll", "rollout", "--published", "bloom-176b", "--no-figure", "--out", out()],
+         new_warm, None),
+        ("33 published configs, one process, float64, --no-figure", "new, cold cache",
+         lambda: [python, str(WORKER), "rollout", *files, "--float64", "--no-figure", "--out", out()], new_cold,
+         arguments.rounds_33),
+        ("33 published configs, one process, float64, --no-figure", "new, warm cache",
+         lambda: [python, str(WORKER), "rollout", *files, "--float64", "--no-figure", "--out", out()], new_warm,
+         arguments.rounds_33),
+    ]
     if arguments.numpy_33:
         rows.append(("33 published configs, one process, float64", "numpy",
                      lambda: [python, __file__, "--numpy", *files, "--numpy-out", out()], lambda: base,
                      arguments.rounds_33))
 
+    if arguments.only:
+        rows = [row for row in rows if arguments.only in row[0] or row[1] == "reference"]
     # Fill the warm folder: one untimed run of each command that uses it.
     for _, kind, command, environment, _ in rows:
         if kind.endswith("warm cache"):
@@ -224,6 +238,8 @@ def main() -> None:
             print(f"| {name} | {kind} | {medians[i]:.2f} | {len(times[i])} | {ratio_text} | {notes.get(i, '')} |")
             writer.writerow([name, kind, f"{medians[i]:.3f}", len(times[i]), "" if ratio is None else f"{ratio:.3f}",
                              notes.get(i, ""), started, f"{load_before[0]:.2f}", f"{load_after[0]:.2f}"])
+    if arguments.only:
+        return
     imports = {kind: medians[i] for i, (name, kind, *_) in enumerate(rows) if name.startswith("import jaxroll +")}
     bare = {kind: medians[i] for i, (name, kind, *_) in enumerate(rows) if name == "python -c 'import jaxroll'"}
     jax_time = medians[0]

@@ -107,7 +107,7 @@ def test_the_batch_command_writes_each_config_and_compiles_a_handful(tmp_path):
              root / "alibi/all_content/dclm/bloom-7b1.yaml"]
     environment = {**os.environ, "JAXROLL_NO_CACHE": "1"}  # count compilations, not cache hits
     result = subprocess.run([sys.executable, str(Path(__file__).parent / "cache_worker.py"), "rollout",
-                             *map(str, files), "--float64", "--out", str(tmp_path / "out")],
+                             *map(str, files), "--float64", "--no-figure", "--out", str(tmp_path / "out")],
                             env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     events = json.loads(result.stdout.strip().splitlines()[-1])["events"]
@@ -118,6 +118,7 @@ def test_the_batch_command_writes_each_config_and_compiles_a_handful(tmp_path):
     assert events.get(COMPILE, 0) <= 4, events
     for path in files:
         name = "-".join(path.relative_to(root).with_suffix("").parts)
+        assert {p.name for p in (tmp_path / "out" / name).iterdir()} == {"profile.csv", "config.yaml"}  # --no-figure
         written = jaxroll.read_profile(tmp_path / "out" / name / "profile.csv")
         assert len(written) == jaxroll.load_config(path).sequence_length
         expected = oracle.influence(oracle.config_arrays(oracle.read_config(path)), len(written))

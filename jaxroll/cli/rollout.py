@@ -20,6 +20,8 @@ def add_parser(commands) -> None:
                          help="more rollout YAML files, run in one process (compiled programs shared): "
                               "each writes into --out/<its path below the files' common folder>")
     _common.add_output_arguments(rollout)
+    rollout.add_argument("--no-figure", action="store_true",
+                         help="skip profile.png (drawing it takes most of a small run's time)")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
     rollout.set_defaults(run=_run_rollout)
@@ -80,12 +82,13 @@ def _write_rollout(model, source, out, arguments, influence_with_mass, io, plot)
 
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
-    plot.plot_profile(out / "profile.png", profile, attention_only,
-                      title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
-    _print_summary(model, profile, float(mass), source, out)
+    if not arguments.no_figure:
+        plot.plot_profile(out / "profile.png", profile, attention_only,
+                          title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
+    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure)
 
 
-def _print_summary(model, profile, mass, source, out) -> None:
+def _print_summary(model, profile, mass, source, out, figure=True) -> None:
     import numpy as np
 
     from ..metrics import edge_count
@@ -102,7 +105,7 @@ def _print_summary(model, profile, mass, source, out) -> None:
     from ..schema import kernel_arrays
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
-    print(f"  wrote {out}/profile.csv, profile.png, config.yaml{extra}")
+    print(f"  wrote {out}/profile.csv, {'profile.png, ' if figure else ''}config.yaml{extra}")
 
 
 def _run_presets(arguments) -> None:
