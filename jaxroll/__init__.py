@@ -5,9 +5,21 @@ A theory of position bias in causal transformers from architecture alone
 identity and an attention kernel, ``R_t = (1 - lambda_t) I + lambda_t A_t``,
 and the last row of ``P_T = R_T ... R_1`` is the predicted influence of each
 input position on the last one.
+
+Imports are lazy (PEP 562): ``import jaxroll`` loads neither JAX nor any
+submodule; each public name loads its module on first use, so a rollout
+never pays for optax (the fits), matplotlib (the figures), pandas (sweep
+tables) or torch (measurements), and ``jaxroll --help`` answers before JAX
+loads. ``__all__`` and ``dir(jaxroll)`` list every public name as before.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING
 
 __all__ = [
     "AlibiKernel",
@@ -44,45 +56,118 @@ __all__ = [
     "write_profile",
 ]
 
-from . import kernel_types as kernel_types
-from . import metrics as metrics
-from . import presets as presets
-from . import published as published
-from . import schedules as schedules
-from . import theory as theory
-from .errors import ConfigError as ConfigError
-from .fit import (
-    FitResult as FitResult,
-    Identifiability as Identifiability,
-    compare_variants as compare_variants,
-    fit as fit,
-    identifiability as identifiability,
-)
-from .io import (
-    load_config as load_config,
-    read_profile as read_profile,
-    save_config as save_config,
-    write_profile as write_profile,
-)
-from .kernel_types import (
-    AlibiKernel as AlibiKernel,
-    DenseKernel as DenseKernel,
-    PowerKernel as PowerKernel,
-    TableKernel as TableKernel,
-)
-from .kernels import alibi_slopes as alibi_slopes
-from .model import KernelRolloutModel as KernelRolloutModel, RolloutModel as RolloutModel
-from .rollout import (
-    attention_kernel as attention_kernel,
-    influence as influence,
-    influence_with_mass as influence_with_mass,
-    rollout_matrix as rollout_matrix,
-    rollout_row as rollout_row,
-    transition as transition,
-)
-from .sweep import SweepResult as SweepResult, sweep as sweep
+# Public name -> (module, attribute); attribute None: the module itself.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "ConfigError": (".errors", "ConfigError"),
+    "AlibiKernel": (".kernel_types", "AlibiKernel"),
+    "DenseKernel": (".kernel_types", "DenseKernel"),
+    "PowerKernel": (".kernel_types", "PowerKernel"),
+    "TableKernel": (".kernel_types", "TableKernel"),
+    "KernelRolloutModel": (".model", "KernelRolloutModel"),
+    "RolloutModel": (".model", "RolloutModel"),
+    "alibi_slopes": (".kernels", "alibi_slopes"),
+    "attention_kernel": (".rollout", "attention_kernel"),
+    "influence": (".rollout", "influence"),
+    "influence_with_mass": (".rollout", "influence_with_mass"),
+    "rollout_matrix": (".rollout", "rollout_matrix"),
+    "rollout_row": (".rollout", "rollout_row"),
+    "transition": (".rollout", "transition"),
+    "load_config": (".io", "load_config"),
+    "read_profile": (".io", "read_profile"),
+    "save_config": (".io", "save_config"),
+    "write_profile": (".io", "write_profile"),
+    "FitResult": (".fit", "FitResult"),
+    "Identifiability": (".fit", "Identifiability"),
+    "compare_variants": (".fit", "compare_variants"),
+    "fit": (".fit", "fit"),
+    "identifiability": (".fit", "identifiability"),
+    "SweepResult": (".sweep", "SweepResult"),
+    "sweep": (".sweep", "sweep"),
+    "kernel_types": (".kernel_types", None),
+    "metrics": (".metrics", None),
+    "presets": (".presets", None),
+    "published": (".published", None),
+    "schedules": (".schedules", None),
+    "theory": (".theory", None),
+}
 
-try:
-    __version__ = version("jaxroll")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+# `jaxroll.fit` and `jaxroll.sweep` are functions that share their name with
+# the submodule defining them. Importing a submodule binds it on its package
+# (`setattr(jaxroll, "fit", <module>)`), which would hide the function, so
+# the package refuses that one binding; the module stays in sys.modules.
+_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"fit", "sweep"})
+
+
+def __getattr__(name: str):
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("jaxroll")
+        except PackageNotFoundError:  # a source tree that is not installed
+            value = "0.0.0"
+    elif name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name, __name__)
+        value = module if attribute is None else getattr(module, attribute)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # any other submodule, e.g. jaxroll.io
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+if TYPE_CHECKING:  # what static checkers see: the names as plain imports
+    from . import kernel_types as kernel_types
+    from . import metrics as metrics
+    from . import presets as presets
+    from . import published as published
+    from . import schedules as schedules
+    from . import theory as theory
+    from .errors import ConfigError as ConfigError
+    from .fit import (
+        FitResult as FitResult,
+        Identifiability as Identifiability,
+        compare_variants as compare_variants,
+        fit as fit,
+        identifiability as identifiability,
+    )
+    from .io import (
+        load_config as load_config,
+        read_profile as read_profile,
+        save_config as save_config,
+        write_profile as write_profile,
+    )
+    from .kernel_types import (
+        AlibiKernel as AlibiKernel,
+        DenseKernel as DenseKernel,
+        PowerKernel as PowerKernel,
+        TableKernel as TableKernel,
+    )
+    from .kernels import alibi_slopes as alibi_slopes
+    from .model import KernelRolloutModel as KernelRolloutModel, RolloutModel as RolloutModel
+    from .rollout import (
+        attention_kernel as attention_kernel,
+        influence as influence,
+        influence_with_mass as influence_with_mass,
+        rollout_matrix as rollout_matrix,
+        rollout_row as rollout_row,
+        transition as transition,
+    )
+    from .sweep import SweepResult as SweepResult, sweep as sweep
+
+    __version__: str

@@ -5,12 +5,17 @@ compared at 1e-12; tests of the float32 default wrap their calls in the
 `float32` fixture's context.
 """
 
+import os
+import tempfile
 from pathlib import Path
 
 import jax
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+# `jaxroll` in a subprocess keeps its compilation cache (jaxroll.cache): in a
+# temporary folder, never the user's ~/.cache.
+os.environ.setdefault("JAXROLL_CACHE_DIR", tempfile.mkdtemp(prefix="jaxroll-test-cache-"))
 
 import jaxroll  # noqa: E402  (after float64 is on)
 

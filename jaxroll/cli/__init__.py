@@ -12,8 +12,7 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import fit, measure, rollout, sweep, theory
-from . import uncertainty
+from . import cache, fit, measure, rollout, sweep, theory, uncertainty
 
 __all__ = ["main"]
 
@@ -24,7 +23,7 @@ def _build_parser():
         "transformers (arXiv 2602.16837)."))
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
-    for command in (rollout, measure, theory, fit, sweep, uncertainty):
+    for command in (rollout, measure, theory, fit, sweep, uncertainty, cache):
         command.add_parser(commands)
     return parser
 
@@ -38,10 +37,17 @@ def main(argv=None) -> int:
     ``--resume``); 1, silently, when the reader of stdout went away
     (``jaxroll compare A B | head -3``), as Python's documentation on
     SIGPIPE recommends.
+
+    From the command line (`argv` None) the persistent compilation cache is
+    on (`jaxroll.cache`); a caller's ``main([...])`` leaves JAX's settings alone.
     """
     parser = _build_parser()
     try:
         arguments = parser.parse_args(argv)
+        if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
+            from .. import cache as compilation_cache
+
+            compilation_cache.enable()  # $JAXROLL_CACHE_DIR or the XDG cache; JAXROLL_NO_CACHE=1: off
         arguments.run(arguments)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler
     except ConfigError as error:

@@ -80,17 +80,17 @@ def add_output_arguments(parser) -> None:
 
 def add_model_arguments(parser) -> None:
     """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
-    from .. import presets, published
+    from ._names import DATASETS, DEFAULT_PRESET, PRESETS, PUBLISHED  # not presets/published: no JAX for --help
 
     parser.add_argument("config", nargs="?", type=Path, help="rollout YAML file (default: a preset)")
-    parser.add_argument("--preset", choices=presets.names(), default=None,
-                        help=f"built-in geometry with a power-decay schedule (default {presets.DEFAULT} "
+    parser.add_argument("--preset", choices=PRESETS, default=None,
+                        help=f"built-in geometry with a power-decay schedule (default {DEFAULT_PRESET} "
                              "without CONFIG or --published)")
-    parser.add_argument("--published", choices=published.names(), default=None,
+    parser.add_argument("--published", choices=PUBLISHED, default=None,
                         help="the paper authors' measured configuration of this model")
     parser.add_argument("--content", choices=("none", "mean", "all"), default="none",
                         help="with --published: no content, one score per layer, or per head (default none)")
-    parser.add_argument("--dataset", choices=published.DATASETS, default="fineweb-edu",
+    parser.add_argument("--dataset", choices=DATASETS, default="fineweb-edu",
                         help="with --published: the text it was measured on (default fineweb-edu)")
     parser.add_argument("--no-residual", action="store_true",
                         help="with --published: lambda = 1 in every layer (attention-only)")

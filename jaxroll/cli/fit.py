@@ -9,8 +9,8 @@ from . import _common
 
 
 def add_parser(commands) -> None:
-    from .. import presets, published
-    from ..fit import CONTENTS, FIELDS, LOSSES, SCHEDULES
+    from ._names import DATASETS, PRESETS, PUBLISHED
+    from ._names import FIT_CONTENTS as CONTENTS, FIT_FIELDS as FIELDS, FIT_LOSSES as LOSSES, FIT_SCHEDULES as SCHEDULES
 
     fit = commands.add_parser(
         "fit", help="fit lambdas and content to a measured profile",
@@ -27,13 +27,13 @@ def add_parser(commands) -> None:
                      help="rollout YAML file: the start and the fixed arrays (or --preset/--published)")
     fit.add_argument("profile", type=Path, metavar="PROFILE.csv",
                      help="target profile, header token_position,probability")
-    fit.add_argument("--preset", choices=presets.names(), default=None,
+    fit.add_argument("--preset", choices=PRESETS, default=None,
                      help="start from a built-in geometry with a power-decay schedule")
-    fit.add_argument("--published", choices=published.names(), default=None,
+    fit.add_argument("--published", choices=PUBLISHED, default=None,
                      help="start from the paper authors' measured configuration of this model")
     fit.add_argument("--published-content", choices=("none", "mean", "all"), default="none",
                      help="with --published: no content, one score per layer, or per head (default none)")
-    fit.add_argument("--dataset", choices=published.DATASETS, default="fineweb-edu",
+    fit.add_argument("--dataset", choices=DATASETS, default="fineweb-edu",
                      help="with --published: the text it was measured on (default fineweb-edu)")
     fit.add_argument("--fit", default="lambdas",
                      help=f"comma-separated free arrays, any of {','.join(FIELDS)} (default lambdas)")
@@ -166,7 +166,7 @@ def _run_fit(arguments) -> None:
 
 
 def _add_kernel_fit_parser(commands) -> None:
-    from ..kernel_fit import FAMILIES
+    from ._names import KERNEL_FAMILIES as FAMILIES
 
     fit = commands.add_parser(
         "fit-kernel", help="fit a relative-position kernel to measured dense kernels",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from pathlib import Path
+
 from ..errors import ConfigError
 from . import _common
 
@@ -14,7 +16,12 @@ def add_parser(commands) -> None:
                     "configuration (or a built-in preset) and write profile.csv, "
                     "profile.png and config.yaml into --out.")
     _common.add_model_arguments(rollout)
+    rollout.add_argument("more_configs", nargs="*", type=Path, metavar="CONFIG ...",
+                         help="more rollout YAML files, run in one process (compiled programs shared): "
+                              "each writes into --out/<its path below the files' common folder>")
     _common.add_output_arguments(rollout)
+    rollout.add_argument("--no-figure", action="store_true",
+                         help="skip profile.png (drawing it takes most of a small run's time)")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
     rollout.set_defaults(run=_run_rollout)
@@ -27,19 +34,45 @@ def add_parser(commands) -> None:
 
 
 def _run_rollout(arguments) -> None:
-    import dataclasses
-
     import jax
 
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
-    import numpy as np
 
     from .. import io, plot
-    from ..rollout import influence_with_mass
+    from ..bucket import influence_with_mass  # pads small models to shared compiled shapes
 
-    model, source = _common.model_from_arguments(arguments)
-    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    runs = _batch(arguments) if arguments.more_configs else [
+        (*_common.model_from_arguments(arguments), arguments.out)]
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    for model, source, out in runs:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_rollout(model, source, out, arguments, influence_with_mass, io, plot)
+
+
+def _batch(arguments):
+    """``jaxroll rollout A.yaml B.yaml ...``: every model loaded and checked before --out is touched."""
+    import os
+
+    paths = [arguments.config, *arguments.more_configs]
+    if arguments.preset is not None or arguments.published is not None:
+        raise ConfigError("rollout: several CONFIG files take no --preset or --published")
+    if len(set(map(os.path.abspath, paths))) < len(paths):
+        raise ConfigError("rollout: a CONFIG file is given twice")
+    parent = Path(os.path.commonpath([os.path.abspath(p.parent) for p in paths]))
+    runs = []
+    for path in paths:
+        arguments.config = path
+        model, source = _common.model_from_arguments(arguments)
+        name = "-".join(Path(os.path.abspath(path)).relative_to(parent).with_suffix("").parts)
+        runs.append((model, source, arguments.out / name))
+    return runs
+
+
+def _write_rollout(model, source, out, arguments, influence_with_mass, io, plot) -> None:
+    import dataclasses
+
+    import numpy as np
 
     profile, mass = influence_with_mass(model, method=arguments.method)
     attention_only = influence_with_mass(
@@ -51,13 +84,14 @@ def _run_rollout(arguments) -> None:
 
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
-    plot.plot_profile(out / "profile.png", profile, attention_only,
-                      attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
-                      title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
-    _print_summary(model, profile, float(mass), source, out)
+    if not arguments.no_figure:
+        plot.plot_profile(out / "profile.png", profile, attention_only,
+                          attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
+                          title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
+    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure)
 
 
-def _print_summary(model, profile, mass, source, out) -> None:
+def _print_summary(model, profile, mass, source, out, figure=True) -> None:
     import numpy as np
 
     from ..metrics import edge_count
@@ -76,7 +110,7 @@ def _print_summary(model, profile, mass, source, out) -> None:
     from ..schema import kernel_arrays
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
-    print(f"  wrote {out}/profile.csv, profile.png, config.yaml{extra}")
+    print(f"  wrote {out}/profile.csv, {'profile.png, ' if figure else ''}config.yaml{extra}")
 
 
 def _run_presets(arguments) -> None:

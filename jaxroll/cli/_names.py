@@ -1,0 +1,25 @@
+"""The names the parser offers as choices, without importing JAX.
+
+``jaxroll --help`` and argument errors must answer before JAX loads, but
+`jaxroll.presets`, `jaxroll.published`, `jaxroll.fit` and
+`jaxroll.kernel_fit` import JAX (and optax). Their names are repeated here;
+tests/test_lazy_imports.py checks that they equal ``presets.names()``,
+``presets.DEFAULT``, ``published.names()``, ``published.DATASETS``, the fit
+module's ``FIELDS``, ``SCHEDULES``, ``CONTENTS``, ``LOSSES`` and
+``kernel_fit.FAMILIES``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PRESETS", "DEFAULT_PRESET", "PUBLISHED", "DATASETS", "FIT_FIELDS", "FIT_SCHEDULES",
+           "FIT_CONTENTS", "FIT_LOSSES", "KERNEL_FAMILIES"]
+
+PRESETS = ("bloom-176b", "bloom-7b1", "mpt-7b", "mpt-30b", "falcon-rw-7b")
+DEFAULT_PRESET = "bloom-176b"
+PUBLISHED = ("bloom-176b", "bloom-7b1", "mpt-7b", "mpt-30b", "falcon-rw-7b")
+DATASETS = ("fineweb-edu", "dclm", "wikipedia")
+FIT_FIELDS = ("lambdas", "diagonal_scores", "alibi_slopes", "head_weights", "temperature")
+FIT_SCHEDULES = ("free", "power_decay", "constant")
+FIT_CONTENTS = ("per_layer", "per_head")
+FIT_LOSSES = ("wasserstein", "kl", "l2")
+KERNEL_FAMILIES = ("alibi", "power", "table")

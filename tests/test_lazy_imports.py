@@ -1,0 +1,89 @@
+"""Lazy imports: `import jaxroll` loads no JAX, a rollout loads no optax,
+matplotlib, pandas or torch, and `jaxroll --help`, `--version` and argument
+errors answer before JAX loads. Each check runs in a fresh interpreter and
+reads its sys.modules (the test process has imported everything already).
+"""
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+import jaxroll
+
+HEAVY = ("jax", "equinox", "optax", "matplotlib", "pandas", "torch", "transformers",
+         "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot")
+
+
+def loaded_after(code: str) -> tuple[set[str], subprocess.CompletedProcess]:
+    """The HEAVY modules in sys.modules after running `code` in a fresh interpreter."""
+    script = (f"import sys, json\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines())
+              + f"except SystemExit:\n    pass\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.strip().splitlines()[-1])), result
+
+
+def test_import_jaxroll_loads_nothing_heavy():
+    loaded, _ = loaded_after("import jaxroll")
+    assert loaded == set()
+
+
+def test_a_rollout_loads_jax_but_no_fit_figures_tables_or_torch():
+    loaded, _ = loaded_after("import jaxroll\n"
+                             "model = jaxroll.published.load('mpt-7b')\n"
+                             "p = jaxroll.influence(model, 16)\n"
+                             "jaxroll.load_config(jaxroll.published.path('mpt-7b')); jaxroll.presets.get('mpt-7b')")
+    assert {"jax", "equinox"} <= loaded
+    assert loaded.isdisjoint({"optax", "matplotlib", "pandas", "torch", "transformers",
+                              "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot"})
+
+
+@pytest.mark.parametrize("arguments", [["--help"], ["--version"], ["rollout", "--help"], ["fit", "--help"],
+                                       ["rollout", "--preset", "no-such-model"], ["no-such-command"]])
+def test_help_version_and_argument_errors_answer_before_jax(arguments):
+    loaded, result = loaded_after(f"from jaxroll.cli import main\nstatus = main({arguments!r})\n"
+                                  "print('status', status)")
+    assert "jax" not in loaded and "equinox" not in loaded
+    if "--help" in arguments or "--version" in arguments:
+        assert ("usage: jaxroll" in result.stdout) or result.stdout.startswith("jaxroll ")
+    else:  # one line on stderr, exit status 2
+        assert "status 2" in result.stdout
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("jaxroll: error: ")
+
+
+def test_every_public_name_resolves_and_dir_lists_them():
+    assert set(jaxroll.__all__) <= set(dir(jaxroll))
+    for name in jaxroll.__all__:
+        assert getattr(jaxroll, name) is not None, name
+    assert isinstance(jaxroll.__version__, str)
+    with pytest.raises(AttributeError):
+        jaxroll.no_such_name  # noqa: B018
+
+
+def test_fit_and_sweep_stay_the_functions_after_their_modules_are_imported():
+    import jaxroll.fit  # noqa: F401  (binds the submodule on the package, which must not win)
+    import jaxroll.sweep  # noqa: F401
+
+    assert not isinstance(jaxroll.fit, types.ModuleType) and callable(jaxroll.fit)
+    assert not isinstance(jaxroll.sweep, types.ModuleType) and callable(jaxroll.sweep)
+    assert jaxroll.fit is sys.modules["jaxroll.fit"].fit
+    assert jaxroll.sweep is sys.modules["jaxroll.sweep"].sweep
+    assert jaxroll.SweepResult is sys.modules["jaxroll.sweep"].SweepResult
+
+
+def test_the_parser_names_equal_the_modules_names():
+    from jaxroll import kernel_fit, presets, published
+    from jaxroll import fit as _  # noqa: F401
+    from jaxroll.cli import _names
+
+    fit_module = sys.modules["jaxroll.fit"]
+    assert list(_names.PRESETS) == presets.names() and _names.DEFAULT_PRESET == presets.DEFAULT
+    assert list(_names.PUBLISHED) == published.names() and tuple(_names.DATASETS) == tuple(published.DATASETS)
+    assert tuple(_names.FIT_FIELDS) == tuple(fit_module.FIELDS)
+    assert tuple(_names.FIT_SCHEDULES) == tuple(fit_module.SCHEDULES)
+    assert tuple(_names.FIT_CONTENTS) == tuple(fit_module.CONTENTS)
+    assert tuple(_names.FIT_LOSSES) == tuple(fit_module.LOSSES)
+    assert tuple(_names.KERNEL_FAMILIES) == tuple(kernel_fit.FAMILIES)
