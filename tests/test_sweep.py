@@ -169,7 +169,12 @@ def test_chunks_and_batch_size_do_not_change_the_profiles():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"temperature": []}, r"^temperature: the axis is empty"),
-    ({"slopes": [1.0]}, r"^axis 'slopes': unknown field; allowed: one of lambdas, "),
+    ({"slopes": [1.0]}, r"^axis 'slopes': a PowerKernel field; allowed for a RolloutModel: lambdas, "),
+    ({"bogus": [1.0]}, r"^axis 'bogus': unknown field; allowed: one of lambdas, "),
+    ({"temperature": [1.0, True]}, r"^temperature\[1\]: got True; allowed: a number \(not a boolean or a string\)$"),
+    ({"slope_scale": ["2"]}, r"^slope_scale\[0\]: got '2'; allowed: a number"),
+    ({"lambdas": [0.5, "0.5"]}, r"^lambdas\[1\]: got a quoted number \('0.5'"),
+    ({"diagonal_scores": [[[True, 0.0]]]}, r"^diagonal_scores\[0\]: got a boolean \(True\)"),
     ({"temperature": [1.0, 0.0]}, r"^temperature\[1\]: value 0\.0 is outside the allowed range \(0, inf\)$"),
     ({"lambdas": [0.5, [0.1, 0.2, 1.5]]}, r"^lambdas\[1\]: value 1\.5 at index 2 is outside the allowed range \[0, 1\]"),
     ({"lambdas": [(0.5, -1.0)]}, r"^lambdas\[0\]: beta: value -1\.0"),
