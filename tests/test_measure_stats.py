@@ -360,3 +360,12 @@ def test_device_cuda_without_cuda_is_refused_before_loading(saved, tmp_path, cap
                                         "--samples", "2", "--out", out, "--device", "cuda"]])
     stderr = capsys.readouterr().err
     assert code == 2 and "no CUDA device" in stderr and not out.exists()
+
+
+def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_measuring():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      hidden_size=8, intermediate_size=16, vocab_size=VOCAB)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with pytest.raises(ConfigError, match="sinks read the attention probabilities"):
+        measure(model, token_ids(1, 4), stats=("lambda", "sinks"))

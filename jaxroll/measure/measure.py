@@ -505,6 +505,11 @@ def measure(
         indices = np.array_split(indices, world)[rank]
 
     implementation = getattr(config, "_attn_implementation", "eager")
+    reading = [name for name in stats if name == "attention" or (
+        name in _REGISTRY and (_REGISTRY[name].needs_eager or "probabilities" in _REGISTRY[name].hooks))]
+    if reading and implementation != "eager":
+        raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
+                          f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
     variant, zero_falcon_alibi, bias_multiplier = None, False, 1.0
     if layer_map.name == "falcon" and layer_map.position == "alibi":
         variant = falcon_alibi
