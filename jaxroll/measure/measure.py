@@ -76,8 +76,9 @@ class Statistic:
             accumulate=lambda sums, state, index: ...,          # add the sequence to the sums
             finish=lambda sums, count, shape: {"mine": sums["mine_sum"] / count}))
 
-    and import that module from ``jaxroll/measure/__init__.py`` so that it
-    registers on import. Sums are float64 arrays added over sequences (merged
+    and import that module at the bottom of this file (next to
+    ``from . import sinks``) so that it registers whenever `measure` is
+    imported. Sums are float64 arrays added over sequences (merged
     across ranks by addition); arrays named in `per_sequence` have a first
     axis of length S and are merged by row. `finish` returns the arrays that
     go into ``measurement.npz`` (and `Measurement.extra`).
