@@ -125,9 +125,8 @@ def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 200, split
     for combo in rungs:
         name = "best combination: " + " + ".join(combo) if combo == best else label(combo)
         boot = _metrics(np.broadcast_to(inside[combo], resampled.shape), resampled)
-        oos = {metric: float((a + b) / 2) for metric, a, b in zip(
-            ("wasserstein", "spearman", "kl"), *zip(*[(m["wasserstein"], m["spearman"], m["kl"]) for m in (
-                _metrics(from_even[combo], odd), _metrics(from_odd[combo], even))]))}
+        forward, backward = _metrics(from_even[combo], odd), _metrics(from_odd[combo], even)
+        oos = {metric: float((forward[metric] + backward[metric]) / 2) for metric in forward}
         rows[name] = {"switches": list(combo), "profile": inside[combo].tolist(),
                       **{metric: float(in_sample[combo][metric]) for metric in ("wasserstein", "spearman", "kl")},
                       "interval": {metric: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
