@@ -182,7 +182,7 @@ def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
 
     measured = np.asarray(ladder["measured"])
     positions = np.arange(measured.size)
-    figure, axis = plt.subplots(figsize=(6.0, 3.6), constrained_layout=True)
+    figure, axis = plt.subplots(figsize=(9.0, 3.8), constrained_layout=True)
     axis.fill_between(positions, ladder["band"]["low"], ladder["band"]["high"], color="0.75",
                       label="measured, 95 % bootstrap band")
     axis.plot(positions, measured, color="black", linewidth=1.8, label="measured influence")
@@ -199,7 +199,21 @@ def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
     axis.set_xlabel("input position j", fontsize=8)
     axis.set_ylabel("influence on the last position", fontsize=8)
     axis.tick_params(labelsize=7)
-    axis.legend(fontsize=6, loc="lower left")
+    axis.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def replot(results_json, folder) -> list:
+    """Redraw every model's ladder figure (``ladder-<model>.png`` in `folder`) from a run's ``results.json``."""
+    import json
+    from pathlib import Path
+
+    summary = json.loads(Path(results_json).read_text())
+    paths = []
+    for name, result in summary["results"].items():
+        extra = {"residual, no content (structural)": result["profiles"]["residual, no content"],
+                 "fitted lambdas (in-sample)": result["profiles"]["fitted lambdas"]}
+        paths.append(plot(name, result["ladder"], Path(folder) / f"ladder-{name}.png", extra=extra))
+    return paths
