@@ -15,7 +15,11 @@ can confirm is asserted:
   kernels are lower triangular);
 - the residual-aware rollout is closer (W1) to the measured influence than
   the attention-only rollout, which drifts mass to the first tokens;
-- the fit never ends worse than its starting point.
+- the fit never ends worse than its starting point;
+- the ladder (validation/ladder.py): every rung is a probability vector, its
+  unrefined rung is the script's dense-kernel rollout, the best combination
+  is the lowest W1 among the combinations, intervals are ordered, and the
+  random-split floor of identical sequences is exactly 0.
 
 The full run (two 6-layer models, ~10 minutes each) is `validation/run.py`;
 its table is in the README.
@@ -48,6 +52,7 @@ def _load(name):
 
 
 pipeline = _load("pipeline")
+ladder = _load("ladder")
 
 LENGTH = 64
 SAMPLES = 8
@@ -86,8 +91,14 @@ def trained(corpus, tmp_path_factory):
                                     samples=SAMPLES)
     check = pipeline.crosscheck(pipeline.load_float64(directory), measured["token_ids"])
     profiles, details = pipeline.predictions(measured, fit_steps=50)
+    from jaxroll.measure.refinements import measure_refinements
+
+    ids = measured["token_ids"]
+    ingredients = measure_refinements(pipeline.load_float64(directory), ids, groups=np.arange(len(ids)) % 2)
+    result = ladder.run_ladder(ingredients, check["influence"], boots=20, splits=20)
     return {"curve": curve, "measured": measured, "check": check, "profiles": profiles, "details": details,
-            "scores": pipeline.scores(profiles, measured["influence"])}
+            "scores": pipeline.scores(profiles, measured["influence"]), "ingredients": ingredients,
+            "ladder": result}
 
 
 def test_tokenizer_loads_with_autotokenizer_and_is_lossless(corpus):
@@ -190,3 +201,33 @@ def test_run_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     assert message.count("\n") == 0 and "--out" in message and "--force" in message
     assert (tmp_path / "mine.txt").read_text() == "keep me"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
+    result, measured = trained["ladder"], trained["measured"]
+    for row in result["rows"].values():
+        pipeline.check_profile(np.asarray(row["profile"]), tolerance=1e-12)
+        for low, high in row["interval"].values():
+            assert low <= high
+    means = trained["ingredients"].mean()
+    # The per-position lambdas average to jaxroll measure's lambda_t; the heads to its mean attention.
+    np.testing.assert_allclose(means["lambda_positions"].mean(-1), measured["lambdas"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(means["attention_heads"].mean(1), measured["attention_mean"], rtol=0, atol=1e-12)
+    base = np.asarray(result["rows"]["base: measured lambda_t and kernels"]["profile"])
+    dense = pipeline.influence_from_kernels(measured["lambdas"], measured["attention_mean"])
+    # The ladder divides BLOOM's float32-softmax rows (sums 1 within ~3e-8) by their sums.
+    np.testing.assert_allclose(base, dense / dense.sum(), rtol=0, atol=1e-6)
+    best = next(row for name, row in result["rows"].items() if name.startswith("best"))
+    multi = [w1 for name, w1 in result["all_combinations_w1"].items() if name.count("+") >= 1]
+    assert best["wasserstein"] == min(multi)
+    floor = result["floor"]
+    for metric in ("wasserstein", "kl"):
+        assert 0 <= floor[metric]["low"] <= floor[metric]["median"] <= floor[metric]["high"]
+
+
+def test_random_split_floor_of_identical_sequences_is_zero():
+    rows = np.tile(np.random.default_rng(0).random(16) + 0.1, (10, 1))
+    floor = ladder.random_split_floor(rows, splits=5)
+    assert floor["wasserstein"]["high"] == pytest.approx(0.0, abs=1e-15)
+    assert floor["kl"]["high"] == pytest.approx(0.0, abs=1e-15)
+    assert floor["spearman"]["low"] == pytest.approx(1.0, abs=1e-12)

@@ -13,7 +13,12 @@ Steps (all offline, seeded; see `pipeline.py` for each formula):
 3. for each of the four models: ``jaxroll measure --dtype float64`` on the
    held-out files, the plain-PyTorch cross-check, the predicted profiles and
    their W1 / Spearman / KL against the measured influence;
-4. write ``table.md``, ``table.csv``, ``results.json``, ``losses.csv`` into
+4. the ladder of rollout refinements (`ladder.py`): the refinement
+   ingredients measured on the same sequences (even and odd halves kept
+   apart), every rung's W1 / Spearman / KL with bootstrap intervals, the
+   random-split floor and the out-of-sample scores; a figure per model
+   (``ladder-<model>.png`` next to ``--figure``);
+5. write ``table.md``, ``ladder.md``, ``table.csv``, ``results.json``, ``losses.csv`` into
    ``--out`` and the figure to ``--figure``.
 """
 
@@ -30,9 +35,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ladder  # noqa: E402
 import pipeline  # noqa: E402
 
 from jaxroll.errors import ConfigError  # noqa: E402
@@ -43,16 +50,22 @@ def parse(argv=None):
     parser.add_argument("--out", type=Path, default=Path("validation/results"))
     parser.add_argument("--figure", type=Path, default=Path("validation/validation.png"))
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out and an existing --figure")
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=192)
-    parser.add_argument("--length", type=int, default=128, help="training window and measured sequence length N")
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--length", type=int, default=64, help="training window and measured sequence length N")
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--corpus-files", type=int, default=900, help="use only the first this many files (smoke runs)")
+    parser.add_argument("--tokenizer-characters", type=int, default=3_000_000)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--minutes", type=float, default=10.0, help="wall-time cap per model's training")
-    parser.add_argument("--samples", type=int, default=96, help="held-out sequences measured")
-    parser.add_argument("--fit-steps", type=int, default=500)
+    parser.add_argument("--minutes", type=float, default=6.0, help="wall-time cap per model's training")
+    parser.add_argument("--samples", type=int, default=64, help="held-out sequences measured")
+    parser.add_argument("--fit-steps", type=int, default=200)
+    parser.add_argument("--boots", type=int, default=200, help="bootstrap resamples of the sequences")
+    parser.add_argument("--splits", type=int, default=200, help="random halvings for the floor")
+    parser.add_argument("--timing-sequences", type=int, default=8,
+                        help="sequences on which each refinement ingredient's measurement is timed")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -81,11 +94,12 @@ def main(argv=None) -> int:
     geometry = pipeline.Geometry(arguments.layers, arguments.heads, arguments.hidden, arguments.length)
     started = time.perf_counter()
 
-    files = pipeline.stdlib_files()
+    files = pipeline.stdlib_files()[: arguments.corpus_files]
     train_texts, held_texts = pipeline.split_corpus(files)
     print(f"corpus: {len(files)} files ({len(train_texts)} train, {len(held_texts)} held out), "
           f"{sum(map(len, train_texts)) / 1e6:.1f} M characters of training text")
-    tokenizer = pipeline.train_tokenizer(train_texts, arguments.vocab, out / "tokenizer")
+    tokenizer = pipeline.train_tokenizer(train_texts, arguments.vocab, out / "tokenizer",
+                                         max_characters=arguments.tokenizer_characters)
     train_stream = pipeline.token_stream(tokenizer, train_texts)
     held_stream = pipeline.token_stream(tokenizer, held_texts)
     texts = pipeline.write_texts(held_texts, out / "held_out.jsonl")
@@ -116,7 +130,7 @@ def main(argv=None) -> int:
             for row in curve:
                 writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
 
-    results = {}
+    results, ladders = {}, {}
     for family in pipeline.FAMILIES:
         for state in ("init", "trained"):
             name = f"{family}-{state}"
@@ -130,7 +144,13 @@ def main(argv=None) -> int:
             for profile in profiles.values():
                 pipeline.check_profile(profile)
             target = measured["influence"]
+            ladder_result, timing = run_ladder(out / name, measured, check, arguments)
+            ladder.plot(name, ladder_result, arguments.figure.parent / f"ladder-{name}.png",
+                        extra={"residual, no content (structural)": profiles["residual, no content"],
+                               "fitted lambdas (in-sample)": profiles["fitted lambdas"]})
+            ladders[name] = ladder_result
             results[name] = {
+                "ladder": ladder_result, "ingredient_seconds_per_sequence": timing,
                 "scores": pipeline.scores(profiles, target),
                 "floor": pipeline.split_half_floor(check["influence"]),
                 "crosscheck": pipeline.crosscheck_differences(measured, check),
@@ -140,6 +160,8 @@ def main(argv=None) -> int:
                 "measured": target.tolist(),
             }
             print(pipeline.format_rows(name, results[name]))
+            print(ladder.markdown({name: ladder_result}), flush=True)
+            print(f"  ingredient seconds per sequence: {timing}", flush=True)
     seconds = time.perf_counter() - started
     summary = {"geometry": vars(arguments) | {"out": str(out), "figure": str(arguments.figure)},
                "training": training, "results": results, "seconds": seconds,
@@ -148,12 +170,40 @@ def main(argv=None) -> int:
     table = pipeline.markdown_table(results)
     (out / "table.md").write_text(table)
     pipeline.write_csv(results, out / "table.csv")
+    ladder_tables = "\n".join(ladder.markdown(ladders, metric=m) for m in ("wasserstein", "spearman", "kl"))
+    (out / "ladder.md").write_text(ladder_tables)
+    print(ladder_tables)
+    print(timing_table(results))
     arguments.figure.parent.mkdir(parents=True, exist_ok=True)
     pipeline.plot(results, curves, arguments.figure)
     print(table)
     print(pipeline.training_summary(training))
     print(f"total {seconds / 60:.1f} min")
     return 0
+
+
+def run_ladder(model_dir, measured, check, arguments):
+    """The refinement ingredients of one saved model (float64, eager), its ladder and the ingredients' timing."""
+    from jaxroll.measure.refinements import measure_refinements, time_ingredients
+
+    model = pipeline.load_float64(model_dir)
+    ids = measured["token_ids"]
+    ingredients = measure_refinements(model, ids, groups=np.arange(ids.shape[0]) % 2)
+    timing = time_ingredients(model, ids[: arguments.timing_sequences])
+    del model
+    return ladder.run_ladder(ingredients, check["influence"], boots=arguments.boots, splits=arguments.splits,
+                             seed=arguments.seed), timing
+
+
+def timing_table(results: dict) -> str:
+    """Seconds per sequence of each refinement ingredient's forward pass, per model."""
+    names = list(results)
+    keys = list(next(iter(results.values()))["ingredient_seconds_per_sequence"])
+    lines = ["| ingredient, s/sequence | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(
+            f"{results[n]['ingredient_seconds_per_sequence'][key]:.4f}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

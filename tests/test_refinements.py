@@ -1,0 +1,260 @@
+"""Refined rollouts (jaxroll.refinements) and their measured ingredients (jaxroll.measure.refinements).
+
+Oracles: a plain NumPy float64 rollout written here (dense transitions
+multiplied out, no scan, no einsum over heads); the existing
+`jaxroll.influence` of a `DenseKernel` model for the unrefined case; and,
+for the measurement, a hook-free recomputation in NumPy from the model's
+weights and the hidden states / attention probabilities that transformers
+returns itself (``output_hidden_states``, ``output_attentions``).
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import jaxroll
+from jaxroll import refinements as R
+from jaxroll.errors import ConfigError
+
+
+def random_ingredients(seed, layers=3, heads=2, n=7):
+    generator = np.random.default_rng(seed)
+
+    def kernels():
+        raw = generator.random((layers, heads, n, n)) ** 3 * np.tril(np.ones((n, n)))
+        return raw / raw.sum(-1, keepdims=True)
+
+    positions = generator.random((layers, n))
+    return {"attention_heads": kernels(), "norm_kernels": kernels(), "lambda_positions": positions,
+            "lambda_mlp_positions": positions * generator.random((layers, n)), "lambdas": positions.mean(-1),
+            "head_norms": generator.random((layers, heads)) + 0.1}
+
+
+def numpy_rollout(lambdas, kernels, weights):
+    """e_{N-1}^T R_T ... R_1 with R_t = I - diag(l_t) + diag(l_t) sum_h w_h K_h, dense, float64."""
+    layers, heads, n, _ = kernels.shape
+    product = np.eye(n)
+    for t in range(layers):  # P_t = R_t P_{t-1}: layer 1 acts first
+        mixture = sum(weights[t, h] / weights[t].sum() * kernels[t, h] for h in range(heads))
+        transition = np.eye(n) - np.diag(lambdas[t]) + np.diag(lambdas[t]) @ mixture
+        product = transition @ product
+    return product[-1]
+
+
+def oracle_for(ingredients, switches):
+    n = ingredients["attention_heads"].shape[-1]
+    if "mlp" in switches:
+        lam = ingredients["lambda_mlp_positions"]
+    elif "position" in switches:
+        lam = ingredients["lambda_positions"]
+    else:
+        lam = np.repeat(ingredients["lambdas"][:, None], n, axis=1)
+    if "position" not in switches:
+        lam = np.repeat(lam.mean(-1, keepdims=True), n, axis=1)
+    kernels = ingredients["norm_kernels" if "norm" in switches else "attention_heads"]
+    layers, heads = kernels.shape[:2]
+    weights = ingredients["head_norms"] if "heads" in switches else np.ones((layers, heads))
+    return numpy_rollout(lam, kernels, weights)
+
+
+COMBINATIONS = [c for size in range(5) for c in itertools.combinations(R.SWITCHES, size)]
+
+
+@pytest.mark.parametrize("switches", COMBINATIONS, ids=lambda c: "+".join(c) or "none")
+def test_every_variant_matches_the_numpy_rollout(switches):
+    ingredients = random_ingredients(0)
+    p = np.asarray(R.refined_influence(R.compose(ingredients, switches)))
+    # float64 throughout; T = 3 products of 7 x 7 matrices: rounding ~1e-16.
+    np.testing.assert_allclose(p, oracle_for(ingredients, switches), rtol=0, atol=1e-10)
+    assert np.all(p >= 0) and abs(p.sum() - 1) < 1e-12
+
+
+def test_switches_change_the_profile():
+    # Each switch is one idea that does something: it must move the profile.
+    ingredients = random_ingredients(1)
+    base = np.asarray(R.refined_influence(R.compose(ingredients, ())))
+    for switch in R.SWITCHES:
+        assert np.max(np.abs(np.asarray(R.refined_influence(R.compose(ingredients, (switch,)))) - base)) > 1e-6
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transitions_are_row_stochastic_and_non_negative(seed):
+    ingredients = random_ingredients(seed)
+    model = R.compose(ingredients, R.SWITCHES)
+    for t in range(3):
+        transition = np.asarray(R.refined_transition(model, t))
+        assert transition.min() >= 0
+        np.testing.assert_allclose(transition.sum(-1), 1.0, rtol=0, atol=1e-14)
+        # Causal kernels keep it lower triangular.
+        assert np.all(np.triu(transition, 1) == 0)
+    kernels = np.asarray(R.refined_kernels(model))
+    np.testing.assert_allclose(kernels.sum(-1), 1.0, rtol=0, atol=1e-14)
+
+
+def test_without_switches_it_is_jaxrolls_dense_rollout():
+    ingredients = random_ingredients(2)
+    mean_kernel = ingredients["attention_heads"].mean(1)
+    dense = jaxroll.KernelRolloutModel.create(kernel=jaxroll.kernel_types.DenseKernel.create(mean_kernel),
+                                              lambdas=ingredients["lambdas"])
+    np.testing.assert_allclose(np.asarray(R.refined_influence(R.compose(ingredients, ()))),
+                               np.asarray(jaxroll.influence(dense, 7)), rtol=0, atol=1e-12)
+
+
+def test_last_entry_is_the_diagonal_closed_form():
+    # Lower-triangular transitions: P_T[N-1, N-1] = prod_t (1 - l_t(N-1) + l_t(N-1) A_t[N-1, N-1]).
+    ingredients = random_ingredients(3)
+    model = R.compose(ingredients, ("position", "norm", "heads"))
+    kernels = np.asarray(R.refined_kernels(model))
+    lam = np.asarray(model.lambdas)[:, -1]
+    expected = np.prod(1 - lam + lam * kernels[:, -1, -1])
+    assert float(R.refined_influence(model)[-1]) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [
+    {"lambdas": np.full(3, 1.5)},
+    {"head_kernels": -np.ones((3, 2, 7, 7))},
+    {"head_kernels": np.ones((3, 2, 7, 7))},  # rows sum to 7
+    {"head_weights": np.zeros((3, 2))},
+    {"lambdas": np.full((3, 5), 0.5)},
+])
+def test_create_refuses_bad_input_in_one_line(bad):
+    ingredients = random_ingredients(4)
+    arguments = {"lambdas": ingredients["lambdas"], "head_kernels": ingredients["attention_heads"],
+                 "head_weights": None} | bad
+    with pytest.raises(ConfigError) as error:
+        R.RefinedRollout.create(**arguments)
+    assert "\n" not in str(error.value)
+
+
+def test_compose_refuses_an_unknown_switch():
+    with pytest.raises(ConfigError, match="allowed"):
+        R.compose(random_ingredients(0), ("gain",))
+
+
+# ----------------------------------------------------------------------------- measurement on HF models
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_model(family, tmp_path):
+    import transformers
+
+    common = dict(vocab_size=97, hidden_size=24, num_attention_heads=3)
+    if family == "bloom":
+        config = transformers.BloomConfig(n_layer=2, n_head=3, hidden_size=24, vocab_size=97)
+    else:
+        config = transformers.LlamaConfig(num_hidden_layers=2, intermediate_size=40, num_key_value_heads=1,
+                                          max_position_embeddings=32, **common)
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # a less symmetric start than the init: larger weights spread the norms
+        for parameter in model.parameters():
+            parameter.mul_(4.0) if parameter.ndim == 2 else parameter.add_(0.1 * torch.randn_like(parameter))
+    model.save_pretrained(tmp_path)
+    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64,
+                                                             attn_implementation="eager").eval()
+
+
+def _np(tensor):
+    return tensor.detach().double().numpy()
+
+
+def hook_free(model, ids):
+    """Per sequence, every ingredient from the weights, the hidden states and the attentions, in NumPy."""
+    bloom = model.config.model_type == "bloom"
+    blocks = model.transformer.h if bloom else model.model.layers
+    heads = 3
+    with torch.no_grad():
+        out = model(input_ids=torch.as_tensor(ids)[None], output_hidden_states=True, output_attentions=True)
+    rows = {"attention_heads": [], "lambda_positions": [], "lambda_mlp_positions": [], "norm_kernels": [],
+            "head_norms": []}
+    for t, block in enumerate(blocks):
+        x = _np(out.hidden_states[t][0])
+        alpha = _np(out.attentions[t][0])  # (H, N, N)
+        n, hidden = x.shape
+        d = hidden // heads
+        if bloom:
+            def norm(y, module):
+                mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+                return (y - mean) / np.sqrt(var + module.eps) * _np(module.weight) + _np(module.bias)
+
+            attention = block.self_attention
+            fused = norm(x, block.input_layernorm) @ _np(attention.query_key_value.weight).T \
+                + _np(attention.query_key_value.bias)
+            v = fused.reshape(n, heads, 3, d)[:, :, 2, :]
+            w_o, b_o = _np(attention.dense.weight), _np(attention.dense.bias)
+        else:
+            def norm(y, module):
+                # LlamaRMSNorm normalises in float32 even in a float64 model, so a NumPy
+                # recomputation agrees only to float32 rounding (~4e-8, summation order):
+                # call the model's own norm as a plain function (no hook) to keep 1e-10.
+                with torch.no_grad():
+                    return _np(module(torch.as_tensor(y)))
+
+            attention = block.self_attn
+            v = (norm(x, block.input_layernorm) @ _np(attention.v_proj.weight).T).reshape(n, 1, d)
+            v = np.repeat(v, heads, axis=1)
+            w_o, b_o = _np(attention.o_proj.weight), 0.0
+        context = np.einsum("hij,jhd->ihd", alpha, v)
+        a = context.reshape(n, hidden) @ w_o.T + b_o
+        y = norm(x + a, block.post_attention_layernorm)
+        if bloom:
+            mlp = block.mlp
+            up = y @ _np(mlp.dense_h_to_4h.weight).T + _np(mlp.dense_h_to_4h.bias)
+            gelu = up * 0.5 * (1.0 + np.tanh(0.79788456 * up * (1 + 0.044715 * up * up)))
+            m = gelu @ _np(mlp.dense_4h_to_h.weight).T + _np(mlp.dense_4h_to_h.bias)
+        else:
+            mlp = block.mlp
+            gate = y @ _np(mlp.gate_proj.weight).T
+            m = ((gate / (1 + np.exp(-gate))) * (y @ _np(mlp.up_proj.weight).T)) @ _np(mlp.down_proj.weight).T
+        # The oracle's own check: its block output is the model's next hidden state.
+        if t + 1 < len(blocks):
+            np.testing.assert_allclose(x + a + m, _np(out.hidden_states[t + 1][0]), rtol=0, atol=1e-10)
+        xn, an, mn = (np.linalg.norm(z, axis=-1) for z in (x, a, m))
+        per_head_w = w_o.reshape(hidden, heads, d)
+        value_norms = np.stack([np.linalg.norm(v[:, h] @ per_head_w[:, h].T, axis=-1) for h in range(heads)])
+        weighted = alpha * value_norms[:, None, :]
+        rows["attention_heads"].append(alpha)
+        rows["lambda_positions"].append(an / (xn + an))
+        rows["lambda_mlp_positions"].append(an / (xn + an + mn))
+        rows["norm_kernels"].append(weighted / weighted.sum(-1, keepdims=True))
+        rows["head_norms"].append([np.linalg.norm(context[:, h] @ per_head_w[:, h].T, axis=-1).mean()
+                                   for h in range(heads)])
+    return {key: np.asarray(value) for key, value in rows.items()}
+
+
+@pytest.mark.parametrize("family", ["bloom", "llama"])
+def test_measured_ingredients_match_a_hook_free_recomputation(family, tmp_path):
+    from jaxroll.measure import measure
+    from jaxroll.measure.refinements import measure_refinements
+
+    model = tiny_model(family, tmp_path)
+    ids = np.random.default_rng(5).integers(0, 97, (4, 9))
+    groups = np.array([0, 1, 1, 0])
+    measured = measure_refinements(model, ids, groups=groups)
+    oracle = [hook_free(model, row) for row in ids]
+    assert measured.counts.tolist() == [2, 2]
+    for key in oracle[0]:
+        for g in (0, 1):
+            expected = sum(oracle[i][key] for i in np.flatnonzero(groups == g))
+            # float64 both ways; BLOOM takes its softmax in float32 inside, but both
+            # sides read the same probabilities, so only float64 rounding remains.
+            np.testing.assert_allclose(getattr(measured, key)[g], expected, rtol=1e-10, atol=1e-12, err_msg=key)
+    means = measured.mean()
+    # The per-position lambda averages to the lambda_t of `jaxroll.measure.measure`.
+    result = measure(model, ids, stats="lambda,attention")
+    np.testing.assert_allclose(means["lambda_positions"].mean(-1), result.lambdas, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(means["attention_heads"].mean(1), result.attention_mean, rtol=0, atol=1e-12)
+    # Something to measure: the refinements are not trivially equal to the plain ingredients.
+    assert np.max(np.abs(means["norm_kernels"] - means["attention_heads"])) > 1e-3
+    assert np.max(np.abs(means["lambda_mlp_positions"] - means["lambda_positions"])) > 1e-3
+
+
+def test_measure_refinements_refuses_an_unknown_ingredient(tmp_path):
+    from jaxroll.measure.refinements import measure_refinements
+
+    model = tiny_model("llama", tmp_path)
+    with pytest.raises(ConfigError, match="allowed"):
+        measure_refinements(model, np.zeros((1, 4), dtype=np.int64), ingredients=("gain",))
