@@ -232,7 +232,8 @@ def test_summary_reports_identifiability_and_warns(tmp_path, capsys):
 
 def test_search_zero_turns_the_global_stage_off(files, tmp_path, capsys):
     config, profile, _ = files
-    assert main(["fit", str(config), str(profile), "--search", "0", "--steps", "5",
+    # --restarts 1: with more, search = 0 still draws restarts - 1 points over the box.
+    assert main(["fit", str(config), str(profile), "--search", "0", "--steps", "5", "--restarts", "1",
                  "--out", str(tmp_path / "out"), "--float64"]) == 0
     assert "global design = 0 points" in capsys.readouterr().out
     assert main(["fit", str(config), str(profile), "--search", "-1", "--out", str(tmp_path / "bad")]) == 2
