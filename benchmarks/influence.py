@@ -122,7 +122,7 @@ def small_n_cases(n: int, repeats: int):
     """BLOOM-176B at length n, float32: jaxroll now, jaxroll's per-layer path, torch dense."""
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # one thread: on the shared 2-core CPU two OpenMP threads competed with the load
     rows = []
     for content in (None, "all"):
         model = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), jnp.float32),
