@@ -42,6 +42,7 @@ __all__ = ["SMALL_WORK", "bucket", "pad", "influence_with_mass"]
 # T * H * n up to which padding's extra work (<= 2.25x, ~10 ms at n = 256 for
 # BLOOM-176B) costs less than a compilation (0.5-1.3 s on a 2-core CPU).
 SMALL_WORK = 1 << 27
+"""``T * H * n`` up to which padding layers and heads to a bucket costs less than a compilation, so `influence_with_mass` pads."""
 
 
 def bucket(size: int) -> int:

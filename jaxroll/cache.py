@@ -32,8 +32,11 @@ from typing import NamedTuple
 __all__ = ["ENV_DIR", "ENV_OFF", "MAX_BYTES", "CacheInfo", "directory", "enable", "info", "clear"]
 
 ENV_DIR = "JAXROLL_CACHE_DIR"
+"""Environment variable naming the compilation cache's folder (default ``$XDG_CACHE_HOME/jaxroll`` or ``~/.cache/jaxroll``)."""
 ENV_OFF = "JAXROLL_NO_CACHE"
+"""Environment variable that turns the command line's compilation cache off when set to 1."""
 MAX_BYTES = 1 << 30  # 1 GiB; a published configuration's program is 50-300 kB
+"""Size limit of the compilation cache (1 GiB); setting one makes JAX lock the folder, so concurrent processes are safe."""
 _SUBFOLDER = "compilation"
 _SUFFIXES = ("-cache", "-atime")  # JAX's entry and access-time files
 

@@ -31,7 +31,9 @@ __all__ = ["GLOBAL_DIMENSIONS", "GLOBAL_POINTS", "halton"]
 # about as much as 20 optimisation steps. Beyond it a design samples the box
 # too thinly to help, and restarts (drawn over the box) are the tool.
 GLOBAL_DIMENSIONS = 8
+"""Up to this many free parameters `fit` runs the global stage by default (``search=None``)."""
 GLOBAL_POINTS = 128
+"""Points of the global stage's Halton design when ``search`` is None and at most `GLOBAL_DIMENSIONS` parameters are free."""
 # Bases of the Halton design, one per dimension.
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
 # Peak memory of the design evaluation: points go through lax.map in batches

@@ -20,12 +20,14 @@ __all__ = ["DETERMINED_THRESHOLD", "IDENTIFIABILITY_MAX_PARAMETERS", "Identifiab
 # Identifiability: a parameter is reported as determined when its linearised
 # uncertainty is below this, in unconstrained units (see `Identifiability`).
 DETERMINED_THRESHOLD = 0.1
+"""A parameter is determined by the profile when its linearised uncertainty ``sigma_i`` is at most this, in unconstrained units (`Identifiability`)."""
 # The smallest profile resolution the report assumes, relative to ||q||_2:
 # profiles are computed in float32 and written with ~7 significant digits.
 _PROFILE_PRECISION = 1e-6
 # The Jacobian costs one forward-mode pass per parameter: above this many
 # free parameters the report is skipped (FitResult.identifiability is None).
 IDENTIFIABILITY_MAX_PARAMETERS = 512
+"""Above this many free parameters the identifiability report is skipped (one forward-mode pass per parameter)."""
 
 
 class Identifiability(eqx.Module):

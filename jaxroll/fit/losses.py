@@ -12,6 +12,7 @@ from ..errors import ConfigError
 __all__ = ["LOSSES"]
 
 LOSSES = ("wasserstein", "kl", "l2")
+"""The built-in losses of `fit` (any callable ``loss(p, q)`` works too): `metrics.wasserstein`, `metrics.kl`, squared L2."""
 
 
 def _l2(p, target):

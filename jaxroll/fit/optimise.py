@@ -53,15 +53,18 @@ __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAME
 # at a start: a gradient of 1e-8 per coordinate changes the loss by less than
 # 1e-8 per unit step, beyond what a profile measured on text determines.
 GRADIENT_TOLERANCE = 1e-8
+"""Default gradient tolerance: a fit has converged when the norm of the (projected) gradient, in unconstrained units, is below it."""
 # Relative change of the loss from one step to the next: at 1e-10 a float64
 # fit has converged to ~5 significant digits of the parameters along the
 # weakest direction seen in the power-decay problems (curvature ratio ~1e-5).
 LOSS_TOLERANCE = 1e-10
+"""Default loss tolerance: relative change of the loss per step below which a step counts as quiet."""
 # Steps in a row with a relative change below LOSS_TOLERANCE before a fit is
 # stationary: one quiet step can be a short line-search step; ten in a row
 # are a line search that finds no decrease (L-BFGS) or a learning rate that
 # has decayed to nothing (Adam with the cosine schedule).
 PATIENCE = 10
+"""Quiet steps in a row (relative loss change below `LOSS_TOLERANCE`) after which a fit is stationary and stops."""
 # L-BFGS (optax.lbfgs, zoom line search) is the default local optimiser up
 # to this many free parameters: the power-decay, constant, temperature and
 # slope-scale parametrisations and their combinations, the problems the
@@ -72,9 +75,11 @@ PATIENCE = 10
 # Identifiability) Adam's normalised steps make steady progress where a
 # quasi-Newton model of a nearly singular Hessian does not.
 LBFGS_MAX_PARAMETERS = GLOBAL_DIMENSIONS
+"""Up to this many free parameters the default local optimiser is L-BFGS (``optax.lbfgs``); above it, Adam with a cosine decay."""
 # Starting points refined by the default L-BFGS: the best three of the design
 # (and the model's own point), so one spurious basin does not decide the fit.
 LBFGS_RESTARTS = 3
+"""Starting points the default L-BFGS refines: the best design points (and the model's own point)."""
 
 # Reason codes of the loop, and their text.
 _RUNNING, _GRADIENT, _FLOOR, _STATIONARY, _LIMIT, _NOT_FINITE, _SKIPPED = range(7)

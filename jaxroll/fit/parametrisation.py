@@ -25,8 +25,11 @@ from ..model import RolloutModel
 __all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "BOX"]
 
 FIELDS = ("lambdas", "diagonal_scores", "alibi_slopes", "head_weights", "temperature")
+"""The model fields `fit` can free (``fit=(...)``)."""
 SCHEDULES = ("free", "power_decay", "constant")
+"""How `fit` parametrises a free lambda schedule: one value per layer, ``lambda_0 / (t + 1)^beta``, or one value."""
 CONTENTS = ("per_layer", "per_head")
+"""How `fit` frees diagonal content: one score per layer (every head) or one per layer and head."""
 
 # Open-interval clipping before inverting sigmoid/softplus, so that a model
 # with lambda = 0 or 1, or a zero slope, starts from a finite point.
@@ -45,6 +48,7 @@ BOX = {
     "head_weights": (-3.0, 3.0),      # softmax logits: uniform
     "temperature": (0.25, 4.0),       # log-uniform
 }
+"""The global stage's parameter box, field -> (low, high) in the model's units (log-uniform for slopes and temperature)."""
 
 def _inverse_sigmoid(x):
     x = np.clip(x, _EDGE, 1.0 - _EDGE)

@@ -28,6 +28,7 @@ __all__ = ["TARGET_SUM_TOLERANCE", "objective"]
 # renormalised: profiles written as CSV with 6+ significant digits sum to 1
 # within ~1e-5 at N = 10^5 positions; a sum off by more is a wrong file.
 TARGET_SUM_TOLERANCE = 1e-3
+"""A target profile whose sum is further than this from 1 is refused rather than renormalised."""
 
 
 @dataclasses.dataclass(frozen=True)

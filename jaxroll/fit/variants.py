@@ -19,6 +19,7 @@ from .problem import _as_numpy_model, _check_target, _compare
 __all__ = ["VARIANTS", "compare_variants"]
 
 VARIANTS = ("attention_only", "no_content", "content")
+"""The rows of `compare_variants`: lambda = 1, the model without content, the model as given."""
 
 
 def compare_variants(

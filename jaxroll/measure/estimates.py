@@ -34,6 +34,7 @@ PAPER_MODELS = {
     "MPT-30B": {"num_parameters": 29.96e9, "num_layers": 48, "hidden_size": 7168, "num_heads": 64},
     "Falcon-7B": {"num_parameters": 6.92e9, "num_layers": 32, "hidden_size": 4544, "num_heads": 71},
 }
+"""The paper's measured models, from their published ``config.json``: parameters, layers, hidden size, heads."""
 
 
 def estimate(*, num_parameters: float, num_layers: int, hidden_size: int, num_heads: int, length: int,

@@ -29,6 +29,7 @@ from .measure import Shapes, Statistic, register_statistic
 __all__ = ["SINK_EPSILON", "uniform_first_share"]
 
 SINK_EPSILON = 0.3
+"""The attention-sink threshold epsilon = 0.3 of Gu et al. (2024, arXiv 2410.10781)."""
 
 
 def uniform_first_share(length: int) -> np.ndarray:
