@@ -11,7 +11,7 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import fit, measure, rollout, sweep, theory
+from . import fit, kinetic, measure, rollout, sweep, theory
 
 __all__ = ["main"]
 
@@ -22,7 +22,7 @@ def _build_parser():
         "transformers (arXiv 2602.16837)."))
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
-    for command in (rollout, measure, theory, fit, sweep):
+    for command in (rollout, measure, theory, fit, sweep, kinetic):
         command.add_parser(commands)
     return parser
 
