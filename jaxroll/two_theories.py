@@ -35,7 +35,6 @@ maximum, so no head overflows.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -87,12 +86,30 @@ def rollout_distribution(geometry: RolloutModel, lambda_0, gamma, slope_scale, n
     Every layer has the same kernel A, so ``p^T = e_{n-1}^T prod_t ((1 - lambda_t) I + lambda_t A)``
     is T row-times-matrix products with one dense ``(n, n)`` A. Differentiable.
     """
+    heads = _padded_heads(geometry, geometry.num_heads)
+    return _rollout_profile(*heads, geometry.num_layers, geometry.num_layers, lambda_0, gamma, slope_scale, n,
+                            geometry.mask, geometry.window)
+
+
+def _padded_heads(geometry: RolloutModel, heads: int):
+    """First-layer slopes and head weights padded to `heads` with weight-0 heads (they drop out of
+    ``A = sum_h w_h A_h``), so geometries of different widths share one compiled fit."""
     dtype = jnp.result_type(float)
-    slopes = jnp.asarray(geometry.alibi_slopes[0], dtype) * slope_scale
+    slopes = np.zeros(heads)
+    weights = np.zeros(heads)
+    slopes[:geometry.num_heads] = np.asarray(geometry.alibi_slopes)[0]
+    weights[:geometry.num_heads] = np.asarray(geometry.head_weights)[0]
+    return jnp.asarray(slopes, dtype), jnp.asarray(weights / weights.sum(), dtype), jnp.asarray(geometry.temperature, dtype)
+
+
+def _rollout_profile(slopes, weights, temperature, layers, max_layers: int, lambda_0, gamma, slope_scale, n: int,
+                     mask: str, window):
+    dtype = jnp.result_type(float)
     zeros = jnp.zeros_like(slopes)
-    kernel = layer_kernel(slopes, zeros, zeros, jnp.asarray(geometry.head_weights[0], dtype),
-                          jnp.asarray(geometry.temperature, dtype), n, geometry.mask, geometry.window)
-    lambdas = jnp.clip(lambda_0 / (jnp.arange(geometry.num_layers, dtype=dtype) + 1) ** gamma, 0.0, 1.0)
+    kernel = layer_kernel(slopes * slope_scale, zeros, zeros, weights, temperature, n, mask, window)
+    depth = jnp.arange(max_layers, dtype=dtype)
+    # Layers at or beyond the geometry's depth have lambda = 0: exactly the identity.
+    lambdas = jnp.where(depth < layers, jnp.clip(lambda_0 / (depth + 1) ** gamma, 0.0, 1.0), 0.0)
 
     def layer(row, weight):
         return (1 - weight) * row + weight * (row @ kernel), None
@@ -226,12 +243,21 @@ def _raw_kinetic(result: TheoryFit, heads: int) -> np.ndarray:
     return np.asarray(result.parameters["raw"])
 
 
-@functools.partial(jax.jit, static_argnames=("n", "steps", "keep"))
-def _fit_rollout(geometry, target, design, n: int, steps: int, keep: int, learning_rate=0.05):
+_WIDTHS = (16, 128)   # head and layer counts are padded up to one of these: fewer compilations
+
+
+def _bucket(size: int) -> int:
+    return next((w for w in _WIDTHS if size <= w), size)
+
+
+@functools.partial(jax.jit, static_argnames=("max_layers", "n", "steps", "keep", "mask", "window"))
+def _fit_rollout(heads, layers, target, design, max_layers: int, n: int, steps: int, keep: int, mask: str, window,
+                 learning_rate=0.05):
     def loss(x):
         lambda_0 = jax.nn.sigmoid(x[0])
         gamma = jax.nn.softplus(x[1])
-        return metrics.wasserstein(rollout_distribution(geometry, lambda_0, gamma, jnp.exp(x[2]), n), target)
+        p = _rollout_profile(*heads, layers, max_layers, lambda_0, gamma, jnp.exp(x[2]), n, mask, window)
+        return metrics.wasserstein(p, target)
 
     scores = jax.vmap(loss)(design)
     scores = jnp.where(jnp.isfinite(scores), scores, jnp.inf)
@@ -254,12 +280,12 @@ def fit_rollout(target, geometry: RolloutModel | None = None, *, steps: int = 30
         geometry = presets.get(presets.DEFAULT, n)
     if geometry.mask == "full":
         raise ConfigError("geometry: mask 'full'; allowed: 'causal' or 'sliding'")
-    geometry = dataclasses.replace(geometry, alibi_slopes=np.asarray(geometry.alibi_slopes),
-                                   head_weights=np.asarray(geometry.head_weights))
     grid = np.array(np.meshgrid([0.1, 0.4, 0.8], [0.3, 1.0, 2.0], [0.3, 1.0, 3.0], indexing="ij")).reshape(3, -1).T
     design = np.column_stack([np.log(grid[:, 0] / (1 - grid[:, 0])), _inverse_softplus(grid[:, 1]), np.log(grid[:, 2])])
     dtype = jnp.result_type(float)
-    xs, values, histories = _fit_rollout(geometry, jnp.asarray(q, dtype), jnp.asarray(design, dtype), n, steps, keep)
+    heads = _padded_heads(geometry, _bucket(geometry.num_heads))
+    xs, values, histories = _fit_rollout(heads, geometry.num_layers, jnp.asarray(q, dtype), jnp.asarray(design, dtype),
+                                         _bucket(geometry.num_layers), n, steps, keep, geometry.mask, geometry.window)
     winner = int(jnp.argmin(jnp.where(jnp.isfinite(values), values, jnp.inf)))
     x = np.asarray(xs[winner], dtype=np.float64)
     lambda_0, gamma, sigma = 1 / (1 + np.exp(-x[0])), float(np.log1p(np.exp(x[1]))), float(np.exp(x[2]))
