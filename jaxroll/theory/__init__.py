@@ -28,4 +28,8 @@ from .rollout_limits import (
     forces as forces,
 )
 
-__all__ = ["bridge", "kinetic", "total_mixing", "diagonal", "diagonal_lower_bound", "collapse_mass", "DepthProfile", "depth_profile", "Monotonicity", "is_stochastically_monotone", "FORCES", "Forces", "ladder", "forces"]
+__all__ = [
+    "bridge", "kinetic", "total_mixing", "diagonal", "diagonal_lower_bound", "collapse_mass",
+    "DepthProfile", "depth_profile", "Monotonicity", "is_stochastically_monotone", "FORCES",
+    "Forces", "ladder", "forces",
+]
