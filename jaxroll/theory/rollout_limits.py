@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from . import metrics
-from ._checks import check_positive_int
-from .errors import ConfigError
-from .kernels import layer_kernel
-from .model import RolloutModel
-from .rollout import influence
+from .. import metrics
+from .._checks import check_positive_int
+from ..errors import ConfigError
+from ..kernels import layer_kernel
+from ..model import RolloutModel
+from ..rollout import influence
 
 __all__ = [
     "total_mixing", "diagonal", "diagonal_lower_bound", "collapse_mass",

@@ -1,0 +1,137 @@
+"""``jaxroll kinetic``: the kinetic profile, its threshold t_crit and the matching rollout, in one figure."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError
+from . import _common
+
+
+def add_parser(commands) -> None:
+    kinetic = commands.add_parser(
+        "kinetic", help="the kinetic closed form beside the matching rollout",
+        description="The kinetic profile S_t(s) = sum_n omega_n g_(a_n)(t; s) of Duerinckx, "
+                    "Geshkovski and Rossi (arXiv 2605.09213), a_n = n^2 I_n(beta), omega_n = "
+                    "exp(-pi^2 n^2 / (2 M^2)), its interior-minimum threshold t_crit, and the "
+                    "rollout it is compared with: one ALiBi head of slope lambda/N, T layers of "
+                    "constant lambda_t = c/T, c = a_eff t (a_eff = sum omega a^2 / sum omega a, "
+                    "so both change their end slope at t = t_crit). Writes kinetic.csv, "
+                    "profile.csv (the rollout), config.yaml (the rollout) and kinetic.png.")
+    kinetic.add_argument("--beta", type=float, default=1.0, help="inverse temperature beta > 0 (default 1)")
+    kinetic.add_argument("--lam", type=float, default=1.0,
+                         help="ALiBi slope times length, lambda = m N >= 0 (default 1)")
+    kinetic.add_argument("--t", type=float, default=1.0, help="depth t > 0 (default 1)")
+    kinetic.add_argument("--M", type=float, default=8.0, help="mode width M > 0 (default 8)")
+    kinetic.add_argument("--n-max", type=_common.positive_int, default=20, help="modes kept (default 20)")
+    kinetic.add_argument("--length", type=_common.positive_int, default=256,
+                         help="N positions of the rollout and of the distribution (default 256)")
+    kinetic.add_argument("--layers", type=_common.positive_int, default=64,
+                         help="T layers of the rollout (default 64; needs c <= T)")
+    _common.add_output_arguments(kinetic)
+    kinetic.set_defaults(run=_run_kinetic)
+
+
+def _check(arguments) -> None:
+    for name, value, low_open in (("--beta", arguments.beta, True), ("--lam", arguments.lam, False),
+                                  ("--t", arguments.t, True), ("--M", arguments.M, True)):
+        if not math.isfinite(value) or value < 0 or (low_open and value == 0):
+            allowed = "a finite number > 0" if low_open else "a finite number >= 0"
+            raise ConfigError(f"{name}: got {value}; allowed: {allowed}")
+    if arguments.lam > 1000 or arguments.t > 50 or arguments.beta > 100:
+        raise ConfigError(f"--lam {arguments.lam}, --t {arguments.t}, --beta {arguments.beta}: "
+                          "allowed: lambda <= 1000, t <= 50, beta <= 100 (the tested range)")
+    if arguments.length < 3:
+        raise ConfigError(f"--length: got {arguments.length}; allowed: an integer >= 3")
+
+
+def _run_kinetic(arguments) -> None:
+    import jax
+
+    _check(arguments)
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+
+    from .. import influence, io, metrics
+    from ..theory import bridge, kinetic
+    from ..two_theories import to_distribution
+
+    model = kinetic.KineticModel.create(beta=arguments.beta, lam=arguments.lam, t=arguments.t, M=arguments.M,
+                                        n_max=arguments.n_max)
+    n, layers = arguments.length, arguments.layers
+    effective = float(kinetic.effective_rate(arguments.beta, arguments.M, arguments.n_max))
+    c = effective * arguments.t
+    if not c <= layers:
+        raise ConfigError(f"--layers: got {layers}; allowed: >= c = a_eff t = {c:.6g} (each lambda_t = c/T <= 1)")
+    t_crit = float(model.critical_time()[0])
+    rollout_model = bridge.matching_rollout(model, n, layers)
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+
+    s = (np.arange(n) + 0.5) / n
+    values = np.asarray(model(s), dtype=np.float64)
+    distribution = np.asarray(to_distribution(model, n), dtype=np.float64)
+    rollout = np.asarray(influence(rollout_model), dtype=np.float64)
+    if not (np.all(np.isfinite(values)) and np.all(np.isfinite(rollout))):
+        raise ConfigError("kinetic: a profile is not finite; try --float64")
+    np.savetxt(out / "kinetic.csv", np.column_stack([np.arange(n), s, values, distribution]), delimiter=",",
+               header="token_position,s,S_t,probability", comments="", fmt=["%d"] + ["%.17g"] * 3)
+    io.write_profile(rollout, out / "profile.csv", overwrite=True)
+    io.save_config(rollout_model, out / "config.yaml", overwrite=True)
+
+    # The rollout's query position carries the identity path's point mass (about e^-c), which
+    # the kinetic profile has no counterpart for: compare the shapes off the query.
+    off_kinetic, off_rollout = distribution[:-1] / distribution[:-1].sum(), rollout[:-1] / rollout[:-1].sum()
+    distance = float(metrics.wasserstein(off_kinetic, off_rollout))
+    fine = np.linspace(0.5 / n, 1.0, 400)
+    mode = np.asarray(kinetic.mode(c, fine, arguments.lam), dtype=np.float64)
+    s_rollout, scaled = (np.asarray(x, dtype=np.float64) for x in bridge.mode_from_rollout(rollout, c))
+    plot_kinetic(out / "kinetic.png", off_kinetic, off_rollout, fine, mode, s_rollout, scaled,
+                 title=(f"kinetic beta={arguments.beta:g}, lambda={arguments.lam:g}, t={arguments.t:g}, "
+                        f"M={arguments.M:g} (t/t_crit = {arguments.t / t_crit:.3g}) vs rollout "
+                        f"N={n}, T={layers}, m={arguments.lam / n:.3g}, c={c:.3g}"))
+
+    regime = "interior minimum (rises into the query)" if arguments.t < t_crit else "no rise into the query"
+    print(f"jaxroll kinetic: beta = {arguments.beta:g}, lambda = {arguments.lam:g}, t = {arguments.t:g}, "
+          f"M = {arguments.M:g}, n_max = {arguments.n_max}")
+    print(f"  t_crit = {t_crit:.9g}, t / t_crit = {arguments.t / t_crit:.6g}: {regime}")
+    print(f"  a_eff = sum omega a^2 / sum omega a = {effective:.6g}, c = a_eff t = {c:.6g}")
+    print(f"  matching rollout: N = {n}, T = {layers}, one head, slope m = lambda/N = {arguments.lam / n:.6g}, "
+          f"lambda_t = c/T = {c / layers:.6g}")
+    print(f"  rollout mass at the query j = N-1: {rollout[-1]:.6g} (e^-c = {math.exp(-c):.6g}; none in the kinetic profile)")
+    print(f"  off the query (j < N-1, each renormalised): W1/(N-1) = {distance:.6g}, "
+          f"argmin rollout = {int(np.argmin(off_rollout))}, kinetic = {int(np.argmin(off_kinetic))}")
+    print(f"  wrote {out}/kinetic.csv, profile.csv, config.yaml, kinetic.png")
+
+
+def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, title: str = ""):
+    """Left: the kinetic distribution and the rollout profile over positions j < N-1 (each
+    renormalised there; the query's point mass has no kinetic counterpart). Right: the bridge,
+    the mode ``g(c; s)`` against ``N e^c P_T[N-1, j]`` at ``s = j/N``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    positions = np.arange(distribution.size)
+    left.plot(positions, distribution, color="C0", label="kinetic S_t(s_j), s_j = (j + 1/2)/N, all modes")
+    left.plot(positions, rollout, color="C1", label="matching rollout p_T(j), one rate c = a_eff t")
+    left.set_xlabel("input position j (0 = first token)")
+    left.set_ylabel("probability (influence on the last position)")
+    left.set_ylim(bottom=0.0)
+    left.legend(fontsize=8)
+    left.set_title("both profiles over j < N-1, each renormalised (query point mass left out)", fontsize=9)
+    right.plot(fine, mode, color="C0", label="kinetic mode g(c; s), one rate")
+    right.plot(s_rollout, scaled, ".", color="C1", markersize=2.5, label="rollout N e^c P_T[N-1, j], s = j/N")
+    right.set_xlabel("relative position s")
+    right.set_ylabel("g(c; s)")
+    right.set_yscale("log")
+    right.legend(fontsize=8)
+    right.set_title("the bridge: a single mode and the rollout on the kinetic scale", fontsize=9)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
