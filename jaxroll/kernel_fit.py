@@ -150,8 +150,8 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
         steps: the most optimisation steps per layer.
         learning_rate: of the default Adam (cosine decay over `steps`).
         optimizer: any optax transformation (default: module docstring).
-        gradient_tolerance, loss_tolerance: of the stopping test (as in
-            `jaxroll.fit.fit`).
+        gradient_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
+        loss_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
 
     Returns:
         A `KernelFitResult`; its model keeps the measured lambdas and length.

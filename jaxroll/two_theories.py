@@ -54,6 +54,7 @@ __all__ = ["to_distribution", "kinetic_distribution", "rollout_distribution", "T
            "fit_kinetic", "fit_rollout", "compare_theories", "KINETIC_HEADS"]
 
 KINETIC_HEADS = (1, 2)
+"""Head counts of the kinetic profiles `compare_theories` fits (each head adds beta, lambda and a weight)."""
 _MIN_M = 0.5  # M = 0.5 + softplus(u): below, omega_n kills every mode but the first anyway
 
 

@@ -110,7 +110,7 @@ def load_model(directory, *, dtype: str = "float32", attn_implementation: str = 
 
     Raises:
         ConfigError: a missing directory, one without a model, a model id that
-        is not available locally, accelerate missing for a device map.
+            is not available locally, accelerate missing for a device map.
     """
     import torch
     from transformers import AutoModelForCausalLM

@@ -470,7 +470,7 @@ def measure(
 
     Raises:
         ConfigError: bad input, a model outside the layer maps, a statistic
-        the architecture cannot give; one line.
+            the architecture cannot give; one line.
     """
     stats = parse_stats(stats)
     if falcon_alibi not in FALCON_VARIANTS:

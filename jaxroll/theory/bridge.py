@@ -99,7 +99,7 @@ def matching_rollout(model: kinetic.KineticModel, n: int, num_layers: int) -> Ro
 
     Raises:
         ConfigError: more than one head (the rollout's heads average in A,
-        not in the profile), or ``c > num_layers``.
+            not in the profile), or ``c > num_layers``.
     """
     if model.num_heads != 1:
         raise ConfigError(f"model: {model.num_heads} heads; allowed: 1 (a multi-head kinetic profile "
@@ -139,8 +139,8 @@ def kinetic_counterpart(model: RolloutModel, n: int | None = None) -> KineticCou
 
     Raises:
         ConfigError: more than one head, slopes that differ between layers,
-        nonzero diagonal content (it has no kinetic counterpart), or a mask
-        other than causal.
+            nonzero diagonal content (it has no kinetic counterpart), or a mask
+            other than causal.
     """
     n = model.sequence_length if n is None else int(n)
     slopes = np.asarray(model.alibi_slopes, dtype=np.float64)

@@ -58,8 +58,10 @@ __all__ = [
     "KineticModel",
 ]
 
-N_MAX = 20          # modes kept in S_t (the paper's reference values use 20)
-SERIES_TERMS = 128  # terms of the I_n series: exact to rounding for 0 < beta <= 100
+N_MAX = 20
+"""Modes n = 1..N_MAX kept in S_t by default (the paper's reference values use 20)."""
+SERIES_TERMS = 128
+"""Terms of the log-space series for I_n(beta): exact to rounding for 0 < beta <= 100."""
 
 # Below these the closed forms are 0/0 or lose digits; a series takes over
 # (its first omitted term is < 1e-15 relative there).
