@@ -45,24 +45,23 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{command}: {message}" if command else message)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 1")
-    return value
+def _integer_at_least(minimum: int):
+    """An argparse type: an integer >= `minimum`, or a one-line error naming the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= {minimum}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}; allowed: an integer >= 0")
-    return value
+positive_int = _integer_at_least(1)
+non_negative_int = _integer_at_least(0)
 
 
 def add_output_arguments(parser) -> None:
