@@ -145,10 +145,20 @@ def _shard(samples, world):
 
 
 def _done(checkpoint) -> int:
+    """Sequences already in `checkpoint`, for the progress count; 0 when it cannot be read.
+
+    A file that is not a checkpoint is refused in one line by the measurement
+    itself (`PartialSums.load`), not here.
+    """
+    import zipfile
+
     import numpy as np
 
-    with np.load(checkpoint, allow_pickle=False) as data:
-        return int(data["count"]) if "count" in data.files else 0
+    try:
+        with np.load(checkpoint, allow_pickle=False) as data:
+            return int(data["count"]) if "count" in data.files else 0
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return 0
 
 
 def _write(result, indices, documents, arguments, out, world, measure) -> None:
