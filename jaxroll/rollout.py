@@ -129,17 +129,12 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
     def every_layer():
         return jax.lax.scan(apply_layer, last, _layers(model), reverse=True)[0]
 
-    if method == "structured" and model.mask == "causal" and n <= structured.SHARED_DENSE_MAX:
-        # One kernel in every layer (no-content models): form it once, densely (a run-time test).
-        def shared():
-            return structured.shared_kernel_rollout_row(
-                last, model.lambdas, model.alibi_slopes[0], model.diagonal_scores[0], model.head_weights[0],
-                model.temperature)
-
-        same = structured.shares_one_kernel(model.alibi_slopes, model.diagonal_scores, model.head_weights)
-        row = jax.lax.cond(same, shared, every_layer)
-    else:
-        row = every_layer()
+    # structured.shared_kernel_rollout_row (one dense kernel for all layers) is
+    # not chosen here at run time: a lax.cond on "every layer equal" would send
+    # the gradient of every layer's parameters to layer 0 (found by
+    # tests/test_fit.py's finite-difference check). Call it directly for a
+    # forward pass over a shared kernel.
+    row = every_layer()
     mass = jnp.sum(row)
     return row / mass, mass
 
