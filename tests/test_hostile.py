@@ -293,4 +293,4 @@ def test_presets_help_names_both_lists(capsys):
 def test_length_one_summary_is_grammatical(tmp_path, capsys):
     assert main(["rollout", "--length", "1", "--out", str(tmp_path / "one")]) == 0
     out = capsys.readouterr().out
-    assert "(1 position each)" in out and "(1 positions each)" not in out
+    assert "(positions: first 1, middle 0, last 1)" in out and "1 positions" not in out

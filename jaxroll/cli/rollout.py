@@ -106,7 +106,7 @@ def _print_summary(model, profile, mass, source, out, figure=True) -> None:
     # last_mass), so the summary, `jaxroll compare` and the sweep table agree.
     print(f"  first_mass / middle_mass / last_mass = {profile[:k].sum():.6g} / "
           f"{profile[k:max(k, n - k)].sum():.6g} / {profile[-k:].sum():.6g} "
-          f"(first {k}, middle {max(n - 2 * k, 0)}, last {k} positions)")
+          f"(positions: first {k}, middle {max(n - 2 * k, 0)}, last {k})")
     from ..schema import kernel_arrays
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
