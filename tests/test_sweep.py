@@ -281,8 +281,8 @@ def test_two_processes_gather_the_single_process_sweep(tmp_path):
 
 
 def readme_spec() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("\n## Sweeps"):]
+    text = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## `jaxroll sweep`"):]
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 
 
