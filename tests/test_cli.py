@@ -24,9 +24,9 @@ def run_here(capsys, *arguments):
     return subprocess.CompletedProcess(arguments, status, captured.out, captured.err)
 
 
-def test_rollout_of_a_reference_config_matches_the_oracle(tmp_path):
+def test_rollout_of_a_reference_config_matches_the_oracle(tmp_path, capsys):
     path = REFERENCE_CONFIGS / "rollout/alibi/mean_content/fineweb-edu/mpt-7b.yaml"
-    result = run("rollout", path, "--length", 64, "--out", tmp_path / "out")
+    result = run_here(capsys, "rollout", path, "--length", 64, "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     config = oracle.read_config(path)
     expected = oracle.influence(oracle.config_arrays(config), 64)
@@ -69,13 +69,13 @@ def test_rollout_of_a_published_model_without_residual_collapses(tmp_path, capsy
     assert jaxroll.read_profile(tmp_path / "out/profile.csv")[0] > 0.99
 
 
-def test_presets_and_version():
-    listing = run("presets")
+def test_presets_and_version(capsys):
+    listing = run_here(capsys, "presets")
     assert listing.returncode == 0
     for name in jaxroll.presets.names() + jaxroll.published.names():
         assert name in listing.stdout
     assert "power-decay" in listing.stdout and "measured" in listing.stdout
-    version = run("--version")
+    version = run("--version")  # a real process: --version answers before JAX loads
     assert version.returncode == 0 and "jaxroll" in version.stdout
 
 
@@ -133,13 +133,13 @@ def test_bad_arguments_exit_2_with_one_line(arguments, message, tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
-def test_existing_output_is_not_overwritten_without_force(tmp_path):
+def test_existing_output_is_not_overwritten_without_force(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
-    result = run("rollout", "--preset", "mpt-7b", "--length", 16, "--out", out)
+    result = run_here(capsys, "rollout", "--preset", "mpt-7b", "--length", 16, "--out", out)
     assert result.returncode == 2 and "--force" in result.stderr
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
-    forced = run("rollout", "--preset", "mpt-7b", "--length", 16, "--out", out, "--force")
+    forced = run_here(capsys, "rollout", "--preset", "mpt-7b", "--length", 16, "--out", out, "--force")
     assert forced.returncode == 0 and (out / "mine.txt").read_text() == "keep me"
     assert (out / "profile.csv").exists()
