@@ -9,13 +9,22 @@ import os
 import tempfile
 from pathlib import Path
 
+# One intra-op thread for torch (read when torch is first imported, here and in
+# subprocesses): with two xdist workers on two cores, torch's default of a
+# thread per core oversubscribes the machine, and OpenMP's spin-waiting made a
+# tiny model's `jaxroll measure` 5x slower (46 s -> 8.8 s, tests/test_crash.py's).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import jax
 import pytest
 
 jax.config.update("jax_enable_x64", True)
 # `jaxroll` in a subprocess keeps its compilation cache (jaxroll.cache): in a
-# temporary folder, never the user's ~/.cache.
-os.environ.setdefault("JAXROLL_CACHE_DIR", tempfile.mkdtemp(prefix="jaxroll-test-cache-"))
+# temporary folder, never the user's ~/.cache; one folder per test run, shared
+# by the xdist workers (JAX locks it), so a program is compiled once per run.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+os.environ.setdefault("JAXROLL_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"jaxroll-test-cache-{_RUN}") if _RUN
+                      else tempfile.mkdtemp(prefix="jaxroll-test-cache-"))
 
 import jaxroll  # noqa: E402  (after float64 is on)
 
