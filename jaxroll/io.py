@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,88 @@ def read_text(path, kind: str) -> str:
 # about 10x faster than with the pure-Python SafeLoader; the same YAML subset.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# A number exactly as YAML 1.1 (PyYAML's resolver) reads it: a float has a
+# point and a signed exponent ("1e5" and "-.5" are strings there, so they are
+# not matched here), an int is decimal without a leading zero ("010" is octal).
+_NUMBER = r"(?:[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?|\.[0-9]+(?:[eE][-+][0-9]+)?|[-+]?(?:0|[1-9][0-9]*))"
+_FLAT = rf"\[[ \t]*{_NUMBER}(?:[ \t]*,[ \t]*{_NUMBER})*[ \t]*\]"
+_LONG_LIST = re.compile(rf"(?P<key>[ ]*[A-Za-z_][A-Za-z0-9_]*:[ ]+)(?P<value>{_FLAT}|\[[ \t]*{_FLAT}"
+                        rf"(?:[ \t]*,[ \t]*{_FLAT})*[ \t]*\])[ \t]*")
+_LONG = 1000  # characters: only the long lists cost PyYAML time (70 x 112 numbers: 0.3 s)
+
+
+def _numbers(flat: str) -> list:
+    """``[1.5, 2, ...]`` (matched by `_FLAT`) as YAML reads it: floats and ints."""
+    items = flat.strip(" \t")[1:-1].split(",")  # float() and int() skip the spaces and tabs around
+    # Each matched float has exactly one point and an int none: all floats iff as many points as items.
+    if flat.count(".") == len(items):
+        return list(map(float, items))
+    return [float(t) if "." in t else int(t) for t in items]
+
+
+def _fast_lists(text: str):
+    """`text` with each long one-line list of plain numbers replaced by a placeholder, and the lists.
+
+    PyYAML builds every scalar in Python (resolver regexes, then float()),
+    about 20 us a number; the published all-content files hold two lists of
+    70 x 112 numbers. A line ``key: [[n, n, ...], [n, ...]]`` (or ``[n, ...]``)
+    of plain decimal numbers only, longer than `_LONG`, is read here with the
+    same result (the same ints and floats; tabs between items read as spaces,
+    as `read_yaml`'s second try does). Anything else on such a line (a
+    boolean, a quoted number, ``.nan``, deeper nesting, a comment) leaves it
+    to PyYAML, so every error message stays PyYAML's or the schema's.
+    """
+    lists = {}
+    if _MARKER in text:
+        return text, lists
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if len(line) < _LONG:
+            continue
+        match = _LONG_LIST.fullmatch(line)
+        if match is None:
+            continue
+        value = match["value"]
+        inner = value[1:].lstrip(" \t")
+        if inner.startswith("["):
+            rows = re.findall(r"\[[^\[\]]*\]", value[1:-1])
+            lists[index] = [_numbers(row) for row in rows]
+        else:
+            lists[index] = _numbers(value)
+        lines[index] = f"{match['key']}{_placeholder(index)}"
+    return ("\n".join(lines), lists) if lists else (text, lists)
+
+
+_MARKER = "__jaxroll_list_"
+
+
+def _placeholder(index: int) -> str:
+    return f"{_MARKER}{index}__"
+
 
 def _parse_yaml(text: str):
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader, C or Python)
+    short, lists = _fast_lists(text)
+    data = yaml.load(short, Loader=_LOADER)  # noqa: S506 (a safe loader, C or Python)
+    if not lists:
+        return data
+    placeholders = {_placeholder(index): value for index, value in lists.items()}
+    found = 0
+    # Each placeholder must come back as the value of a mapping (at any depth
+    # of mappings), where its list was; it is unique (the text had no marker).
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str) and value in placeholders:
+                    node[key] = placeholders[value]
+                    found += 1
+                elif isinstance(value, dict):
+                    stack.append(value)
+    if found != len(lists):
+        # A placeholder inside a string or a list, or a key given twice: read it all with PyYAML.
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506
+    return data
 
 
 def read_yaml(path) -> dict:
