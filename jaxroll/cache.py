@@ -41,6 +41,7 @@ pickle, so the folder must be as private as the rest of your home folder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -114,8 +115,9 @@ def enabled() -> bool:
     return _executables is not None
 
 
+@functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
-    """A hash of every ``.py`` file of the jaxroll package: a code change is a new key."""
+    """A hash of every ``.py`` file of the jaxroll package: a code change is a new key (read once a process)."""
     digest = hashlib.sha256()
     package = Path(__file__).parent
     for path in sorted(package.rglob("*.py")):
