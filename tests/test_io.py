@@ -230,3 +230,13 @@ def test_every_published_file_reads_as_pyyaml_reads_it():
     for path in ROLLOUT_CONFIGS:
         text = path.read_text(encoding="utf-8")
         assert repr(jaxroll.io._parse_yaml(text)) == repr(_pyyaml(text)), path
+
+
+@pytest.mark.parametrize("value", [[[0.1 * k for k in range(300)]], [float(k) for k in range(250)],
+                                   [[1e-05, 1e16, -2.5e-300, 0.0, -0.0, 3.0] * 50, [7.0] * 300]])
+def test_long_lists_are_written_so_pyyaml_reads_the_same_values(value):
+    config = {"a": 1, "b": {"c": value, "d": "x"}, "e": [[0.5, 2.0]]}
+    text = jaxroll.io._dump_yaml(config)
+    assert yaml.safe_load(text) == config  # PyYAML (the oracle) reads back every value exactly
+    assert jaxroll.io._parse_yaml(text) == config
+    assert max(len(line) for line in text.splitlines()) > 1000  # written on one line, by hand
