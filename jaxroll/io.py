@@ -261,6 +261,11 @@ def _dump_yaml(config: dict) -> str:
     """
     lists: dict[str, str] = {}
 
+    def flow(row) -> str:
+        text = ", ".join(map(repr, row))
+        # repr is PyYAML's float text unless an exponent lacks its point or the value is inf or nan.
+        return "[" + (", ".join(map(_float_text, row)) if "e" in text or "n" in text else text) + "]"
+
     def swap(mapping: dict) -> dict:
         result = {}
         for key, value in mapping.items():
@@ -269,8 +274,7 @@ def _dump_yaml(config: dict) -> str:
             elif _long_numbers(value):
                 marker = _placeholder(len(lists))
                 rows = value if isinstance(value[0], list) else None
-                lists[marker] = ("[" + ", ".join("[" + ", ".join(map(_float_text, r)) + "]" for r in rows) + "]"
-                                 if rows is not None else "[" + ", ".join(map(_float_text, value)) + "]")
+                lists[marker] = "[" + ", ".join(map(flow, rows)) + "]" if rows is not None else flow(value)
                 value = [marker]  # a list, so that its mapping is written in block style, one key a line
             result[key] = value
         return result
