@@ -93,6 +93,81 @@ def _numpy_rollout(paths: list[str], out: str) -> None:
             handle.writelines(f"{j},{value!r}\n" for j, value in enumerate(profile.tolist()))
 
 
+# --- in-process pieces (a fresh process each; run with today's or this tree's PYTHONPATH) ---------------
+
+
+def _load_config_times() -> None:
+    """Per published file: the least of 5 `load_config` calls, in ms; JSON on stdout."""
+    import glob
+
+    import jaxroll
+
+    files = sorted(glob.glob(str(PUBLISHED / "**" / "*.yaml"), recursive=True))
+    jaxroll.load_config(files[0])  # imports done
+    best = {}
+    for path in files:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            jaxroll.load_config(path)
+            times.append(time.perf_counter() - start)
+        best[path] = 1e3 * min(times)
+    content = [t for p, t in best.items() if "/all_content/" in p]
+    print(json.dumps({"mean": statistics.mean(best.values()), "max": max(best.values()),
+                      "all_content_mean": statistics.mean(content), "all_content_max": max(content)}))
+
+
+def _figure_times(out: str) -> None:
+    """``import jaxroll.plot`` and the first `plot_profile` of BLOOM-176B in a process, in s; JSON."""
+    start = time.perf_counter()
+    import numpy as np
+
+    from jaxroll import plot
+
+    imported = time.perf_counter()
+    n = 256
+    positions = np.arange(n)
+    profile = 1.0 / (1.0 + positions) + 1.0 / (n - positions)
+    attention_only = np.exp(-0.5 * positions)
+    plot.plot_profile(Path(out) / "profile.png", profile / profile.sum(), attention_only / attention_only.sum(),
+                      title="published bloom-176b: N=256, T=70, H=112")
+    drawn = time.perf_counter()
+    print(json.dumps({"import": imported - start, "draw": drawn - imported}))
+
+
+def _phases(out: str) -> None:
+    """The phases of ``jaxroll rollout --published bloom-176b`` in one process (cache as set), in s; JSON."""
+    marks = [("start", time.perf_counter())]
+    import jax
+
+    marks.append(("import jax", time.perf_counter()))
+    from jaxroll import cache, io, published
+    from jaxroll.bucket import influence_with_mass
+
+    cache.enable()
+    marks.append(("import jaxroll (what a rollout needs)", time.perf_counter()))
+    model = published.load("bloom-176b")
+    marks.append(("load the configuration", time.perf_counter()))
+    import dataclasses
+
+    import numpy as np
+
+    profile = np.asarray(influence_with_mass(model)[0])
+    marks.append(("profile: program (trace, lower, compile or load) and run", time.perf_counter()))
+    attention_only = np.asarray(influence_with_mass(dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)))[0])
+    marks.append(("attention-only profile (the same program)", time.perf_counter()))
+    from jaxroll import plot
+
+    marks.append(("import jaxroll.plot (matplotlib)", time.perf_counter()))
+    plot.plot_profile(Path(out) / "profile.png", profile, attention_only, title="bloom-176b")
+    marks.append(("draw and write the figure", time.perf_counter()))
+    io.write_profile(profile, Path(out) / "profile.csv", overwrite=True)
+    io.save_config(model, Path(out) / "config.yaml", overwrite=True)
+    marks.append(("write profile.csv and config.yaml", time.perf_counter()))
+    assert jax is not None
+    print(json.dumps({name: t - marks[k][1] for k, (name, t) in enumerate(marks[1:])}))
+
+
 # --- timing -------------------------------------------------------------------------------------------
 
 
@@ -115,9 +190,15 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="time only the rows whose command contains this text")
     parser.add_argument("--numpy", nargs="+", metavar="CONFIG", help=argparse.SUPPRESS)
     parser.add_argument("--numpy-out", help=argparse.SUPPRESS)
+    parser.add_argument("--piece", choices=("load-config", "figure", "phases"), help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.numpy:
         _numpy_rollout(arguments.numpy, arguments.numpy_out)
+        return
+    if arguments.piece:
+        out = tempfile.mkdtemp(prefix="jaxroll-piece-")
+        {"load-config": lambda: _load_config_times(), "figure": lambda: _figure_times(out),
+         "phases": lambda: _phases(out)}[arguments.piece]()
         return
 
     scratch = Path(tempfile.mkdtemp(prefix="jaxroll-process-"))
@@ -216,8 +297,11 @@ def main() -> None:
             times[i].append(elapsed)
             if command()[1] == str(WORKER):  # the compilation count of the batch rows
                 events = json.loads(stdout.strip().splitlines()[-1])["events"]
-                notes[i] = (f"{events.get('/jax/compilation_cache/cache_misses', 0)} compiled, "
-                            f"{events.get('/jax/compilation_cache/cache_hits', 0)} from the cache")
+                hits = events.get("/jax/compilation_cache/cache_hits", 0)
+                # XLA reports a compile for a JAX-cache hit too; a kept executable (cache.compiled) reports none.
+                notes[i] = (f"{events.get('/jax/core/compile/jaxpr_trace_duration', 0)} traced, "
+                            f"{events.get('/jax/core/compile/backend_compile_duration', 0) - hits} compiled, "
+                            f"{hits} from JAX's cache")
             print(f"  round {round_ + 1}: {name} [{kind}] {elapsed:.2f} s", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
 
@@ -240,11 +324,35 @@ def main() -> None:
                              notes.get(i, ""), started, f"{load_before[0]:.2f}", f"{load_after[0]:.2f}"])
     if arguments.only:
         return
+    _pieces(arguments, python, today, new, new_warm)
     imports = {kind: medians[i] for i, (name, kind, *_) in enumerate(rows) if name.startswith("import jaxroll +")}
     bare = {kind: medians[i] for i, (name, kind, *_) in enumerate(rows) if name == "python -c 'import jaxroll'"}
     jax_time = medians[0]
     print(f"\nimport jaxroll minus import jax: today {bare['today'] - jax_time:+.2f} s, new {bare['new'] - jax_time:+.2f} s; "
           f"with what a rollout needs: today {imports['today'] - jax_time:+.2f} s, new {imports['new'] - jax_time:+.2f} s")
+
+
+def _pieces(arguments, python, today, new, new_warm) -> None:
+    """In-process pieces, each in fresh processes, today and new alternating: median of the rounds."""
+    rounds = max(arguments.rounds, 3)
+    results: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(rounds):
+        for piece in ("load-config", "figure"):
+            for kind, environment in (("today", today), ("new", new)):
+                _, stdout = _run([python, __file__, "--piece", piece], environment)
+                results.setdefault((piece, kind), []).append(json.loads(stdout.strip().splitlines()[-1]))
+        _, stdout = _run([python, __file__, "--piece", "phases"], new_warm())
+        results.setdefault(("phases", "new, warm cache"), []).append(json.loads(stdout.strip().splitlines()[-1]))
+    print(f"\nIn-process pieces (median of {rounds} fresh processes each, alternating):\n")
+    print("| piece | process | value |")
+    print("|---|---|---:|")
+    for (piece, kind), values in results.items():
+        for key in values[0]:
+            median = statistics.median(v[key] for v in values)
+            unit = " ms" if piece == "load-config" else " s"
+            label = {"load-config": f"load_config of a published file, {key.replace('_', ' ')} (least of 5 calls)",
+                     "figure": f"profile figure: {key}"}.get(piece, f"warm BLOOM-176B rollout: {key}")
+            print(f"| {label} | {kind} | {median:.{1 if unit == ' ms' else 3}f}{unit} |")
 
 
 if __name__ == "__main__":

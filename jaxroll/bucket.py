@@ -100,11 +100,29 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
     (`pad`) and given ``sequence_length = n`` (a static field: otherwise
     models that differ only in their default length would compile apart);
     anything else runs unchanged. Returns ``(p, mass)`` of shape ``(n,)``
-    and ``()``, as `jaxroll.influence_with_mass` does.
+    and ``()``, as `jaxroll.influence_with_mass` does. After
+    `jaxroll.cache.enable` (the command line) a padded model's program is
+    `jaxroll.cache.compiled`: loaded from the cache without tracing.
     """
     from .rollout import influence_with_mass as unpadded
 
     n = model.sequence_length if n is None else n
-    if isinstance(model, RolloutModel) and model.num_layers * model.num_heads * n <= SMALL_WORK:
-        model = dataclasses.replace(pad(model), sequence_length=n)
+    if not (isinstance(model, RolloutModel) and model.num_layers * model.num_heads * n <= SMALL_WORK):
+        return unpadded(model, n, method)
+    model = dataclasses.replace(pad(model), sequence_length=n)
+    from . import cache
+
+    if cache.enabled():
+        # The command line: the executable from the cache, no tracing or lowering.
+        import jax
+
+        from .rollout import _influence_with_mass, _resolve
+
+        method = _resolve(method)
+        leaves, structure = jax.tree_util.tree_flatten(model)
+
+        def flat(*leaves):
+            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method)
+
+        return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, method))(*leaves)
     return unpadded(model, n, method)

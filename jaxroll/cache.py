@@ -21,15 +21,34 @@ is set; then every read and write holds a file lock (``filelock``) on the
 folder. `enable` always sets the limit, so two ``jaxroll`` processes sharing
 the cache are safe (tests/test_cache.py runs them side by side). An
 unreadable entry is in any case only a warning: JAX then compiles.
+
+Loading a program from JAX's cache still traces and lowers the Python
+function first: the cache key is a hash of the lowered program. For a
+rollout at the paper's N = 256 that tracing and lowering (0.5-0.6 s on a
+2-core CPU) costs more than the run. `compiled` therefore keeps a second
+kind of entry in ``executables/``: the compiled executable itself
+(`jax.experimental.serialize_executable`), keyed without tracing by what
+determines the program: a name, the static arguments, the argument shapes
+and dtypes, a hash of jaxroll's source files, the JAX and jaxlib versions,
+the backend and device, ``jax_enable_x64`` and ``XLA_FLAGS``. A second
+process loads it and calls it directly. Entries are written to a temporary
+name and renamed (a reader never sees half a file); an entry that cannot be
+loaded is compiled again and rewritten. At most `MAX_EXECUTABLES` are kept
+(the least recently used go first). They are executables loaded with
+pickle, so the folder must be as private as the rest of your home folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import os
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["ENV_DIR", "ENV_OFF", "MAX_BYTES", "CacheInfo", "directory", "enable", "info", "clear"]
+__all__ = ["ENV_DIR", "ENV_OFF", "MAX_BYTES", "MAX_EXECUTABLES", "CacheInfo", "directory", "enable", "info",
+           "clear", "compiled", "enabled"]
 
 ENV_DIR = "JAXROLL_CACHE_DIR"
 """Environment variable naming the compilation cache's folder (default ``$XDG_CACHE_HOME/jaxroll`` or ``~/.cache/jaxroll``)."""
@@ -37,8 +56,15 @@ ENV_OFF = "JAXROLL_NO_CACHE"
 """Environment variable that turns the command line's compilation cache off when set to 1."""
 MAX_BYTES = 1 << 30  # 1 GiB; a published configuration's program is 50-300 kB
 """Size limit of the compilation cache (1 GiB); setting one makes JAX lock the folder, so concurrent processes are safe."""
+MAX_EXECUTABLES = 256  # a padded rollout's executable is about 200 kB
+"""Most executables `compiled` keeps in ``compilation/executables/`` (the least recently used go first)."""
 _SUBFOLDER = "compilation"
+_EXECUTABLES = "executables"
 _SUFFIXES = ("-cache", "-atime")  # JAX's entry and access-time files
+_EXECUTABLE_SUFFIX = ".executable"
+
+_executables: Path | None = None  # set by enable(): where compiled() keeps executables
+_loaded: dict[str, object] = {}  # this process's executables, by key
 
 
 def directory() -> Path | None:
@@ -79,7 +105,154 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jax.config.update("jax_compilation_cache_max_size", limit)
+    global _executables
+    _executables = folder / _EXECUTABLES
     return folder
+
+
+def enabled() -> bool:
+    """True after `enable` turned the cache on in this process (`compiled` then keeps executables)."""
+    return _executables is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    """A hash of every ``.py`` file of the jaxroll package: a code change is a new key (read once a process)."""
+    digest = hashlib.sha256()
+    package = Path(__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _key(name: str, arguments, static) -> str:
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    parts = [name, repr(static), _source_hash(), jax.__version__, jaxlib.__version__, device.platform,
+             getattr(device, "device_kind", ""), str(len(jax.devices())), str(jax.config.jax_enable_x64),
+             os.environ.get("XLA_FLAGS", ""), *(str(jax.typeof(a)) for a in arguments)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+
+
+def compiled(name: str, function, arguments, static=()):
+    """``jax.jit(function)`` compiled for `arguments`, its executable kept between processes.
+
+    Args:
+        name: what `function` computes (part of the key).
+        function: a function of the flat `arguments` (arrays) only, returning
+            a tuple of arrays; everything else it depends on must be in
+            `static` (or be jaxroll's source code, which is hashed).
+        arguments: a sequence of arrays (their shapes and dtypes are keyed).
+        static: a value whose ``repr`` names everything else the program
+            depends on (static arguments, a pytree's structure).
+
+    Returns:
+        A callable ``(*arguments) -> outputs``. Without `enable` (or with the
+        cache off) it is ``jax.jit(function)``. With it, the executable is
+        loaded from ``executables/`` when there, with no tracing or
+        lowering; otherwise compiled (through JAX's cache) and written there.
+    """
+    import jax
+
+    if _executables is None:
+        return jax.jit(function)
+    key = _key(name, arguments, static)
+    if key in _loaded:
+        return _loaded[key]
+    from jax.experimental import serialize_executable
+
+    path = _executables / f"{name}-{key}{_EXECUTABLE_SUFFIX}"
+
+    def compile_and_keep():
+        lowered = jax.jit(function).lower(*arguments)
+        with _without_jax_cache() as bypassed:
+            program = lowered.compile()
+        if bypassed:  # else it may have come from JAX's cache: not kept (see _without_jax_cache)
+            blob, _, out_tree = serialize_executable.serialize(program)
+            if out_tree != jax.tree_util.tree_structure((0,) * out_tree.num_leaves):
+                raise ValueError(f"compiled: {name} must return a flat tuple of arrays; got {out_tree}")
+            _write(path, f"{out_tree.num_leaves:4d}".encode() + blob)
+        _loaded[key] = program
+        return program
+
+    try:
+        blob = path.read_bytes()  # 4 bytes: the number of outputs; then the executable
+        out_tree = jax.tree_util.tree_structure((0,) * int(blob[:4]))
+        in_tree = jax.tree_util.tree_structure((tuple(arguments), {}))
+        loaded = serialize_executable.deserialize_and_load(blob[4:], in_tree, out_tree)
+        os.utime(path)  # recently used
+    except Exception:  # absent, or unreadable (another version, a truncated file): compile it
+        return compile_and_keep()
+
+    def first_call(*values):
+        # A loaded executable that cannot run (its code missing) fails here,
+        # once: then it is compiled again and rewritten.
+        try:
+            outputs = jax.block_until_ready(loaded(*values))
+        except Exception:  # noqa: BLE001 - any failure of a cached program means: compile it
+            path.unlink(missing_ok=True)
+            return compile_and_keep()(*values)
+        _loaded[key] = loaded
+        return outputs
+
+    _loaded[key] = first_call
+    return first_call
+
+
+@contextlib.contextmanager
+def _without_jax_cache():
+    """Compile without JAX's persistent cache; yields whether that could be arranged.
+
+    An XLA:CPU executable that JAX loaded from its own cache serialises
+    without its code (jaxlib 0.10: the next process fails with "Function
+    ... not found"), so `compiled` keeps only executables it compiled
+    itself. JAX decides once per process whether its cache is used
+    (``jax._src.compilation_cache._cache_used``, not a public setting;
+    ``jax_enable_compilation_cache`` is read only once), so that decision
+    is set aside for this one compilation and restored after it. Without
+    that internal name (another JAX), nothing is bypassed and nothing kept.
+    """
+    try:
+        from jax._src import compilation_cache as internal
+
+        state = internal._cache_checked, internal._cache_used
+    except (ImportError, AttributeError):
+        yield False
+        return
+    internal._cache_checked, internal._cache_used = True, False
+    try:
+        yield True
+    finally:
+        internal._cache_checked, internal._cache_used = state
+
+
+def _write(path: Path, blob: bytes) -> None:
+    """Write `blob` to `path` through a temporary file and a rename; keep at most `MAX_EXECUTABLES`."""
+    import tempfile
+
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(handle, "wb") as file:
+            file.write(blob)
+        os.replace(temporary, path)
+        temporary = None
+        entries = sorted(_executable_entries(path.parent), key=lambda p: p.stat().st_mtime)
+        for old in entries[:max(0, len(entries) - MAX_EXECUTABLES)]:
+            old.unlink(missing_ok=True)
+    except OSError:  # a read-only or full disk: run without keeping it
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+def _executable_entries(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.is_file() and p.name.endswith(_EXECUTABLE_SUFFIX)]
 
 
 class CacheInfo(NamedTuple):
@@ -98,12 +271,15 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def info(path: str | os.PathLike | None = None) -> CacheInfo:
-    """The cache's folder, whether it is on, its number of entries and their size in bytes."""
+    """The cache's folder, whether it is on, its number of entries and their size in bytes.
+
+    Entries are JAX's compiled programs and `compiled`'s executables.
+    """
     root = Path(path) if path is not None else directory()
     if root is None:
         return CacheInfo(None, False, 0, 0)
     folder = root / _SUBFOLDER
-    entries = _entries(folder)
+    entries = _entries(folder) + _executable_entries(folder / _EXECUTABLES)
     return CacheInfo(folder, True, len(entries), sum(p.stat().st_size for p in entries))
 
 
@@ -117,7 +293,17 @@ def clear(path: str | os.PathLike | None = None) -> int:
     if root is None:
         return 0
     folder = root / _SUBFOLDER
-    count = len(_entries(folder))
+    executables = folder / _EXECUTABLES
+    count = len(_entries(folder)) + len(_executable_entries(executables))
+    _loaded.clear()
+    if executables.is_dir():
+        for item in executables.iterdir():
+            if item.is_file() and (item.name.endswith(_EXECUTABLE_SUFFIX) or item.name.startswith(".tmp-")):
+                item.unlink(missing_ok=True)
+        try:
+            executables.rmdir()
+        except OSError:  # something else lives there: keep it
+            pass
     if folder.is_dir():
         for item in folder.iterdir():
             if item.is_file() and (item.name.endswith(_SUFFIXES) or item.name == ".lockfile"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,88 @@ def read_text(path, kind: str) -> str:
 # about 10x faster than with the pure-Python SafeLoader; the same YAML subset.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# A number exactly as YAML 1.1 (PyYAML's resolver) reads it: a float has a
+# point and a signed exponent ("1e5" and "-.5" are strings there, so they are
+# not matched here), an int is decimal without a leading zero ("010" is octal).
+_NUMBER = r"(?:[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?|\.[0-9]+(?:[eE][-+][0-9]+)?|[-+]?(?:0|[1-9][0-9]*))"
+_FLAT = rf"\[[ \t]*{_NUMBER}(?:[ \t]*,[ \t]*{_NUMBER})*[ \t]*\]"
+_LONG_LIST = re.compile(rf"(?P<key>[ ]*[A-Za-z_][A-Za-z0-9_]*:[ ]+)(?P<value>{_FLAT}|\[[ \t]*{_FLAT}"
+                        rf"(?:[ \t]*,[ \t]*{_FLAT})*[ \t]*\])[ \t]*")
+_LONG = 1000  # characters: only the long lists cost PyYAML time (70 x 112 numbers: 0.3 s)
+
+
+def _numbers(flat: str) -> list:
+    """``[1.5, 2, ...]`` (matched by `_FLAT`) as YAML reads it: floats and ints."""
+    items = flat.strip(" \t")[1:-1].split(",")  # float() and int() skip the spaces and tabs around
+    # Each matched float has exactly one point and an int none: all floats iff as many points as items.
+    if flat.count(".") == len(items):
+        return list(map(float, items))
+    return [float(t) if "." in t else int(t) for t in items]
+
+
+def _fast_lists(text: str):
+    """`text` with each long one-line list of plain numbers replaced by a placeholder, and the lists.
+
+    PyYAML builds every scalar in Python (resolver regexes, then float()),
+    about 20 us a number; the published all-content files hold two lists of
+    70 x 112 numbers. A line ``key: [[n, n, ...], [n, ...]]`` (or ``[n, ...]``)
+    of plain decimal numbers only, longer than `_LONG`, is read here with the
+    same result (the same ints and floats; tabs between items read as spaces,
+    as `read_yaml`'s second try does). Anything else on such a line (a
+    boolean, a quoted number, ``.nan``, deeper nesting, a comment) leaves it
+    to PyYAML, so every error message stays PyYAML's or the schema's.
+    """
+    lists = {}
+    if _MARKER in text:
+        return text, lists
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if len(line) < _LONG:
+            continue
+        match = _LONG_LIST.fullmatch(line)
+        if match is None:
+            continue
+        value = match["value"]
+        inner = value[1:].lstrip(" \t")
+        if inner.startswith("["):
+            rows = re.findall(r"\[[^\[\]]*\]", value[1:-1])
+            lists[index] = [_numbers(row) for row in rows]
+        else:
+            lists[index] = _numbers(value)
+        lines[index] = f"{match['key']}{_placeholder(index)}"
+    return ("\n".join(lines), lists) if lists else (text, lists)
+
+
+_MARKER = "__jaxroll_list_"
+
+
+def _placeholder(index: int) -> str:
+    return f"{_MARKER}{index}__"
+
 
 def _parse_yaml(text: str):
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader, C or Python)
+    short, lists = _fast_lists(text)
+    data = yaml.load(short, Loader=_LOADER)  # noqa: S506 (a safe loader, C or Python)
+    if not lists:
+        return data
+    placeholders = {_placeholder(index): value for index, value in lists.items()}
+    found = 0
+    # Each placeholder must come back as the value of a mapping (at any depth
+    # of mappings), where its list was; it is unique (the text had no marker).
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str) and value in placeholders:
+                    node[key] = placeholders[value]
+                    found += 1
+                elif isinstance(value, dict):
+                    stack.append(value)
+    if found != len(lists):
+        # A placeholder inside a string or a list, or a key given twice: read it all with PyYAML.
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506
+    return data
 
 
 def read_yaml(path) -> dict:
@@ -143,12 +223,68 @@ def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bo
     config = config_from_model(model, companion.name if companion else None)
     if schedule is not None:
         config["lambda_schedule_config"] = dict(schedule)
-    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=100)
+    text = _dump_yaml(config)
     if companion is not None:
         with open(companion, "wb") as handle:
             np.savez(handle, **arrays)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+_LONG_DUMP = 200  # numbers: shorter lists are left to PyYAML's emitter (and its line wrapping)
+
+
+def _float_text(value: float) -> str:
+    """A float as PyYAML's `represent_float` writes it (shortest round trip; ``1e-05`` as ``1.0e-05``)."""
+    if value != value:
+        return ".nan"
+    if value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(value).lower()
+    return text.replace("e", ".0e", 1) if "." not in text and "e" in text else text
+
+
+def _long_numbers(value) -> bool:
+    rows = value if value and isinstance(value, list) and all(isinstance(r, list) for r in value) else [value]
+    return (isinstance(value, list) and sum(len(r) for r in rows if isinstance(r, list)) >= _LONG_DUMP
+            and all(isinstance(r, list) and all(type(x) is float for x in r) for r in rows))
+
+
+def _dump_yaml(config: dict) -> str:
+    """``yaml.safe_dump`` of a config, with long lists of floats written on one line by hand.
+
+    PyYAML's Python emitter takes about 40 us a number (0.5 s for an
+    all-content BLOOM-176B config). A list (or list of lists) of at least
+    `_LONG_DUMP` floats is written as one flow line ``[[a, b, ...], [...]]``
+    with PyYAML's own float text, which `_parse_yaml` reads back fast; the
+    rest of the file is PyYAML's.
+    """
+    lists: dict[str, str] = {}
+
+    def flow(row) -> str:
+        text = ", ".join(map(repr, row))
+        # repr is PyYAML's float text unless an exponent lacks its point or the value is inf or nan.
+        return "[" + (", ".join(map(_float_text, row)) if "e" in text or "n" in text else text) + "]"
+
+    def swap(mapping: dict) -> dict:
+        result = {}
+        for key, value in mapping.items():
+            if isinstance(value, dict):
+                value = swap(value)
+            elif _long_numbers(value):
+                marker = _placeholder(len(lists))
+                rows = value if isinstance(value[0], list) else None
+                lists[marker] = "[" + ", ".join(map(flow, rows)) + "]" if rows is not None else flow(value)
+                value = [marker]  # a list, so that its mapping is written in block style, one key a line
+            result[key] = value
+        return result
+
+    text = yaml.safe_dump(swap(config), sort_keys=False, default_flow_style=None, width=100)
+    for marker, flow in lists.items():
+        if text.count(f": [{marker}]\n") != 1:  # not where a value goes: let PyYAML write it all
+            return yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=100)
+        text = text.replace(f": [{marker}]\n", f": {flow}\n")
+    return text
 
 
 def write_profile(profile, path, *, overwrite: bool = False) -> Path:

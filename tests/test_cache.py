@@ -2,8 +2,9 @@
 
 The cross-process checks run `jaxroll` in subprocesses through
 tests/cache_worker.py, which counts JAX's own compilation events
-(jax.monitoring): a process that finds its programs in the cache has cache
-hits and no cache misses, i.e. compiles nothing. Every test uses a temporary
+(jax.monitoring): a process that finds its rollout's executable in the cache
+(`cache.compiled`) traces and compiles nothing; one that finds a program in
+JAX's own cache has cache hits and no cache misses. Every test uses a temporary
 cache folder, never the user's ~/.cache.
 """
 
@@ -25,11 +26,12 @@ CONFIG = jaxroll.published.path("mpt-7b", "mean")
 HITS, MISSES = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
 
 
-def start(folder, out, *extra):
+def start(folder, out, *configs):
+    """``jaxroll rollout CONFIG... --length 64 --no-figure`` with the cache in `folder` (default: CONFIG)."""
     environment = {**os.environ, cache.ENV_DIR: str(folder)}
     environment.pop(cache.ENV_OFF, None)
-    return subprocess.Popen([sys.executable, str(WORKER), "rollout", str(CONFIG), "--length", "64",
-                             "--out", str(out), *extra], env=environment, text=True,
+    return subprocess.Popen([sys.executable, str(WORKER), "rollout", *map(str, configs or (CONFIG,)),
+                             "--length", "64", "--out", str(out), "--no-figure"], env=environment, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -77,27 +79,117 @@ def test_info_and_clear_count_and_remove_only_jaxs_entries(monkeypatch, tmp_path
     assert cache.info() == cache.CacheInfo(folder, True, 0, 0)
 
 
+COMPILES, TRACES = "/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration"
+KERNEL_CONFIG = """sequence_length: 16
+num_layers: 2
+kernel_config: {kernel_type: relative, family: power, num_heads: 1, slopes: [[0.02], [0.03]], exponents: [[0.8]]}
+lambda_schedule_config: {schedule_type: custom, lambdas_custom: [0.16, 0.19]}
+"""  # --length 64 applies to it too
+
+
 def test_a_second_process_compiles_nothing_and_concurrent_processes_share_safely(tmp_path):
     folder = tmp_path / "cache"
-    # Two processes at once on an empty cache: both write the same entries.
-    first = [start(folder, tmp_path / f"out{i}") for i in range(2)]
+    # CONFIG (ALiBi: cache.compiled's executable) and a relative-position kernel (JAX's own cache).
+    kernel = tmp_path / "kernel.yaml"
+    kernel.write_text(KERNEL_CONFIG)
+    # Two processes at once on an empty cache: both compile both programs and write the same entries.
+    first = [start(folder, tmp_path / f"out{i}", CONFIG, kernel) for i in range(2)]
     events = [finish(process) for process in first]
-    assert all(e.get(MISSES, 0) + e.get(HITS, 0) >= 1 for e in events)  # the cache was used
-    assert cache.info(folder).entries >= 1
-    # A third process afterwards finds every program: hits, and no compilation at all.
-    third = finish(start(folder, tmp_path / "out2"))
-    assert third.get(HITS, 0) >= 1 and third.get(MISSES, 0) == 0, third
-    profiles = [jaxroll.read_profile(tmp_path / f"out{i}/profile.csv") for i in range(3)]
-    for profile in profiles[1:]:
-        np.testing.assert_array_equal(profile, profiles[0])  # the same program: the same bits
+    assert all(e.get(COMPILES, 0) == 2 and e.get(MISSES, 0) + e.get(HITS, 0) == 1 for e in events), events
+    assert cache.info(folder).entries >= 2
+    assert list((folder / "compilation" / "executables").glob(".tmp-*")) == []  # renamed, none left half-written
+    # A third process afterwards: the ALiBi executable loaded untraced, the kernel's program a cache
+    # hit (traced, so the cache key is known): no compilation at all.
+    third = finish(start(folder, tmp_path / "out2", CONFIG, kernel))
+    assert third.get(MISSES, 0) == 0 and third.get(HITS, 0) == 1 and third.get(TRACES, 0) == 1, third
+    for name in (CONFIG.stem, kernel.stem):
+        profiles = [jaxroll.read_profile(next((tmp_path / f"out{i}").glob(f"*{name}*")) / "profile.csv")
+                    for i in range(3)]
+        for profile in profiles[1:]:
+            np.testing.assert_array_equal(profile, profiles[0])  # the same program: the same bits
     # Turned off: no cache events, nothing written.
     environment = {**os.environ, cache.ENV_OFF: "1", cache.ENV_DIR: str(tmp_path / "unused")}
     result = subprocess.run([sys.executable, str(WORKER), "rollout", str(CONFIG), "--length", "64",
-                             "--out", str(tmp_path / "off")], env=environment, capture_output=True,
-                            text=True, timeout=600)
+                             "--out", str(tmp_path / "off"), "--no-figure"], env=environment,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     off = json.loads(result.stdout.strip().splitlines()[-1])["events"]
     assert off.get(HITS, 0) == off.get(MISSES, 0) == 0 and not (tmp_path / "unused").exists()
+
+
+@pytest.fixture
+def executables(monkeypatch, tmp_path):
+    """`cache.compiled` keeping executables in a temporary folder (JAX's own settings untouched)."""
+    monkeypatch.setattr(cache, "_executables", tmp_path / "executables")
+    monkeypatch.setattr(cache, "_loaded", {})
+    return tmp_path / "executables"
+
+
+def test_compiled_loads_a_kept_executable_without_tracing_and_recompiles_a_broken_one(executables):
+    import jax.numpy as jnp
+
+    traced = []
+
+    def new_function():  # a new function object each time: jax.jit's in-memory cache cannot answer
+        def function(x, y):
+            traced.append(1)  # runs once per trace
+            return jnp.cumsum(x * y), jnp.sum(x)
+        return function
+
+    x, y = np.linspace(0.0, 1.0, 7), np.arange(7.0)
+    expected = (np.cumsum(x * y), np.sum(x))  # NumPy oracle (float64 in the suite); sums of 7 terms: 1e-12
+
+    def check(program, size=7):
+        outputs = program(x[:size], y[:size])
+        np.testing.assert_allclose(outputs[0], np.cumsum(x[:size] * y[:size]), rtol=1e-12)
+        np.testing.assert_allclose(outputs[1], np.sum(x[:size]), rtol=1e-12)
+
+    check(cache.compiled("f", new_function(), (x, y), static="s"))
+    assert len(traced) == 1
+    (entry,) = executables.glob("*.executable")
+    cache._loaded.clear()  # as a new process: only the file is left
+    check(cache.compiled("f", new_function(), (x, y), static="s"))
+    assert len(traced) == 1  # loaded, not traced
+    # Another static value or another shape is another program.
+    check(cache.compiled("f", new_function(), (x, y), static="other"))
+    check(cache.compiled("f", new_function(), (x[:5], y[:5]), static="s"), size=5)
+    assert len(traced) == 3 and len(list(executables.glob("*.executable"))) == 3
+    # A truncated entry, and one that loads but whose code is garbage: compiled again.
+    for broken in (entry.read_bytes()[:100], entry.read_bytes()[:4] + b"\x80\x04garbage"):
+        entry.write_bytes(broken)
+        cache._loaded.clear()
+        check(cache.compiled("f", new_function(), (x, y), static="s"))
+    assert len(traced) == 5
+    cache._loaded.clear()
+    check(cache.compiled("f", new_function(), (x, y), static="s"))  # rewritten whole: loads again
+    assert len(traced) == 5
+
+
+def test_a_kept_executable_that_fails_to_run_is_compiled_again(executables, monkeypatch):
+    """As an XLA:CPU executable without its code (loaded, then "Function ... not found" when run)."""
+    import jax.numpy as jnp
+    from jax.experimental import serialize_executable
+
+    x = np.arange(5.0)
+    cache.compiled("g", lambda v: (jnp.cumsum(v),), (x,))(x)
+
+    def broken(*_):
+        raise RuntimeError("NOT_FOUND: Function fusion not found")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: broken)
+    cache._loaded.clear()
+    (result,) = cache.compiled("g", lambda v: (jnp.cumsum(v),), (x,))(x)
+    np.testing.assert_array_equal(result, np.cumsum(x))  # integers in float64: exact
+
+
+def test_clear_removes_kept_executables(monkeypatch, tmp_path):
+    monkeypatch.delenv(cache.ENV_OFF, raising=False)
+    kept = tmp_path / "compilation" / "executables"
+    kept.mkdir(parents=True)
+    (kept / "influence_with_mass-abc.executable").write_bytes(b"x" * 30)
+    assert cache.info(tmp_path) == cache.CacheInfo(tmp_path / "compilation", True, 1, 30)
+    assert cache.clear(tmp_path) == 1
+    assert not (tmp_path / "compilation").exists()
 
 
 def test_main_with_arguments_leaves_jax_settings_alone(tmp_path):

@@ -182,3 +182,61 @@ def test_missing_file_and_directory(tmp_path):
         jaxroll.load_config(tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match="is a directory"):
         jaxroll.load_config(tmp_path)
+
+
+def _pyyaml(text):
+    """The oracle: PyYAML alone (libyaml's parser), tabs read as spaces as read_yaml's second try does."""
+    try:
+        return yaml.load(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError:
+        return yaml.load(text.replace("\t", " "), Loader=yaml.CSafeLoader)
+
+
+def _long(item: str, count: int = 300) -> str:
+    return ", ".join([item] * count)
+
+
+@pytest.mark.parametrize("value", [
+    f"[[{_long('0.25')}], [{_long('-1.5e-07')}]]",           # floats: the fast path
+    f"[{_long('1.0')}, 2, -0, +3., .5, 4.5e+3]",              # ints among floats keep their type
+    f"[[{_long('1.0')}], [{_long('1.0', 7)}]]",                # ragged: left for the schema to refuse
+    f"[[{_long('1.0')}, 1e5, -.5]]",                          # strings in YAML 1.1, not numbers
+    f"[[{_long('1.0')}, 010, 1_000]]",                        # octal and underscores: PyYAML's reading
+    f"[[{_long('1.0')}, true, .nan, '2.0']]",                 # booleans, NaN, quoted numbers
+    f"[[[{_long('1.0')}]]]",                                  # three levels: not a schema list
+    f"[[{_long('1.0')}\t, 2.0\t]]",                           # the published files' tabs
+    f"[[{_long('1.0')}]]  # a comment",
+])
+def test_long_number_lists_read_as_pyyaml_reads_them(value):
+    text = f"sequence_length: 8\nattention_config:\n  num_heads: 1\n  alibi_slopes: {value}\nnum_layers: 2\n"
+    expected = _pyyaml(text)
+    assert jaxroll.io._parse_yaml(text) == expected
+    assert repr(jaxroll.io._parse_yaml(text.replace("\t", " "))) == repr(_pyyaml(text.replace("\t", " ")))
+
+
+@pytest.mark.parametrize("text", [
+    f"note: |\n  alibi_slopes: [[{_long('1.0')}]]\n",             # inside a block string: stays text
+    f"a: [[{_long('1.0')}]]\na: [[{_long('2.0')}]]\n",           # a key given twice: the last wins
+    f"a: {{\n  b: [[{_long('1.0')}]]\n  }}\n",                    # a flow mapping over lines
+    f"a: [\n  b: [[{_long('1.0')}]]\n  ]\n",                      # a mapping inside a flow list
+    f"a: __jaxroll_list_0__\nb: [[{_long('1.0')}]]\n",           # the placeholder's own name
+    f"true: [[{_long('1.0')}]]\n",                                # a key YAML reads as a boolean
+])
+def test_long_lists_in_unusual_places_read_as_pyyaml_reads_them(text):
+    assert repr(jaxroll.io._parse_yaml(text)) == repr(_pyyaml(text))
+
+
+def test_every_published_file_reads_as_pyyaml_reads_it():
+    for path in ROLLOUT_CONFIGS:
+        text = path.read_text(encoding="utf-8")
+        assert repr(jaxroll.io._parse_yaml(text)) == repr(_pyyaml(text)), path
+
+
+@pytest.mark.parametrize("value", [[[0.1 * k for k in range(300)]], [float(k) for k in range(250)],
+                                   [[1e-05, 1e16, -2.5e-300, 0.0, -0.0, 3.0] * 50, [7.0] * 300]])
+def test_long_lists_are_written_so_pyyaml_reads_the_same_values(value):
+    config = {"a": 1, "b": {"c": value, "d": "x"}, "e": [[0.5, 2.0]]}
+    text = jaxroll.io._dump_yaml(config)
+    assert yaml.safe_load(text) == config  # PyYAML (the oracle) reads back every value exactly
+    assert jaxroll.io._parse_yaml(text) == config
+    assert max(len(line) for line in text.splitlines()) > 1000  # written on one line, by hand

@@ -13,7 +13,7 @@ import pytest
 
 import jaxroll
 
-HEAVY = ("jax", "equinox", "optax", "matplotlib", "pandas", "torch", "transformers",
+HEAVY = ("jax", "equinox", "optax", "matplotlib", "matplotlib.pyplot", "pandas", "torch", "transformers",
          "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot")
 
 
@@ -39,6 +39,16 @@ def test_a_rollout_loads_jax_but_no_fit_figures_tables_or_torch():
     assert {"jax", "equinox"} <= loaded
     assert loaded.isdisjoint({"optax", "matplotlib", "pandas", "torch", "transformers",
                               "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot"})
+
+
+@pytest.mark.parametrize("figure", [False, True])
+def test_the_rollout_command_loads_matplotlib_only_for_its_figure_and_never_pyplot(tmp_path, figure):
+    out = tmp_path / "out"
+    loaded, _ = loaded_after(f"from jaxroll.cli import main\nassert main(['rollout', '--preset', 'mpt-7b', '--length', "
+                             f"'8', '--out', {str(out)!r}{'' if figure else ', ' + repr('--no-figure')}]) == 0")
+    assert ("matplotlib" in loaded) == figure and ("jaxroll.plot" in loaded) == figure
+    assert "matplotlib.pyplot" not in loaded  # a Figure on an Agg canvas: no pyplot, no backend
+    assert (out / "profile.png").exists() == figure
 
 
 @pytest.mark.parametrize("arguments", [["--help"], ["--version"], ["rollout", "--help"], ["fit", "--help"],

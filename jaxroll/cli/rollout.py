@@ -34,12 +34,14 @@ def add_parser(commands) -> None:
 
 
 def _run_rollout(arguments) -> None:
+    if not arguments.no_figure:
+        _import_in_background("jaxroll.plot")
     import jax
 
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
 
-    from .. import io, plot
+    from .. import io
     from ..bucket import influence_with_mass  # pads small models to shared compiled shapes
 
     runs = _batch(arguments) if arguments.more_configs else [
@@ -47,7 +49,27 @@ def _run_rollout(arguments) -> None:
     io.prepare_output_dir(arguments.out, force=arguments.force)
     for model, source, out in runs:
         out.mkdir(parents=True, exist_ok=True)
-        _write_rollout(model, source, out, arguments, influence_with_mass, io, plot)
+        _write_rollout(model, source, out, arguments, influence_with_mass, io)
+
+
+def _import_in_background(module: str) -> None:
+    """Start importing `module` (matplotlib, 0.7-1 s) in a thread while JAX is imported and runs.
+
+    XLA's compilation and execution release the GIL, so on a machine with
+    a free core part of the import overlaps them. Python's import lock makes
+    a later ``import`` wait for this one to finish; a failure here is
+    raised again by that ``import``.
+    """
+    import importlib
+    import threading
+
+    def load():
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the main thread's import reports it
+            pass
+
+    threading.Thread(target=load, name=f"import {module}", daemon=True).start()
 
 
 def _batch(arguments):
@@ -69,7 +91,7 @@ def _batch(arguments):
     return runs
 
 
-def _write_rollout(model, source, out, arguments, influence_with_mass, io, plot) -> None:
+def _write_rollout(model, source, out, arguments, influence_with_mass, io) -> None:
     import dataclasses
 
     import numpy as np
@@ -85,6 +107,8 @@ def _write_rollout(model, source, out, arguments, influence_with_mass, io, plot)
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
     if not arguments.no_figure:
+        from .. import plot
+
         plot.plot_profile(out / "profile.png", profile, attention_only,
                           attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
                           title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
