@@ -42,8 +42,9 @@ SWITCHES = ("position", "mlp", "norm", "heads", "gradient")
   ``lambda = ||a|| / (||x|| + ||a|| + ||m||)``;
 - ``norm``: per-head norm-weighted kernels ``K_h[i, j] ~ alpha_h[i, j] ||W_O^h v_h(j)||``;
 - ``heads``: heads mixed by their measured output norm instead of uniformly;
-- ``gradient``: ``lambda_t`` from the backward pass, the share of the gradient
-  norm that block t's attention path carries back against the residual path
+- ``gradient``: ``lambda_t`` from the backward pass,
+  ``1 - sum_j ||df/da(j)|| / sum_j ||df/dx(j)||``: the share of the gradient
+  norm at block t's input that the residual path does not carry
   (``lambda_gradient``, `jaxroll.measure.refinements`); it replaces the
   forward norm ratio, so it does not combine with ``position`` or ``mlp``.
 """

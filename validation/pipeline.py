@@ -396,7 +396,8 @@ def predictions(measured: dict, *, fit_steps: int = 500) -> tuple[dict[str, np.n
     - ``fitted lambdas``: `jaxroll.fit` of a free lambda schedule to the
       measured influence (Wasserstein loss), starting from the best
       structural variant (with content where measured). In-sample: it shows
-      what the functional form can express, not a prediction.
+      what the functional form can express, not a prediction. Skipped
+      (no profile, empty details) when `fit_steps` is 0.
 
     Returns the profiles and the fit's details.
     """
@@ -415,6 +416,8 @@ def predictions(measured: dict, *, fit_steps: int = 500) -> tuple[dict[str, np.n
         profiles["residual, measured content"] = np.asarray(jaxroll.influence(structural_model(measured)),
                                                             dtype=np.float64)
     profiles["residual, measured kernels"] = influence_from_kernels(measured["lambdas"], measured["attention_mean"])
+    if fit_steps == 0:
+        return profiles, {}
     start = structural_model(measured, content=has_content)
     target = measured["influence"] / measured["influence"].sum()
     result = jaxroll.fit(start, target, fit=("lambdas",), steps=fit_steps, n=n)

@@ -24,16 +24,19 @@ bias), ``W_O^h`` the columns of the output projection that read head h:
 - ``head_norms (L, H)``: ``mean_i ||W_O^h sum_j alpha_h[i, j] v_h(j)||``, each
   head's output norm, the mean over positions and sequences;
 - ``lambda_gradient (L,)``: the share of the gradient that block t's
-  sub-layers send back beside the residual path. With ``f`` the top
-  next-token probability at the last position (the target of the measured
-  influence), ``g_x(j) = df/dx(j)`` (block input) and ``g_a(j) = df/da(j)``
-  (attention output; for a sequential block it is the gradient at the
-  residual stream after attention, ``x + a``, so ``g_x - g_a`` is what the
-  attention path carries back through ``a(LN(x))``):
-  ``lambda_gradient = sum_j ||g_x(j) - g_a(j)|| / (sum_j ||g_a(j)|| + sum_j ||g_x(j) - g_a(j)||)``
-  per sequence, then averaged. The backward analogue of ``lambda_t``:
-  gradient-norm mass through attention against mass through the identity,
-  summed over positions (positions the gradient does not reach weigh 0).
+  sub-layers add beside the residual path. With ``f`` the top next-token
+  probability at the last position (the target of the measured influence),
+  ``g_x(j) = df/dx(j)`` (block input) and ``g_a(j) = df/da(j)`` (attention
+  output; for a sequential block it is the gradient at the residual stream
+  after attention, ``x + a``, which the identity path hands to ``x``
+  unchanged, while ``g_x - g_a`` is what the attention path carries back
+  through ``a(LN(x))``):
+  ``lambda_gradient = 1 - sum_j ||g_a(j)|| / sum_j ||g_x(j)||`` per
+  sequence, then averaged (0 where no gradient arrives). The rollout keeps
+  a share ``1 - lambda_t`` of the mass on the identity path; here that share
+  is the residual path's gradient norm against the total gradient norm at
+  the block input. It is negative where the attention path cancels part of
+  the residual gradient (`jaxroll.refinements.compose` clips it to [0, 1]).
 
 Two ways to get them: `measure_refinements` (sums per group of sequences,
 for in- and out-of-sample checks; ingredients named by the switches of
@@ -240,8 +243,8 @@ def _rows(seen: dict, layers: int, switches) -> dict[str, np.ndarray]:
                 raise ConfigError(f"lambda_gradient: block {t} got no gradient; allowed: a pass with the "
                                   "influence backward (stats including influence)")
             residual = seen[("grad_a", t)].norm(dim=-1).sum()
-            through = (seen[("grad_x", t)] - seen[("grad_a", t)]).norm(dim=-1).sum()
-            shares.append(float(_ratio(through, residual + through)))
+            total = seen[("grad_x", t)].norm(dim=-1).sum()
+            shares.append(float(1.0 - residual / total) if total > 0 else 0.0)
         out["lambda_gradient"] = np.asarray(shares)
     return out
 
