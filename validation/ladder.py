@@ -86,7 +86,9 @@ def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 1000, spli
     """
     per_sequence = np.asarray(per_sequence, dtype=np.float64)
     s = per_sequence.shape[0]
-    measured = normalise(per_sequence.mean(0))
+    # The measured profile exactly as `uncertainty.score` forms it, so the W1 of every combination
+    # equals the W1 the rungs report.
+    measured = uncertainty.profile_from_rows(np.full((1, s), 1.0 / s), per_sequence)[0]
     combos = all_combinations(switches)
     inside = profiles(means(ingredients), combos)
     all_w1 = {combo: float(uncertainty.wasserstein(p, measured)) for combo, p in inside.items()}
