@@ -32,17 +32,34 @@ from jaxtyping import Array, Float
 
 from .errors import ConfigError
 
-__all__ = ["RefinedRollout", "SWITCHES", "compose", "refined_kernels", "refined_transition", "refined_influence"]
+__all__ = ["RefinedRollout", "SWITCHES", "STATS_FOR", "compatible", "compose", "refined_kernels", "refined_transition", "refined_influence"]
 
-SWITCHES = ("position", "mlp", "norm", "heads")
+SWITCHES = ("position", "mlp", "norm", "heads", "gradient")
 """The refinements `compose` can switch on, one idea each:
 
 - ``position``: per-position mixing ``lambda_t(i)`` instead of its mean over i;
 - ``mlp``: the MLP's update counted with the identity path,
   ``lambda = ||a|| / (||x|| + ||a|| + ||m||)``;
 - ``norm``: per-head norm-weighted kernels ``K_h[i, j] ~ alpha_h[i, j] ||W_O^h v_h(j)||``;
-- ``heads``: heads mixed by their measured output norm instead of uniformly.
+- ``heads``: heads mixed by their measured output norm instead of uniformly;
+- ``gradient``: ``lambda_t`` from the backward pass,
+  ``1 - sum_j ||df/da(j)|| / sum_j ||df/dx(j)||``: the share of the gradient
+  norm at block t's input that the residual path does not carry
+  (``lambda_gradient``, `jaxroll.measure.refinements`); it replaces the
+  forward norm ratio, so it does not combine with ``position`` or ``mlp``.
 """
+
+STATS_FOR = {"position": "lambda_positions", "mlp": "lambda_mlp", "norm": "norm_kernels", "heads": "head_norms",
+             "gradient": "lambda_gradient"}
+"""The ``jaxroll measure --stats`` name that records each switch's ingredient."""
+
+_INGREDIENT = {"position": "lambda_positions", "mlp": "lambda_mlp_positions", "norm": "norm_kernels",
+               "heads": "head_norms", "gradient": "lambda_gradient"}
+
+
+def compatible(switches) -> bool:
+    """Whether `switches` can be on together (``gradient`` replaces what ``position`` and ``mlp`` refine)."""
+    return not ("gradient" in switches and {"position", "mlp"} & set(switches))
 
 ROW_TOLERANCE = 1e-6  # measured softmax rows (float32 inside BLOOM/Llama) sum to 1 within ~1e-7
 
@@ -125,7 +142,8 @@ def compose(ingredients: dict, switches=()) -> RefinedRollout:
     `ingredients` (means, e.g. `RefinementIngredients.mean`): ``attention_heads
     (T, H, N, N)`` and ``lambdas (T,)`` always; ``lambda_positions`` or
     ``lambda_mlp_positions (T, N)``, ``norm_kernels (T, H, N, N)`` and
-    ``head_norms (T, H)`` for the switches that need them. With no switch it
+    ``head_norms (T, H)``, ``lambda_gradient (T,)`` for the switches that need
+    them (`ConfigError` names the one missing). With no switch it
     is the residual-aware rollout on the measured head-averaged attention
     (uniform heads). ``mlp`` without ``position`` uses the mean over
     positions of ``lambda_mlp_positions``; ``position`` without ``mlp`` uses
@@ -135,8 +153,22 @@ def compose(ingredients: dict, switches=()) -> RefinedRollout:
     unknown = [item for item in switches if item not in SWITCHES]
     if unknown:
         raise ConfigError(f"switches: got {unknown[0]!r}; allowed: a subset of {', '.join(SWITCHES)}")
+    if not compatible(switches):
+        raise ConfigError("switches: gradient with position or mlp; allowed: gradient replaces lambda_t, "
+                          "so it combines with norm and heads only")
+    lambda_key = ("lambda_gradient" if "gradient" in switches else "lambda_mlp_positions" if "mlp" in switches
+                  else "lambda_positions" if "position" in switches else "lambdas")
+    needed = [lambda_key, "norm_kernels" if "norm" in switches else "attention_heads"]
+    needed += ["head_norms"] if "heads" in switches else []
+    missing = [name for name in needed if name not in ingredients]
+    if missing:
+        stat = {"lambdas": "lambda", "attention_heads": "attention_heads (or attention without heads)"}.get(
+            missing[0]) or STATS_FOR[next(k for k, v in _INGREDIENT.items() if v == missing[0])]
+        raise ConfigError(f"ingredients: no {missing[0]}; allowed: a measurement with --stats including {stat}")
     key = "lambda_mlp_positions" if "mlp" in switches else "lambda_positions"
-    if "mlp" in switches or "position" in switches:
+    if "gradient" in switches:
+        lambdas = np.asarray(ingredients["lambda_gradient"])
+    elif "mlp" in switches or "position" in switches:
         lambdas = np.asarray(ingredients[key])
         if "position" not in switches:
             lambdas = lambdas.mean(axis=-1)

@@ -15,14 +15,16 @@ can confirm is asserted:
   kernels are lower triangular);
 - the residual-aware rollout is closer (W1) to the measured influence than
   the attention-only rollout, which drifts mass to the first tokens;
-- the fit never ends worse than its starting point;
+- the fit never ends worse than its starting point (slow: JAX compiles the
+  fit; validation/run.py fits every model);
 - the ladder (validation/ladder.py): every rung is a probability vector, its
   unrefined rung is the script's dense-kernel rollout, the best combination
-  is the lowest W1 among the combinations, intervals are ordered, and the
-  random-split floor of identical sequences is exactly 0.
+  is the lowest W1 among the compatible combinations, its scores are
+  `jaxroll.measure.uncertainty.score`'s (intervals ordered, the floor's
+  median inside its interval), out-of-sample scores are finite.
 
-The full run (two 6-layer models, ~10 minutes each) is `validation/run.py`;
-its table is in the README.
+The full run (BLOOM and Llama, 4 layers, trained ~10 minutes each) is
+`validation/run.py`; its tables are in docs/refinements.md.
 """
 
 import importlib.util
@@ -54,32 +56,42 @@ def _load(name):
 pipeline = _load("pipeline")
 ladder = _load("ladder")
 
-LENGTH = 64
+LENGTH = 32
 SAMPLES = 8
+VOCAB = 320
 GEOMETRY = pipeline.Geometry(layers=2, heads=3, hidden=48, length=LENGTH)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    # Two intra-op threads spin against each other on a busy 2-core machine
+    # (measured: a 4-layer training step 2.3 s with two threads, 0.17 s with one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     files = pipeline.stdlib_files()
     assert len(files) > 100, "the standard library should have hundreds of .py files"
-    # A fixed prefix of the sorted list keeps tokenizing cheap (~1 M characters).
-    train_texts, held_texts = pipeline.split_corpus(files[:240])
+    # A fixed prefix of the sorted list keeps tokenizing cheap (~300 k characters).
+    train_texts, held_texts = pipeline.split_corpus(files[:120])
     kept, total = [], 0
     for text in train_texts:
         kept.append(text)
         total += len(text)
-        if total > 1_000_000:
+        if total > 300_000:
             break
     directory = tmp_path_factory.mktemp("tokenizer")
-    tokenizer = pipeline.train_tokenizer(kept, 512, directory, max_characters=1_000_000)
+    tokenizer = pipeline.train_tokenizer(kept, VOCAB, directory, max_characters=300_000)
     return {"tokenizer": tokenizer, "directory": directory, "train": pipeline.token_stream(tokenizer, kept),
             "held": pipeline.token_stream(tokenizer, held_texts), "held_texts": held_texts}
 
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
-    torch.set_num_threads(2)
     model = pipeline.build_model("bloom", GEOMETRY, len(corpus["tokenizer"]), seed=0)
     curve = pipeline.train(model, corpus["train"], corpus["held"], steps=40, length=LENGTH, batch_size=8,
                            warmup=10, eval_every=40, log=lambda line: None)
@@ -90,13 +102,14 @@ def trained(corpus, tmp_path_factory):
     measured = pipeline.run_measure(directory, texts, directory / "measure", family="bloom", length=LENGTH,
                                     samples=SAMPLES)
     check = pipeline.crosscheck(pipeline.load_float64(directory), measured["token_ids"])
-    profiles, details = pipeline.predictions(measured, fit_steps=50)
+    profiles, details = pipeline.predictions(measured, fit_steps=0)
     from jaxroll.measure.refinements import measure_refinements
 
     ids = measured["token_ids"]
     ingredients = measure_refinements(pipeline.load_float64(directory), ids, groups=np.arange(len(ids)) % 2)
     result = ladder.run_ladder(ingredients, check["influence"], boots=20, splits=20)
     return {"curve": curve, "measured": measured, "check": check, "profiles": profiles, "details": details,
+            "directory": directory,
             "scores": pipeline.scores(profiles, measured["influence"]), "ingredients": ingredients,
             "ladder": result}
 
@@ -107,7 +120,7 @@ def test_tokenizer_loads_with_autotokenizer_and_is_lossless(corpus):
     loaded = AutoTokenizer.from_pretrained(str(corpus["directory"]), local_files_only=True)
     text = corpus["held_texts"][0][:2000]
     ids = loaded(text, add_special_tokens=False)["input_ids"]
-    assert len(loaded) == 512
+    assert len(loaded) == VOCAB
     # Byte-level BPE: decoding the ids gives back the exact text (the oracle is the text itself).
     assert loaded.decode(ids) == text
     assert ids == corpus["tokenizer"](text, add_special_tokens=False)["input_ids"]
@@ -116,7 +129,7 @@ def test_tokenizer_loads_with_autotokenizer_and_is_lossless(corpus):
 def test_training_lowers_the_held_out_loss(trained):
     curve = trained["curve"]
     # At initialisation the loss is about log(vocabulary) (near-uniform logits).
-    assert abs(curve[0]["held_out_loss"] - math.log(512)) < 0.1
+    assert abs(curve[0]["held_out_loss"] - math.log(VOCAB)) < 0.1
     assert curve[-1]["held_out_loss"] < curve[0]["held_out_loss"] - 0.1
 
 
@@ -186,8 +199,10 @@ def test_residual_aware_beats_attention_only(trained):
     assert w1["residual, measured kernels"] < w1["attention-only, measured kernels"]
 
 
+@pytest.mark.slow
 def test_fit_never_ends_worse_than_its_start(trained):
-    details, scores = trained["details"], trained["scores"]
+    profiles, details = pipeline.predictions(trained["measured"], fit_steps=20)
+    scores = pipeline.scores(profiles, trained["measured"]["influence"])
     assert details["fit_final_loss"] <= details["fit_initial_loss"] + 1e-12
     assert scores["fitted lambdas"]["wasserstein"] <= scores["residual, measured content"]["wasserstein"] + 1e-9
 
@@ -204,11 +219,17 @@ def test_run_refuses_a_non_empty_out_without_force(tmp_path, capsys):
 
 
 def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
+    from jaxroll.measure import uncertainty
+
     result, measured = trained["ladder"], trained["measured"]
     for row in result["rows"].values():
         pipeline.check_profile(np.asarray(row["profile"]), tolerance=1e-12)
         for low, high in row["interval"].values():
             assert low <= high
+        assert all(np.isfinite(value) for value in row["out_of_sample"].values())
+        # The ladder's scores are uncertainty.score's (same seed, same draws).
+        again = uncertainty.score(np.asarray(row["profile"]), trained["check"]["influence"], B=20, splits=20, seed=0)
+        assert row["wasserstein"] == again.w1 and row["ratio_interval"] == list(again.ratio_interval)
     means = trained["ingredients"].mean()
     # The per-position lambdas average to jaxroll measure's lambda_t; the heads to its mean attention.
     np.testing.assert_allclose(means["lambda_positions"].mean(-1), measured["lambdas"], rtol=0, atol=1e-12)
@@ -220,14 +241,8 @@ def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
     best = next(row for name, row in result["rows"].items() if name.startswith("best"))
     multi = [w1 for name, w1 in result["all_combinations_w1"].items() if name.count("+") >= 1]
     assert best["wasserstein"] == min(multi)
+    assert "gradient+position" not in result["all_combinations_w1"]  # incompatible switches are skipped
     floor = result["floor"]
-    for metric in ("wasserstein", "kl"):
-        assert 0 <= floor[metric]["low"] <= floor[metric]["median"] <= floor[metric]["high"]
-
-
-def test_random_split_floor_of_identical_sequences_is_zero():
-    rows = np.tile(np.random.default_rng(0).random(16) + 0.1, (10, 1))
-    floor = ladder.random_split_floor(rows, splits=5)
-    assert floor["wasserstein"]["high"] == pytest.approx(0.0, abs=1e-15)
-    assert floor["kl"]["high"] == pytest.approx(0.0, abs=1e-15)
-    assert floor["spearman"]["low"] == pytest.approx(1.0, abs=1e-12)
+    assert 0 <= floor["low"] <= floor["median"] <= floor["high"]
+    table = ladder.markdown({"bloom": result})
+    assert "random-split floor" in table and "best rung / median floor" in table

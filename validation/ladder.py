@@ -7,21 +7,16 @@ per-sequence gradient influence ``(S, N)`` give
 - the profile of every rung: the residual-aware rollout on the measured
   head-averaged attention (``base``), each refinement of
   `jaxroll.refinements.SWITCHES` alone, and the best combination (lowest
-  in-sample W1 among all combinations of two or more switches);
-- W1/(N-1), Spearman and KL(measured || predicted) of each rung against the
-  measured mean profile, with a bootstrap interval: the sequences resampled
-  with replacement `boots` times, the rung's score against each resample's
-  mean profile, the 2.5 and 97.5 percentiles (the prediction is held fixed:
-  the interval is the measurement's noise in the score);
-- the random-split floor: `splits` random halvings of the sequences, the
-  score of one half's mean profile against the other's; its median is what
-  "the measurement's own noise" means in the ratios;
+  in-sample W1 among all compatible combinations of two or more switches);
+- every rung's `jaxroll.measure.uncertainty.score` against the
+  measurement: W1/(N-1), Spearman and KL(measured || predicted) with
+  seeded bootstrap intervals over sequences (the prediction held fixed: the
+  interval is the measurement's noise in the score), the random-split
+  floor (median W1 between two random halves) and the ratio W1 / floor with
+  its bootstrap interval;
 - out of sample: ingredients measured on the even sequences scored against
   the odd sequences' influence and vice versa (the mean of the two), for
   every rung (the best combination is chosen in-sample).
-
-Plain NumPy bootstrap (the measurement helper's uncertainty module may
-replace it).
 """
 
 from __future__ import annotations
@@ -30,20 +25,14 @@ import itertools
 
 import numpy as np
 
-RUNGS_ALONE = ("position", "mlp", "norm", "heads")
+from jaxroll.measure import uncertainty
+
+RUNGS_ALONE = ("position", "mlp", "norm", "heads", "gradient")
 LABELS = {(): "base: measured lambda_t and kernels", ("position",): "+ per-position lambda_t(i)",
           ("mlp",): "+ MLP counted as identity", ("norm",): "+ norm-weighted kernels",
-          ("heads",): "+ heads weighted by output norm"}
-
-
-def _metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str, np.ndarray]:
-    """W1/(N-1), Spearman, KL(measured || predicted); batched over leading axes (jaxroll.metrics)."""
-    import jax.numpy as jnp
-    from jaxroll import metrics
-
-    p, q = jnp.asarray(predicted), jnp.asarray(measured)
-    return {"wasserstein": np.asarray(metrics.wasserstein(p, q)), "spearman": np.asarray(metrics.spearman(p, q)),
-            "kl": np.asarray(metrics.kl(q, p))}
+          ("heads",): "+ heads weighted by output norm", ("gradient",): "+ lambda_t from the backward pass"}
+METRICS = ("wasserstein", "spearman", "kl")
+_SCORE_NAMES = {"wasserstein": "w1", "spearman": "spearman", "kl": "kl"}
 
 
 def normalise(rows: np.ndarray) -> np.ndarray:
@@ -66,86 +55,82 @@ def profiles(mean_ingredients: dict, combinations) -> dict[tuple, np.ndarray]:
             for combo in combinations}
 
 
-def all_combinations():
-    return [combo for size in range(len(RUNGS_ALONE) + 1) for combo in itertools.combinations(RUNGS_ALONE, size)]
+def all_combinations(switches=RUNGS_ALONE):
+    """Every subset of `switches` that `jaxroll.refinements.compatible` allows, smallest first."""
+    from jaxroll import refinements
+
+    return [combo for size in range(len(switches) + 1) for combo in itertools.combinations(switches, size)
+            if refinements.compatible(combo)]
 
 
 def label(combo: tuple) -> str:
     return LABELS.get(combo, "+ " + " + ".join(combo))
 
 
-def bootstrap_indices(num_sequences: int, boots: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, num_sequences, (boots, num_sequences))
+def _plain(predicted, measured):
+    return {"wasserstein": float(uncertainty.wasserstein(predicted, measured)),
+            "spearman": float(uncertainty.spearman(predicted, measured)),
+            "kl": float(uncertainty.kl(measured, predicted))}
 
 
-def random_split_floor(per_sequence: np.ndarray, splits: int = 200, seed: int = 1) -> dict:
-    """Scores between the mean profiles of two random halves of the sequences, over `splits` halvings.
-
-    Returns per metric the median and the 2.5 / 97.5 percentiles, and the raw values.
-    """
-    generator = np.random.default_rng(seed)
-    s = per_sequence.shape[0]
-    halves_a, halves_b = [], []
-    for _ in range(splits):
-        order = generator.permutation(s)
-        halves_a.append(per_sequence[order[: s // 2]].mean(0))
-        halves_b.append(per_sequence[order[s // 2: 2 * (s // 2)]].mean(0))
-    values = _metrics(normalise(np.stack(halves_a)), normalise(np.stack(halves_b)))
-    return {metric: {"median": float(np.median(v)), "low": float(np.percentile(v, 2.5)),
-                     "high": float(np.percentile(v, 97.5))} for metric, v in values.items()}
-
-
-def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 200, splits: int = 200, seed: int = 0) -> dict:
+def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 1000, splits: int = 1000, seed: int = 0,
+               switches=RUNGS_ALONE) -> dict:
     """The ladder of one model (see the module docstring).
 
     `ingredients`: a `RefinementIngredients` with groups 0 (even-indexed
-    sequences) and 1 (odd); `per_sequence`: gradient influence ``(S, N)``
-    (raw norms) of the same sequences in the same order.
+    sequences) and 1 (odd) holding every switch of `switches`;
+    `per_sequence`: gradient influence ``(S, N)`` (raw norms) of the same
+    sequences in the same order. `boots`, `splits`, `seed`: of
+    `uncertainty.score` (the same seed for every rung, so every rung sees
+    the same resamples and the same floor).
     """
     per_sequence = np.asarray(per_sequence, dtype=np.float64)
     s = per_sequence.shape[0]
-    measured = normalise(per_sequence.mean(0))
-    combos = all_combinations()
+    # The measured profile exactly as `uncertainty.score` forms it, so the W1 of every combination
+    # equals the W1 the rungs report.
+    measured = uncertainty.profile_from_rows(np.full((1, s), 1.0 / s), per_sequence)[0]
+    combos = all_combinations(switches)
     inside = profiles(means(ingredients), combos)
-    in_sample = {combo: _metrics(p, measured) for combo, p in inside.items()}
+    all_w1 = {combo: float(uncertainty.wasserstein(p, measured)) for combo, p in inside.items()}
     multi = [combo for combo in combos if len(combo) >= 2]
-    best = min(multi, key=lambda combo: float(in_sample[combo]["wasserstein"]))
-    rungs = [(), *[(item,) for item in RUNGS_ALONE], best]
+    best = min(multi, key=all_w1.get) if multi else None
+    rungs = [(), *[(item,) for item in switches]] + ([best] if best else [])
 
-    index = bootstrap_indices(s, boots, seed)
-    resampled = normalise(per_sequence[index].mean(axis=1))  # (boots, N)
-    band = {"low": np.percentile(resampled, 2.5, axis=0), "high": np.percentile(resampled, 97.5, axis=0)}
-
-    # Out of sample: even -> odd and odd -> even.
     groups = np.arange(s) % 2
     even, odd = (normalise(per_sequence[groups == g].mean(0)) for g in (0, 1))
     from_even, from_odd = profiles(means(ingredients, 0), rungs), profiles(means(ingredients, 1), rungs)
 
-    rows = {}
+    rows, floor = {}, None
     for combo in rungs:
         name = "best combination: " + " + ".join(combo) if combo == best else label(combo)
-        boot = _metrics(np.broadcast_to(inside[combo], resampled.shape), resampled)
-        forward, backward = _metrics(from_even[combo], odd), _metrics(from_odd[combo], even)
-        oos = {metric: float((forward[metric] + backward[metric]) / 2) for metric in forward}
+        result = uncertainty.score(inside[combo], per_sequence, B=boots, seed=seed, splits=splits)
+        forward, backward = _plain(from_even[combo], odd), _plain(from_odd[combo], even)
         rows[name] = {"switches": list(combo), "profile": inside[combo].tolist(),
-                      **{metric: float(in_sample[combo][metric]) for metric in ("wasserstein", "spearman", "kl")},
-                      "interval": {metric: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
-                                   for metric, v in boot.items()},
-                      "out_of_sample": oos}
-    all_w1 = {"+".join(combo) or "base": float(in_sample[combo]["wasserstein"]) for combo in combos}
-    floor = random_split_floor(per_sequence, splits, seed + 1)
-    return {"rows": rows, "floor": floor, "all_combinations_w1": all_w1, "measured": measured.tolist(),
-            "band": {key: value.tolist() for key, value in band.items()}, "num_sequences": s,
-            "boots": boots, "splits": splits}
+                      **{metric: float(getattr(result, _SCORE_NAMES[metric])) for metric in METRICS},
+                      "interval": {metric: list(getattr(result, _SCORE_NAMES[metric] + "_interval"))
+                                   for metric in METRICS},
+                      "ratio": result.ratio, "ratio_interval": list(result.ratio_interval),
+                      "out_of_sample": {metric: (forward[metric] + backward[metric]) / 2 for metric in METRICS}}
+        floor = {"median": result.floor, "low": result.floor_interval[0], "high": result.floor_interval[1]}
+    # The bootstrap band of the measured profile (the same seeded resamples as `score` draws first).
+    draws = np.random.default_rng(seed).integers(0, s, size=(boots, s))
+    resampled = normalise(np.stack([per_sequence[row].mean(0) for row in draws]))
+    band = {"low": np.percentile(resampled, 2.5, axis=0), "high": np.percentile(resampled, 97.5, axis=0)}
+    return {"rows": rows, "floor": floor, "all_combinations_w1": {"+".join(c) or "base": w for c, w in all_w1.items()},
+            "measured": measured.tolist(), "band": {key: value.tolist() for key, value in band.items()},
+            "num_sequences": s, "boots": boots, "splits": splits, "seed": seed}
 
 
 def markdown(ladders: dict, *, metric: str = "wasserstein") -> str:
-    """One table per metric: rungs down, models across; cells ``score [interval]`` and the floor."""
+    """One table per metric: rungs down, models across; cells ``score [interval]; out of sample``.
+
+    The W1 table adds the random-split floor (median [95 % of splits]) and
+    the best rung's ratio to it [bootstrap interval].
+    """
     names = list(ladders)
     title = {"wasserstein": "W1/(N-1), lower is better", "spearman": "Spearman, higher is better",
              "kl": "KL(measured || predicted), nats, lower is better"}[metric]
     fmt = (lambda v: f"{v:+.3f}") if metric == "spearman" else (lambda v: f"{v:.4f}")
-    rung_names = list(dict.fromkeys(r for name in names for r in ladders[name]["rows"]))
     lines = [f"**{title}** (in-sample [95 % bootstrap interval]; out of sample)", "",
              "| rung | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     generic = {}
@@ -164,15 +149,16 @@ def markdown(ladders: dict, *, metric: str = "wasserstein") -> str:
             extra = f" ({'+'.join(row['switches'])})" if key == "best combination" else ""
             out.append(f"{fmt(row[metric])} [{fmt(low)}, {fmt(high)}]; {fmt(row['out_of_sample'][metric])}{extra}")
         lines.append(f"| {key} | " + " | ".join(out) + " |")
-    floors = [f"{fmt(ladders[n]['floor'][metric]['median'])} [{fmt(ladders[n]['floor'][metric]['low'])}, "
-              f"{fmt(ladders[n]['floor'][metric]['high'])}]" for n in names]
-    lines.append("| random-split floor, median [2.5, 97.5 %] | " + " | ".join(floors) + " |")
     if metric == "wasserstein":
+        floors = [f"{fmt(ladders[n]['floor']['median'])} [{fmt(ladders[n]['floor']['low'])}, "
+                  f"{fmt(ladders[n]['floor']['high'])}]" for n in names]
+        lines.append("| random-split floor, median [95 % of splits] | " + " | ".join(floors) + " |")
         ratios = []
         for name in names:
-            best = min(row["wasserstein"] for row in ladders[name]["rows"].values())
-            ratios.append(f"{best / ladders[name]['floor']['wasserstein']['median']:.1f}x")
-        lines.append("| best rung / median floor | " + " | ".join(ratios) + " |")
+            best = min(ladders[name]["rows"].values(), key=lambda row: row["wasserstein"])
+            low, high = best["ratio_interval"]
+            ratios.append(f"{best['ratio']:.1f}x [{low:.1f}, {high:.1f}] ({'+'.join(best['switches']) or 'base'})")
+        lines.append("| best rung / median floor [bootstrap] | " + " | ".join(ratios) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -191,7 +177,7 @@ def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
                   label=f"{rung} (W1 {row['wasserstein']:.4f})")
     for colour, (rung, profile) in enumerate((extra or {}).items(), start=len(ladder["rows"])):
         axis.plot(positions, profile, linewidth=1.0, linestyle="--", color=f"C{colour}", label=rung)
-    floor = ladder["floor"]["wasserstein"]["median"]
+    floor = ladder["floor"]["median"]
     axis.set_yscale("log")
     axis.set_ylim(max(1e-6, float(np.min(ladder["band"]["low"])) / 30), 1.5)
     axis.set_title(f"{name}: refined rollouts vs measured influence "

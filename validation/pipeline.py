@@ -151,7 +151,7 @@ def _windows(stream: np.ndarray, starts: np.ndarray, length: int) -> torch.Tenso
     return torch.as_tensor(np.stack([stream[s: s + length] for s in starts]))
 
 
-def held_out_loss(model, stream: np.ndarray, length: int, *, windows: int = 32, seed: int = 1) -> float:
+def held_out_loss(model, stream: np.ndarray, length: int, *, windows: int = 64, seed: int = 1) -> float:
     """Mean next-token cross-entropy (nats) on `windows` fixed windows of the held-out stream."""
     starts = np.random.default_rng(seed).integers(0, stream.size - length, windows)
     batch = _windows(stream, starts, length)
@@ -396,7 +396,8 @@ def predictions(measured: dict, *, fit_steps: int = 500) -> tuple[dict[str, np.n
     - ``fitted lambdas``: `jaxroll.fit` of a free lambda schedule to the
       measured influence (Wasserstein loss), starting from the best
       structural variant (with content where measured). In-sample: it shows
-      what the functional form can express, not a prediction.
+      what the functional form can express, not a prediction. Skipped
+      (no profile, empty details) when `fit_steps` is 0.
 
     Returns the profiles and the fit's details.
     """
@@ -415,6 +416,8 @@ def predictions(measured: dict, *, fit_steps: int = 500) -> tuple[dict[str, np.n
         profiles["residual, measured content"] = np.asarray(jaxroll.influence(structural_model(measured)),
                                                             dtype=np.float64)
     profiles["residual, measured kernels"] = influence_from_kernels(measured["lambdas"], measured["attention_mean"])
+    if fit_steps == 0:
+        return profiles, {}
     start = structural_model(measured, content=has_content)
     target = measured["influence"] / measured["influence"].sum()
     result = jaxroll.fit(start, target, fit=("lambdas",), steps=fit_steps, n=n)
@@ -425,28 +428,26 @@ def predictions(measured: dict, *, fit_steps: int = 500) -> tuple[dict[str, np.n
 
 
 def scores(profiles: dict[str, np.ndarray], measured_profile: np.ndarray) -> dict[str, dict[str, float]]:
-    """W1/(N-1), Spearman and KL(measured || predicted) of each profile against the measured influence."""
-    import jax.numpy as jnp
-    from jaxroll import metrics
+    """W1/(N-1), Spearman and KL(measured || predicted) of each profile (`jaxroll.measure.uncertainty`'s metrics)."""
+    from jaxroll.measure import uncertainty
 
-    q = jnp.asarray(measured_profile)
-    rows = {}
-    for name, p in profiles.items():
-        p = jnp.asarray(p)
-        rows[name] = {"wasserstein": float(metrics.wasserstein(p, q)), "spearman": float(metrics.spearman(p, q)),
-                      "kl": float(metrics.kl(q, p))}
-    return rows
+    q = np.asarray(measured_profile, dtype=np.float64)
+    return {name: {"wasserstein": float(uncertainty.wasserstein(p, q)), "spearman": float(uncertainty.spearman(p, q)),
+                   "kl": float(uncertainty.kl(q, p))} for name, p in profiles.items()}
 
 
-def split_half_floor(per_sequence_influence: np.ndarray) -> dict[str, float]:
-    """The measurement's own noise: the same scores between the even- and odd-indexed sequences' profiles.
+def split_half_floor(per_sequence_influence: np.ndarray, *, splits: int = 1000, seed: int = 0) -> dict[str, float]:
+    """The measurement's own noise: the median W1 between two random halves of the sequences.
 
-    No prediction can be expected to beat this by much: it is how far two
-    halves of the held-out data disagree with each other.
+    `jaxroll.measure.uncertainty.split_half_floor` over `splits` random splits
+    (one split is not an estimate); ``wasserstein`` is the median, ``low`` /
+    ``high`` the 2.5 / 97.5 % quantiles over splits.
     """
-    even = per_sequence_influence[0::2].mean(axis=0)
-    odd = per_sequence_influence[1::2].mean(axis=0)
-    return scores({"split half": even / even.sum()}, odd / odd.sum())["split half"]
+    from jaxroll.measure import uncertainty
+
+    values = uncertainty.split_half_floor(per_sequence_influence, splits=splits, seed=seed)
+    return {"wasserstein": float(np.median(values)), "low": float(np.quantile(values, 0.025)),
+            "high": float(np.quantile(values, 0.975))}
 
 
 def check_profile(p: np.ndarray, *, tolerance: float = 1e-6) -> None:
@@ -471,8 +472,9 @@ def format_rows(name: str, result: dict) -> str:
     """A plain-text block of one model's scores, for the log."""
     lines = [f"{name}: cross-check max |diff| lambda {result['crosscheck']['lambda']:.2e}, "
              f"influence {result['crosscheck']['influence']:.2e}"]
-    for variant, row in list(result["scores"].items()) + [("split-half floor", result["floor"])]:
+    for variant, row in result["scores"].items():
         lines.append(f"  {variant:34s} W1 {row['wasserstein']:.4f}  rho {row['spearman']:+.3f}  KL {row['kl']:.4f}")
+    lines.append(f"  {'random-split floor (median W1)':34s} W1 {result['floor']['wasserstein']:.4f}")
     return "\n".join(lines)
 
 
@@ -484,11 +486,11 @@ def markdown_table(results: dict) -> str:
     for metric, title in METRICS:
         lines = [f"**{title}**", "", "| variant | " + " | ".join(names) + " |",
                  "|---|" + "---:|" * len(names)]
-        for variant in variants + ["split-half floor"]:
+        for variant in variants + ["random-split floor (median)"]:
             cells = []
             for name in names:
-                row = results[name]["floor"] if variant == "split-half floor" else results[name]["scores"].get(variant)
-                cells.append("" if row is None else f"{row[metric]:.4f}" if metric != "spearman"
+                row = results[name]["floor"] if variant.startswith("random") else results[name]["scores"].get(variant)
+                cells.append("" if row is None or metric not in row else f"{row[metric]:.4f}" if metric != "spearman"
                              else f"{row[metric]:+.3f}")
             lines.append(f"| {variant} | " + " | ".join(cells) + " |")
         blocks.append("\n".join(lines))
@@ -501,15 +503,16 @@ def markdown_table(results: dict) -> str:
 
 
 def write_csv(results: dict, path: Path) -> Path:
-    """``model,variant,wasserstein,spearman,kl`` (the split-half floor as variant ``split-half floor``)."""
+    """``model,variant,wasserstein,spearman,kl`` (the random-split floor's median W1 as variant ``random-split floor``)."""
     import csv
 
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["model", "variant", "wasserstein", "spearman", "kl"])
         for name, result in results.items():
-            for variant, row in list(result["scores"].items()) + [("split-half floor", result["floor"])]:
+            for variant, row in result["scores"].items():
                 writer.writerow([name, variant, row["wasserstein"], row["spearman"], row["kl"]])
+            writer.writerow([name, "random-split floor", result["floor"]["wasserstein"], "", ""])
     return path
 
 
@@ -558,6 +561,7 @@ def plot(results: dict, curves: dict, path: Path) -> Path:
         steps = [row["step"] for row in curve]
         axes[-1].plot(steps, [row["held_out_loss"] for row in curve], marker=".", label=f"{family} held out")
         axes[-1].plot(steps[1:], [row["train_loss"] for row in curve[1:]], linestyle="--", label=f"{family} train")
+    axes[-1].set_title("training: held-out and train loss", fontsize=9)
     axes[-1].set_xlabel("step", fontsize=8)
     axes[-1].set_ylabel("cross-entropy, nats/token", fontsize=8)
     axes[-1].legend(fontsize=6)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,10 +61,11 @@ def parse(argv=None):
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--minutes", type=float, default=6.0, help="wall-time cap per model's training")
+    parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out losses of the curve")
     parser.add_argument("--samples", type=int, default=64, help="held-out sequences measured")
     parser.add_argument("--fit-steps", type=int, default=200)
-    parser.add_argument("--boots", type=int, default=200, help="bootstrap resamples of the sequences")
-    parser.add_argument("--splits", type=int, default=200, help="random halvings for the floor")
+    parser.add_argument("--boots", type=int, default=1000, help="bootstrap resamples of the sequences")
+    parser.add_argument("--splits", type=int, default=1000, help="random halvings for the floor")
     parser.add_argument("--timing-sequences", type=int, default=8,
                         help="sequences on which each refinement ingredient's measurement is timed")
     parser.add_argument("--seed", type=int, default=0)
@@ -85,12 +87,16 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"validation: error: {error}", file=sys.stderr)
         return 2
-    torch.set_num_threads(2)
+    # One thread: on a shared 2-core machine two torch threads spin against
+    # other jobs; measured here (18:37 UTC, load 5-7) a training step of the
+    # 4-layer BLOOM took 2.3 s with two threads and 0.17 s with one.
+    torch.set_num_threads(1)
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # one log line per step of the run, not per shard written
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
+    arguments.figure.parent.mkdir(parents=True, exist_ok=True)
     geometry = pipeline.Geometry(arguments.layers, arguments.heads, arguments.hidden, arguments.length)
     started = time.perf_counter()
 
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
         tokenizer.save_pretrained(str(out / f"{family}-init"))
         print(f"training {family}: {sum(p.numel() for p in model.parameters())} parameters")
         curve = pipeline.train(model, train_stream, held_stream, steps=arguments.steps, length=arguments.length,
-                               batch_size=arguments.batch, seed=arguments.seed,
+                               batch_size=arguments.batch, seed=arguments.seed, eval_every=arguments.eval_every,
                                max_seconds=60 * arguments.minutes)
         model.save_pretrained(out / f"{family}-trained")
         tokenizer.save_pretrained(str(out / f"{family}-trained"))
@@ -152,7 +158,7 @@ def main(argv=None) -> int:
             results[name] = {
                 "ladder": ladder_result, "ingredient_seconds_per_sequence": timing,
                 "scores": pipeline.scores(profiles, target),
-                "floor": pipeline.split_half_floor(check["influence"]),
+                "floor": pipeline.split_half_floor(check["influence"], splits=arguments.splits, seed=arguments.seed),
                 "crosscheck": pipeline.crosscheck_differences(measured, check),
                 "lambdas": measured["lambdas"].tolist(),
                 "fitted_lambdas": details["fitted_lambdas"].tolist(),
@@ -161,9 +167,10 @@ def main(argv=None) -> int:
             }
             print(pipeline.format_rows(name, results[name]))
             print(ladder.markdown({name: ladder_result}), flush=True)
-            print(f"  ingredient seconds per sequence: {timing}", flush=True)
+            print(f"  ingredient seconds per sequence: {timing}  (load {os.getloadavg()})", flush=True)
     seconds = time.perf_counter() - started
     summary = {"geometry": vars(arguments) | {"out": str(out), "figure": str(arguments.figure)},
+               "load_average_at_end": os.getloadavg(),
                "training": training, "results": results, "seconds": seconds,
                "machine": pipeline.machine_description(), "python": sys.version.split()[0]}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")

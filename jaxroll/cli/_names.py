@@ -6,13 +6,16 @@
 tests/test_lazy_imports.py checks that they equal ``presets.names()``,
 ``presets.DEFAULT``, ``published.names()``, ``published.DATASETS``, the fit
 module's ``FIELDS``, ``SCHEDULES``, ``CONTENTS``, ``LOSSES`` and
-``kernel_fit.FAMILIES``.
+``kernel_fit.FAMILIES``; tests/test_refinements.py checks the refinement
+names against ``refinements.SWITCHES``, ``refinements.STATS_FOR`` and the
+statistics `jaxroll.measure.refinements` registers.
 """
 
 from __future__ import annotations
 
 __all__ = ["PRESETS", "DEFAULT_PRESET", "PUBLISHED", "DATASETS", "FIT_FIELDS", "FIT_SCHEDULES",
-           "FIT_CONTENTS", "FIT_LOSSES", "KERNEL_FAMILIES"]
+           "FIT_CONTENTS", "FIT_LOSSES", "KERNEL_FAMILIES", "REFINEMENT_SWITCHES", "REFINEMENT_STATS",
+           "REFINEMENT_STAT_FOR"]
 
 PRESETS = ("bloom-176b", "bloom-7b1", "mpt-7b", "mpt-30b", "falcon-rw-7b")
 DEFAULT_PRESET = "bloom-176b"
@@ -23,3 +26,8 @@ FIT_SCHEDULES = ("free", "power_decay", "constant")
 FIT_CONTENTS = ("per_layer", "per_head")
 FIT_LOSSES = ("wasserstein", "kl", "l2")
 KERNEL_FAMILIES = ("alibi", "power", "table")
+REFINEMENT_SWITCHES = ("position", "mlp", "norm", "heads", "gradient")
+REFINEMENT_STATS = ("attention_heads", "lambda_positions", "lambda_mlp", "norm_kernels", "head_norms",
+                    "lambda_gradient")
+REFINEMENT_STAT_FOR = {"position": "lambda_positions", "mlp": "lambda_mlp", "norm": "norm_kernels",
+                       "heads": "head_norms", "gradient": "lambda_gradient"}

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from . import _common
+from . import _common, _names
 
 
 def add_parser(commands) -> None:
@@ -34,9 +34,14 @@ def add_parser(commands) -> None:
     measure.add_argument("--samples", type=_common.positive_int, required=True, help="number of sequences S")
     measure.add_argument("--out", type=Path, required=True, help="output directory")
     measure.add_argument("--stats", default=None,
-                         help="comma-separated subset of lambda,content,influence,attention,qk,sinks "
+                         help="comma-separated subset of lambda,content,influence,attention,qk,sinks,"
+                              f"{','.join(_names.REFINEMENT_STATS)} "
                               "(default: what the architecture supports of lambda,content,influence: "
                               "lambda,influence for rotary models)")
+    measure.add_argument("--refine", default=None, metavar="SWITCHES",
+                         help="also write refined.csv, the refined rollout's profile with these switches on "
+                              f"(comma-separated subset of {','.join(_names.REFINEMENT_SWITCHES)}; "
+                              "docs/refinements.md); the statistics it needs are added to the default --stats")
     measure.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32",
                          help="model dtype (default float32); statistics accumulate in float64 whatever it is")
     measure.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
@@ -78,6 +83,15 @@ def _run_measure(arguments) -> None:
     # Everything is read and checked before the weights load and --out is touched.
     plan = measure.inspect_model(arguments.model)
     stats = given or plan.default
+    refine = None
+    if arguments.refine is not None:
+        refine, needed = refine_switches(arguments.refine)
+        missing = [name for name in needed if name not in stats]
+        if missing and given is not None:
+            raise ConfigError(f"--refine {arguments.refine}: needs --stats {missing[0]}; allowed: --stats "
+                              f"including {','.join(needed)}, or no --stats")
+        stats = tuple(dict.fromkeys((*stats, *missing)))
+    arguments.refine_switches = refine
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
     if plan.max_length is not None and arguments.length > plan.max_length:
         raise ConfigError(f"--length: {arguments.length}; allowed: at most the model's max_seq_len "
@@ -138,6 +152,31 @@ def _run_measure(arguments) -> None:
         distributed.finalize(world)
 
 
+def refine_switches(text: str) -> tuple[tuple, tuple]:
+    """``--refine`` -> (switches, the statistics they need), checked without JAX.
+
+    A combination needs its lambda (``lambda``, or the ingredient of
+    position, mlp or gradient; gradient also ``influence``), its kernels
+    (``attention_heads``, or ``norm_kernels`` with norm) and, with heads,
+    ``head_norms``. gradient replaces lambda_t, so it does not combine with
+    position or mlp.
+    """
+    switches = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    unknown = [item for item in switches if item not in _names.REFINEMENT_SWITCHES]
+    if unknown or not switches:
+        raise ConfigError(f"--refine: got {unknown[0] if unknown else 'nothing'!r}; allowed: a comma-separated "
+                          f"subset of {','.join(_names.REFINEMENT_SWITCHES)}")
+    if "gradient" in switches and {"position", "mlp"} & set(switches):
+        raise ConfigError(f"--refine {text}: gradient with position or mlp; allowed: gradient replaces "
+                          "lambda_t, so it combines with norm and heads only")
+    lam = next((item for item in ("gradient", "mlp", "position") if item in switches), None)
+    needed = [_names.REFINEMENT_STAT_FOR[lam]] if lam else ["lambda"]
+    needed += ["influence"] if lam == "gradient" else []
+    needed += [_names.REFINEMENT_STAT_FOR["norm"] if "norm" in switches else "attention_heads"]
+    needed += [_names.REFINEMENT_STAT_FOR["heads"]] if "heads" in switches else []
+    return switches, tuple(needed)
+
+
 def _shard(samples, world):
     import numpy as np
 
@@ -170,7 +209,17 @@ def _write(result, indices, documents, arguments, out, world, measure) -> None:
         "rule": "documents in order, keep those with >= N tokens, take the first N, no padding",
         "tokenizer_defaults": "add_special_tokens as the tokenizer's default", "length": arguments.length,
         "samples": arguments.samples}
+    refine = getattr(arguments, "refine_switches", None)
+    if refine is not None:
+        result.metadata["refined"] = {"switches": list(refine), "file": "refined.csv"}
     written = measure.write_measurement(result, out, overwrite=True)
+    if refine is not None:
+        from .. import refinements
+        from ..io import write_profile
+        from ..measure.refinements import ingredients_from_arrays
+
+        model = refinements.compose(ingredients_from_arrays(result.arrays()), refine)
+        written.append(write_profile(refinements.refined_influence(model), out / "refined.csv", overwrite=True))
     for rank in range(world.size):  # every rank's sums are merged into the outputs
         from ..measure.distributed import World, checkpoint_name
 

@@ -97,6 +97,12 @@ class Statistic:
         needs_eager: it reads attention probabilities (eager attention only).
         memory: ``shape -> bytes`` of its float64 sums (checked before loading).
         summary: ``(outputs) -> str``, one line for the command's summary.
+        attach: ``(resolved, deliver, recording) -> handles``: hooks of its own
+            (modules beyond the four kinds above, or gradients), registered for
+            the run and removed after; they call ``deliver(kind, layer,
+            *tensors)`` (-> `observe`) and check ``recording()`` in forward hooks.
+        requires: other statistics it needs in the same run (e.g. the
+            influence backward pass).
     """
 
     name: str
@@ -110,6 +116,8 @@ class Statistic:
     needs_eager: bool = False
     memory: Callable | None = None
     summary: Callable | None = None
+    attach: Callable | None = None
+    requires: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +166,9 @@ def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
         )
     for name in stats:
         statistic = _REGISTRY.get(name)
+        missing = [other for other in (statistic.requires if statistic else ()) if other not in stats]
+        if missing:
+            raise ConfigError(f"stats: {name} needs {missing[0]} in the same run; allowed: add {missing[0]}")
         if statistic is not None and position not in statistic.positions:
             raise ConfigError(f"stats: {name} is not defined for {position} positions ({layer_map_name}); "
                               f"allowed for it: {', '.join(allowed_stats(position))}")
@@ -587,12 +598,16 @@ def measure(
     bar = _progress(progress, own, sums.count)
     started = time.perf_counter()
     model.eval()
+    attached = []
     try:
         # Only the embeddings need gradients: weights that do not require
         # them save no activations for their own gradients.
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         with hooks:
+            for statistic in step.registered:
+                if statistic.attach is not None:
+                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording)
             for position in range(sums.count, own):
                 index = int(sums.indices[position])
                 step.reset()
@@ -606,6 +621,8 @@ def measure(
                 if bar is not None:
                     bar.update(1)
     finally:
+        for handle in attached:
+            handle.remove()
         if bar is not None:
             bar.close()
         for parameter, flag in zip(model.parameters(), grad_flags):
@@ -706,6 +723,11 @@ class _Step:
         if "attention" in self.stats:
             self.attention[layer] = p[0].double().mean(0).cpu().numpy()
         self._observe("probabilities", layer, p)
+
+
+def _deliver(step, statistic):
+    # An attached hook's tensors go to this statistic's state of the current sequence.
+    return lambda kind, layer, *tensors: statistic.observe(step.states[statistic.name], kind, layer, *tensors)
 
 
 def _forward_backward(model, ids, want_influence, hooks):
@@ -817,6 +839,7 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
 
 # Registered statistics: each module registers on import (after the names above exist).
 from . import sinks as _sinks  # noqa: E402,F401
+from . import refinements as _refinements  # noqa: E402,F401
 
 
 def summary_lines(measurement: Measurement) -> list[str]:

@@ -1,14 +1,14 @@
 """The measured ingredients of the rollout refinements (`jaxroll.refinements`).
 
-One forward pass per sequence (no backward) of a Hugging Face causal LM with
-eager attention, with forward hooks on the modules of its `LayerMap`. For a
-model with L blocks, H heads of dimension d, sequences of N tokens, and per
-block t: ``x`` the residual stream entering the block, ``a`` the attention
-sub-layer's output (the output projection's, bias included), ``m`` the MLP's
-output (its down projection's), ``alpha_h (N, N)`` head h's attention
-probabilities, ``v_h(j)`` its value vector at j (after the value projection,
-so it includes the input norm ``LN(x_j)`` and the projection's bias),
-``W_O^h`` the columns of the output projection that read head h:
+Forward hooks (and, for ``gradient``, tensor hooks on the backward pass) on
+the modules of a Hugging Face causal LM's `LayerMap`. For a model with L
+blocks, H heads of dimension d, sequences of N tokens, and per block t:
+``x`` the residual stream entering the block, ``a`` the attention
+sub-layer's output (the output projection's, bias included), ``m`` the
+MLP's output (its down projection's), ``alpha_h (N, N)`` head h's attention
+probabilities, ``v_h(j)`` its value vector at j (after the value
+projection, so it includes the input norm ``LN(x_j)`` and the projection's
+bias), ``W_O^h`` the columns of the output projection that read head h:
 
 - ``attention_heads (L, H, N, N)``: ``alpha_h``, the mean over sequences;
 - ``lambda_positions (L, N)``: ``||a_i|| / (||x_i|| + ||a_i||)`` per position
@@ -22,11 +22,30 @@ so it includes the input norm ``LN(x_j)`` and the projection's bias),
   ``n_h(j) = ||W_O^h v_h(j)||``, computed per sequence, then averaged (rows
   whose weighted sum vanishes keep ``alpha_h``'s row);
 - ``head_norms (L, H)``: ``mean_i ||W_O^h sum_j alpha_h[i, j] v_h(j)||``, each
-  head's output norm, the mean over positions and sequences.
+  head's output norm, the mean over positions and sequences;
+- ``lambda_gradient (L,)``: the share of the gradient that block t's
+  sub-layers add beside the residual path. With ``f`` the top next-token
+  probability at the last position (the target of the measured influence),
+  ``g_x(j) = df/dx(j)`` (block input) and ``g_a(j) = df/da(j)`` (attention
+  output; for a sequential block it is the gradient at the residual stream
+  after attention, ``x + a``, which the identity path hands to ``x``
+  unchanged, while ``g_x - g_a`` is what the attention path carries back
+  through ``a(LN(x))``):
+  ``lambda_gradient = 1 - sum_j ||g_a(j)|| / sum_j ||g_x(j)||`` per
+  sequence, then averaged (0 where no gradient arrives). The rollout keeps
+  a share ``1 - lambda_t`` of the mass on the identity path; here that share
+  is the residual path's gradient norm against the total gradient norm at
+  the block input. It is negative where the attention path cancels part of
+  the residual gradient (`jaxroll.refinements.compose` clips it to [0, 1]).
 
-Sums are kept per group of sequences (`groups`, e.g. two halves for an
-out-of-sample check), so any union of groups can be formed afterwards.
-Everything is accumulated in float64.
+Two ways to get them: `measure_refinements` (sums per group of sequences,
+for in- and out-of-sample checks; ingredients named by the switches of
+`jaxroll.refinements.SWITCHES`), and the statistics registered with
+`jaxroll.measure.measure` under `STATISTICS` (``jaxroll measure --stats
+lambda,influence,attention_heads,lambda_positions,...``), which write the
+same arrays into ``measurement.npz``; `refined_profile` turns a measurement
+directory into the profile of any switch combination. Everything is
+accumulated in float64. Families: BLOOM, Llama, Mistral, Qwen2, GPT-2.
 """
 
 from __future__ import annotations
@@ -39,16 +58,30 @@ import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
+from .measure import Shapes, Statistic, register_statistic
 
-__all__ = ["INGREDIENTS", "RefinementIngredients", "measure_refinements", "time_ingredients"]
+__all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
+           "refined_profile", "ingredients_from_arrays"]
 
-INGREDIENTS = ("position", "mlp", "norm", "heads")
-"""What can be measured: ``position`` -> lambda_positions, ``mlp`` ->
-lambda_mlp_positions, ``norm`` -> norm_kernels, ``heads`` -> head_norms.
-``attention_heads`` is always measured."""
+INGREDIENTS = ("position", "mlp", "norm", "heads", "gradient")
+"""What `measure_refinements` can measure, by switch: ``position`` -> lambda_positions, ``mlp`` ->
+lambda_mlp_positions, ``norm`` -> norm_kernels, ``heads`` -> head_norms, ``gradient`` ->
+lambda_gradient (one backward pass more). ``attention_heads`` is always measured."""
+
+STATISTICS = {"attention_heads": "attention_heads", "lambda_positions": "lambda_positions",
+              "lambda_mlp": "lambda_mlp_positions", "norm_kernels": "norm_kernels", "head_norms": "head_norms",
+              "lambda_gradient": "lambda_gradient"}
+"""The ``--stats`` names registered with `jaxroll.measure.measure` -> the array each writes into
+``measurement.npz`` (the means defined in the module docstring). ``lambda_gradient`` needs
+``influence`` (it reads that statistic's backward pass)."""
+
+_OUTPUT = {"attention": "attention_heads", "position": "lambda_positions", "mlp": "lambda_mlp_positions",
+           "norm": "norm_kernels", "heads": "head_norms", "gradient": "lambda_gradient"}
+_SWITCH_OF_STAT = {"attention_heads": "attention", "lambda_positions": "position", "lambda_mlp": "mlp",
+                   "norm_kernels": "norm", "head_norms": "heads", "lambda_gradient": "gradient"}
 
 # Per family: the MLP's output module and where the value vectors are (a
-# module path from the block and how to cut (B, N, H, d) out of its output).
+# module path from the block and how to cut (N, H, d) out of its output).
 _MLP_OUTPUT = {"bloom": "mlp.dense_4h_to_h", "llama": "mlp.down_proj", "mistral": "mlp.down_proj",
                "qwen2": "mlp.down_proj", "gpt2": "mlp.c_proj"}
 _VALUE = {"bloom": "self_attention.query_key_value", "llama": "self_attn.v_proj", "mistral": "self_attn.v_proj",
@@ -69,7 +102,7 @@ def _values(name, output, num_heads, head_dim):
         return output.view(n, num_heads, 3, head_dim)[:, :, 2, :]
     if name == "gpt2":  # fused (3, H, d)
         return output[:, 2 * num_heads * head_dim:].reshape(n, num_heads, head_dim)
-    values = output.view(n, -1, head_dim)  # separate v_proj; grouped keys/values repeat
+    values = output.reshape(n, -1, head_dim)  # separate v_proj; grouped keys/values repeat
     return values.repeat_interleave(num_heads // values.shape[1], dim=1)
 
 
@@ -79,6 +112,141 @@ def _output_matrix(module, num_heads, head_dim):
     if type(module).__name__ == "Conv1D":
         weight = weight.T
     return weight.reshape(weight.shape[0], num_heads, head_dim)
+
+
+def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
+    """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value)``.
+
+    Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
+    m (N,)`` norms, ``value_norms (H, N)`` = ``||W_O^h v_h(j)||``,
+    ``head_outputs (H, N)`` = ``||W_O^h context_h(i)||``, ``grad_x, grad_a
+    (N, D)``. Forward hooks deliver only while `recording()` (activation
+    checkpointing runs a block's forward again during the backward); the
+    gradient hooks are registered in the recorded forward and fire once.
+    Returns the handles.
+    """
+    name = resolved.layer_map.name
+    if name not in _VALUE:
+        raise ConfigError(f"architecture: {name!r} has no refinement map; allowed: {', '.join(sorted(_VALUE))}")
+    heads, head_dim = resolved.num_heads, resolved.head_dim
+    need_a = bool({"position", "mlp"} & set(switches))
+    handles = []
+
+    def probabilities(layer):
+        def hook(module, args, output):
+            if not recording():
+                return
+            p = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if p is None:
+                raise ConfigError("attention: no probabilities; allowed: a model loaded with attn_implementation='eager'")
+            deliver("alpha", layer, p[0].detach().double().cpu())
+        return hook
+
+    def norms(kind, layer, pre=False):
+        def hook(module, *hook_args):
+            if not recording():
+                return
+            if pre:  # forward pre-hook with kwargs: (args, kwargs)
+                args, kwargs = hook_args
+                tensor = args[0] if args else kwargs["hidden_states"]
+            else:  # forward hook: (args, output)
+                tensor = hook_args[1]
+            deliver(kind, layer, tensor[0].detach().double().norm(dim=-1).cpu())
+        return hook
+
+    def value_norms(layer, w_out):
+        def hook(module, args, output):
+            if recording():
+                values = _values(name, output.detach(), heads, head_dim)
+                # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
+                deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu())
+        return hook
+
+    def head_outputs(layer, w_out):
+        def hook(module, args):
+            if recording():
+                context = args[0][0].detach().double()
+                context = context.reshape(context.shape[0], heads, head_dim)
+                deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu())
+        return hook
+
+    def gradient(kind, layer, pre=False):
+        def hook(module, *hook_args):
+            if not recording():
+                return
+            if pre:
+                args, kwargs = hook_args
+                tensor = args[0] if args else kwargs["hidden_states"]
+            else:
+                tensor = hook_args[1]
+            if tensor.requires_grad:
+                tensor.register_hook(lambda grad: deliver(kind, layer, grad[0].detach().double().cpu()))
+        return hook
+
+    try:
+        for layer, block in enumerate(resolved.blocks):
+            projection = resolved.output_projections[layer]
+            if {"attention", "norm"} & set(switches):
+                handles.append(resolved.attentions[layer].register_forward_hook(probabilities(layer)))
+            if need_a:
+                handles.append(block.register_forward_pre_hook(norms("x", layer, pre=True), with_kwargs=True))
+                handles.append(projection.register_forward_hook(norms("a", layer)))
+            if "mlp" in switches:
+                handles.append(_module(block, _MLP_OUTPUT[name]).register_forward_hook(norms("m", layer)))
+            if {"norm", "heads"} & set(switches):
+                w_out = _output_matrix(projection, heads, head_dim)
+                if "norm" in switches:
+                    handles.append(_module(block, _VALUE[name]).register_forward_hook(value_norms(layer, w_out)))
+                if "heads" in switches:
+                    handles.append(projection.register_forward_pre_hook(head_outputs(layer, w_out)))
+            if "gradient" in switches:
+                handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
+                handles.append(projection.register_forward_hook(gradient("grad_a", layer)))
+    except BaseException:
+        for handle in handles:
+            handle.remove()
+        raise
+    return handles
+
+
+def _ratio(numerator, denominator):
+    # 0/0 (a zero stream and zero updates) counts as no mixing.
+    safe = torch.where(denominator > 0, denominator, 1.0)
+    return torch.where(denominator > 0, numerator / safe, 0.0).numpy()
+
+
+def _rows(seen: dict, layers: int, switches) -> dict[str, np.ndarray]:
+    """One sequence's ingredients (module docstring) from what `_attach` delivered, stacked over layers."""
+    out = {}
+    if "attention" in switches:
+        out["attention_heads"] = np.stack([seen[("alpha", t)].numpy() for t in range(layers)])
+    if "position" in switches:
+        out["lambda_positions"] = np.stack([_ratio(seen[("a", t)], seen[("x", t)] + seen[("a", t)])
+                                            for t in range(layers)])
+    if "mlp" in switches:
+        out["lambda_mlp_positions"] = np.stack([
+            _ratio(seen[("a", t)], seen[("x", t)] + seen[("a", t)] + seen[("m", t)]) for t in range(layers)])
+    if "norm" in switches:
+        kernels = []
+        for t in range(layers):
+            alpha = seen[("alpha", t)]
+            weighted = alpha * seen[("value_norms", t)][:, None, :]
+            total = weighted.sum(-1, keepdim=True)
+            kernels.append(torch.where(total > 0, weighted / torch.where(total > 0, total, 1.0), alpha).numpy())
+        out["norm_kernels"] = np.stack(kernels)
+    if "heads" in switches:
+        out["head_norms"] = np.stack([seen[("head_outputs", t)].mean(-1).numpy() for t in range(layers)])
+    if "gradient" in switches:
+        shares = []
+        for t in range(layers):
+            if ("grad_x", t) not in seen or ("grad_a", t) not in seen:
+                raise ConfigError(f"lambda_gradient: block {t} got no gradient; allowed: a pass with the "
+                                  "influence backward (stats including influence)")
+            residual = seen[("grad_a", t)].norm(dim=-1).sum()
+            total = seen[("grad_x", t)].norm(dim=-1).sum()
+            shares.append(float(1.0 - residual / total) if total > 0 else 0.0)
+        out["lambda_gradient"] = np.asarray(shares)
+    return out
 
 
 @dataclasses.dataclass
@@ -98,6 +266,7 @@ class RefinementIngredients:
     norm_kernels: np.ndarray | None
     head_norms: np.ndarray | None
     seconds: float
+    lambda_gradient: np.ndarray | None = None
 
     def mean(self, groups=None) -> dict[str, np.ndarray]:
         """Means over the sequences of `groups` (default: all): a dict of the present ingredients."""
@@ -106,11 +275,17 @@ class RefinementIngredients:
         if count == 0:
             raise ConfigError("groups: no sequences in the selected groups; allowed: groups with sequences")
         out = {}
-        for field in ("attention_heads", "lambda_positions", "lambda_mlp_positions", "norm_kernels", "head_norms"):
+        for field in _OUTPUT.values():
             value = getattr(self, field)
             if value is not None:
                 out[field] = value[groups].sum(axis=0) / count
         return out
+
+
+def _target(logits):
+    # f = the top next-token probability at the last position (the measured influence's target).
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return torch.softmax(logits.to(dtype), dim=-1).max()
 
 
 def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=None,
@@ -120,6 +295,8 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     `model` must use eager attention (its attention module returns the
     probabilities) and be one of the families BLOOM, Llama, Mistral, Qwen2,
     GPT-2. `groups` ``(S,)`` integer labels 0..G-1 (default: one group).
+    One forward pass per sequence; with ``gradient`` a forward and a
+    backward (of the top next-token probability at the last position).
     Returns sums per group (`RefinementIngredients`); ``seconds`` is the wall
     time of the passes.
     """
@@ -128,9 +305,6 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     if unknown:
         raise ConfigError(f"ingredients: got {unknown[0]!r}; allowed: a subset of {', '.join(INGREDIENTS)}")
     resolved = resolve(model, layer_map)
-    name = resolved.layer_map.name
-    if name not in _VALUE:
-        raise ConfigError(f"architecture: {name!r} has no refinement map; allowed: {', '.join(sorted(_VALUE))}")
     token_ids = np.asarray(token_ids, dtype=np.int64)
     if token_ids.ndim != 2:
         raise ConfigError(f"token_ids: got shape {token_ids.shape}; allowed: (S, N)")
@@ -139,119 +313,39 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     if groups.shape != (num_sequences,) or groups.min() < 0:
         raise ConfigError(f"groups: got shape {groups.shape}; allowed: ({num_sequences},) labels >= 0")
     num_groups = int(groups.max()) + 1
-    layers, heads, head_dim = len(resolved.blocks), resolved.num_heads, resolved.head_dim
-
-    sums = {"attention_heads": np.zeros((num_groups, layers, heads, n, n))}
-    if "position" in ingredients:
-        sums["lambda_positions"] = np.zeros((num_groups, layers, n))
-    if "mlp" in ingredients:
-        sums["lambda_mlp_positions"] = np.zeros((num_groups, layers, n))
-    if "norm" in ingredients:
-        sums["norm_kernels"] = np.zeros((num_groups, layers, heads, n, n))
-    if "heads" in ingredients:
-        sums["head_norms"] = np.zeros((num_groups, layers, heads))
-    need_a = bool({"position", "mlp"} & set(ingredients))
-    need_values = "norm" in ingredients
-    need_context = "heads" in ingredients
-    w_out = [_output_matrix(p, heads, head_dim) for p in resolved.output_projections] \
-        if (need_values or need_context) else None
-
+    layers = len(resolved.blocks)
     seen = {}
-
-    def block_input(layer):
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
-            seen[("x", layer)] = x[0].detach().double().norm(dim=-1)
-        return hook
-
-    def attention_output(layer):
-        def pre(module, args):
-            seen[("context", layer)] = args[0][0].detach().double()
-
-        def post(module, args, output):
-            seen[("a", layer)] = output[0].detach().double().norm(dim=-1)
-        return pre, post
-
-    def mlp_output(layer):
-        def hook(module, args, output):
-            seen[("m", layer)] = output[0].detach().double().norm(dim=-1)
-        return hook
-
-    def value(layer):
-        def hook(module, args, output):
-            seen[("v", layer)] = _values(name, output.detach(), heads, head_dim)
-        return hook
-
-    def probabilities(layer):
-        def hook(module, args, output):
-            p = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if p is None:
-                raise ConfigError("attention: no probabilities; allowed: a model loaded with attn_implementation='eager'")
-            seen[("alpha", layer)] = p[0].detach().double()
-        return hook
-
-    handles = []
+    switches = ("attention", *ingredients)
+    handles = _attach(resolved, switches, lambda kind, layer, value: seen.__setitem__((kind, layer), value))
+    sums = {}
+    backward = "gradient" in ingredients
+    flags = [parameter.requires_grad for parameter in model.parameters()]
+    was_training = model.training
     try:
-        for layer, block in enumerate(resolved.blocks):
-            handles.append(resolved.attentions[layer].register_forward_hook(probabilities(layer)))
-            if need_a:
-                handles.append(block.register_forward_pre_hook(block_input(layer), with_kwargs=True))
-            if need_a or need_context:
-                pre, post = attention_output(layer)
-                projection = resolved.output_projections[layer]
-                if need_context:
-                    handles.append(projection.register_forward_pre_hook(pre))
-                if need_a:
-                    handles.append(projection.register_forward_hook(post))
-            if "mlp" in ingredients:
-                handles.append(_module(block, _MLP_OUTPUT[name]).register_forward_hook(mlp_output(layer)))
-            if need_values:
-                handles.append(_module(block, _VALUE[name]).register_forward_hook(value(layer)))
-        was_training = model.training
         model.eval()
+        for parameter in model.parameters():  # only the embeddings need gradients
+            parameter.requires_grad_(False)
         started = time.perf_counter()
-        with torch.no_grad():
-            for index, row in enumerate(token_ids):
-                seen.clear()
-                model(input_ids=torch.as_tensor(row)[None], use_cache=False)
-                g = groups[index]
-                for t in range(layers):
-                    alpha = seen[("alpha", t)]
-                    sums["attention_heads"][g, t] += alpha.numpy()
-                    if need_a:
-                        x, a = seen[("x", t)], seen[("a", t)]
-                        if "position" in ingredients:
-                            sums["lambda_positions"][g, t] += _ratio(a, x + a)
-                        if "mlp" in ingredients:
-                            sums["lambda_mlp_positions"][g, t] += _ratio(a, x + a + seen[("m", t)])
-                    if need_values:
-                        # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
-                        norms = torch.einsum("nhd,ohd->hno", seen[("v", t)], w_out[t]).norm(dim=-1)
-                        weighted = alpha * norms[:, None, :]
-                        total = weighted.sum(-1, keepdim=True)
-                        kernel = torch.where(total > 0, weighted / torch.where(total > 0, total, 1.0), alpha)
-                        sums["norm_kernels"][g, t] += kernel.numpy()
-                    if need_context:
-                        context = seen[("context", t)].view(n, heads, head_dim)
-                        outputs = torch.einsum("nhd,ohd->hno", context, w_out[t]).norm(dim=-1)  # (H, N)
-                        sums["head_norms"][g, t] += outputs.mean(-1).numpy()
+        for index, row in enumerate(token_ids):
+            seen.clear()
+            ids = torch.as_tensor(row, device=model.get_input_embeddings().weight.device)[None]
+            with torch.set_grad_enabled(backward):
+                embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(backward)
+                logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+                if backward:
+                    torch.autograd.grad(_target(logits), embeddings)
+            for key, value in _rows(seen, layers, switches).items():
+                sums.setdefault(key, np.zeros((num_groups, *value.shape)))[groups[index]] += value
         seconds = time.perf_counter() - started
-        model.train(was_training)
     finally:
         for handle in handles:
             handle.remove()
+        for parameter, flag in zip(model.parameters(), flags):
+            parameter.requires_grad_(flag)
+        model.train(was_training)
     counts = np.bincount(groups, minlength=num_groups)
-    return RefinementIngredients(counts=counts, seconds=seconds,
-                                 attention_heads=sums["attention_heads"],
-                                 lambda_positions=sums.get("lambda_positions"),
-                                 lambda_mlp_positions=sums.get("lambda_mlp_positions"),
-                                 norm_kernels=sums.get("norm_kernels"), head_norms=sums.get("head_norms"))
-
-
-def _ratio(numerator, denominator):
-    # 0/0 (a zero stream and zero updates) counts as no mixing.
-    safe = torch.where(denominator > 0, denominator, 1.0)
-    return torch.where(denominator > 0, numerator / safe, 0.0).numpy()
+    return RefinementIngredients(counts=counts, seconds=seconds, attention_heads=sums["attention_heads"],
+                                 **{field: sums.get(field) for field in _OUTPUT.values() if field != "attention_heads"})
 
 
 def time_ingredients(model, token_ids, *, repeats: int = 1) -> dict[str, float]:
@@ -269,3 +363,77 @@ def time_ingredients(model, token_ids, *, repeats: int = 1) -> dict[str, float]:
             best = min(best, measure_refinements(model, token_ids, ingredients=selection).seconds)
         rows[label] = best / token_ids.shape[0]
     return rows
+
+
+# ----------------------------------------------------------------------------- jaxroll measure --stats
+
+
+def _statistic(stat: str) -> Statistic:
+    switch = _SWITCH_OF_STAT[stat]
+    output = _OUTPUT[switch]
+    switches = (switch,)
+
+    def allocate(shape: Shapes) -> dict:
+        size = {"attention_heads": (shape.heads, shape.length, shape.length), "lambda_positions": (shape.length,),
+                "lambda_mlp_positions": (shape.length,), "norm_kernels": (shape.heads, shape.length, shape.length),
+                "head_norms": (shape.heads,), "lambda_gradient": ()}[output]
+        return {f"{output}_sum": np.zeros((shape.layers, *size))}
+
+    def attach(resolved, deliver, recording):
+        return _attach(resolved, switches, deliver, recording)
+
+    def observe(state, kind, layer, value):
+        state[(kind, layer)] = value
+
+    def accumulate(sums, state, index):
+        layers = sums[f"{output}_sum"].shape[0]
+        sums[f"{output}_sum"] += _rows(state, layers, switches)[output]
+
+    def finish(sums, count, shape):
+        return {output: sums[f"{output}_sum"] / count}
+
+    def memory(shape: Shapes) -> int:
+        return 8 * int(np.prod(next(iter(allocate(shape).values())).shape))
+
+    return Statistic(name=stat, hooks=(), allocate=allocate, observe=observe, accumulate=accumulate, finish=finish,
+                     needs_eager=switch in ("attention", "norm"), memory=memory, attach=attach,
+                     requires=("influence",) if switch == "gradient" else ())
+
+
+for _name in STATISTICS:
+    register_statistic(_statistic(_name))
+
+
+def ingredients_from_arrays(arrays: dict) -> dict[str, np.ndarray]:
+    """The ingredient means `jaxroll.refinements.compose` reads, from the arrays of ``measurement.npz``.
+
+    ``lambdas`` is the measured ``lambda_t``; ``attention_heads`` as measured,
+    or, without it, the head-averaged ``attention_mean (L, N, N)`` as one
+    head (the same rollout while heads are weighted uniformly); the other
+    ingredients as the registered statistics wrote them.
+    """
+    out = {name: np.asarray(arrays[name]) for name in _OUTPUT.values() if name in arrays}
+    if "lambdas" in arrays:
+        out["lambdas"] = np.asarray(arrays["lambdas"])
+    if "attention_heads" not in out and "attention_mean" in arrays:
+        out["attention_heads"] = np.asarray(arrays["attention_mean"])[:, None]
+    return out
+
+
+def refined_profile(directory, switches=()) -> np.ndarray:
+    """The refined rollout's profile ``(N,)`` of the switches `switches` from a ``jaxroll measure --out`` directory.
+
+    Needs in ``measurement.npz``: ``lambdas`` (stat ``lambda``) unless a
+    switch replaces it, ``attention_heads`` or ``attention_mean`` (stat
+    ``attention``; ``heads`` needs ``attention_heads``), and the stat of each
+    switch (`jaxroll.refinements.STATS_FOR`). Raises `ConfigError` naming the
+    missing stat.
+    """
+    from .. import refinements
+    from .outputs import read_measurement
+
+    arrays, _ = read_measurement(directory)
+    ingredients = ingredients_from_arrays(arrays)
+    if "heads" in switches and "attention_heads" not in arrays and "norm" not in switches:
+        ingredients.pop("attention_heads", None)
+    return np.asarray(refinements.refined_influence(refinements.compose(ingredients, switches)))
