@@ -98,3 +98,52 @@ def test_adjoint_matches_central_differences():
                 moved.append(g @ _oracle_product(v, *changed))
             difference = (moved[0] - moved[1]) / (2 * step)
             assert abs(float(np.asarray(gradient)[index]) - difference) < 1e-8, (ARGS[k + 1], index)
+
+
+def _oracle_arrays(fields):
+    return {"lambdas": fields["lambdas"], "slopes": fields["alibi_slopes"], "diagonal": fields["diagonal_scores"],
+            "base": np.zeros_like(fields["alibi_slopes"]), "weights": fields["head_weights"],
+            "temperature": float(fields["temperature"]), "mask": "causal", "window": None}
+
+
+@pytest.mark.parametrize("equal_layers", [True, False])
+def test_shared_kernel_path_gives_every_layer_its_gradient(equal_layers):
+    """Below `SHARED_DENSE_MAX` a causal `influence` forms one dense kernel
+    when every layer has the same one; its gradient must still be every
+    layer's own. ``jax.grad`` of ``<g, p>`` wrt every model array against
+    central differences of the NumPy oracle's profile (step 1e-6, so 1e-8
+    absolute), at a point where the three layers are equal (the case that
+    once sent every gradient to layer 0) and where they differ; the profile
+    itself matches the oracle to 1e-12 at both."""
+    n, layers, heads = 24, 3, 2
+    rng = np.random.default_rng(4)
+    fields = {"lambdas": np.array([0.9, 0.6, 0.8]),
+              "alibi_slopes": np.tile([0.4, 1.3], (layers, 1)),
+              "diagonal_scores": np.tile([1.0, -0.5], (layers, 1)),
+              "head_weights": np.tile([0.3, 0.7], (layers, 1)),
+              "temperature": np.array(0.8)}
+    if not equal_layers:
+        for name in ("alibi_slopes", "diagonal_scores", "head_weights"):
+            fields[name] = fields[name] * rng.uniform(0.8, 1.2, (layers, heads))
+    model = jaxroll.RolloutModel.create(num_layers=layers, num_heads=heads, lambdas=fields["lambdas"],
+                                        alibi_slopes=fields["alibi_slopes"],
+                                        diagonal_scores=fields["diagonal_scores"],
+                                        head_weights=fields["head_weights"], temperature=float(fields["temperature"]),
+                                        sequence_length=n)
+    assert bool(structured.shares_one_kernel(model.alibi_slopes, model.diagonal_scores,
+                                             model.head_weights)) == equal_layers
+    g = rng.normal(0, 1, n)
+    np.testing.assert_allclose(jaxroll.influence(model), oracle.influence(_oracle_arrays(fields), n),
+                               rtol=0, atol=1e-12)
+    gradient = jax.jit(jax.grad(lambda m: jnp.dot(jnp.asarray(g), jaxroll.influence(m))))(model)
+    step = 1e-6
+    for name, value in fields.items():
+        got = np.asarray(getattr(gradient, name))
+        for index in np.ndindex(value.shape):
+            moved = []
+            for sign in (1, -1):
+                changed = {k: np.array(v, dtype=np.float64) for k, v in fields.items()}
+                changed[name][index] += sign * step
+                moved.append(g @ oracle.influence(_oracle_arrays(changed), n))
+            difference = (moved[0] - moved[1]) / (2 * step)
+            assert abs(float(got[index]) - difference) < 1e-8, (name, index, float(got[index]), difference)
