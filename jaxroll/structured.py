@@ -54,7 +54,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 __all__ = ["BLOCK", "HEAD_CHUNK", "SHARED_DENSE_MAX", "reverse_discounted_cumsum", "head_products", "row_times_kernel",
-           "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row"]
+           "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
+           "ADJOINT_ROWS"]
 
 BLOCK = 64
 """Block size of `reverse_discounted_cumsum` (fastest of 16, 32, 64, 128 measured on the 2-core CPU)."""
@@ -901,3 +902,4 @@ def shared_kernel_rollout_row(
         return (1.0 - weight) * vector + weight * (vector @ kernel), None
 
     return jax.lax.scan(step, row, lambdas.astype(dtype), reverse=True)[0]
+
