@@ -757,7 +757,8 @@ def _chunked_adjoint(v, g, a, c, weights, head_chunk: int, block: int):
     chunks = tuple(jnp.pad(x, (0, pad)).reshape(count, chunk) for x in (a, c, weights))
 
     def step(v_bar, arrays):
-        (v_part, *rest), _ = _exact_adjoint(v, g, *arrays, _PREFIX_BLOCK)
+        chunk_a, chunk_c, chunk_w = arrays
+        (v_part, *rest), _ = _exact_adjoint(v, g, chunk_a, chunk_c, chunk_w, _PREFIX_BLOCK)
         return v_bar + v_part, tuple(rest)
 
     v_bar, (a_bar, c_bar, w_bar) = jax.lax.scan(step, jnp.zeros_like(v), chunks)
