@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import os
 import resource
 import sys
 import time
@@ -142,7 +143,7 @@ def small_n_cases(n: int, repeats: int):
                    "H": model.num_heads, "method": name, "device": jax.devices()[0].platform,
                    "seconds": seconds, "repeats": repeats, "peak_rss_mib": peak_rss_mib(),
                    "ratio_to_jaxroll": seconds / ours,
-                   "max_abs_diff_vs_jaxroll": float(np.max(np.abs(result - reference)))}
+                   "max_abs_diff_vs_jaxroll": float(np.max(np.abs(result - reference))), "load": load()}
             rows.append(row)
             print_row(row, COLUMNS)
     return rows
@@ -177,7 +178,21 @@ def run_cases(lengths, presets, repeats_for, dense_max, numpy_max):
     return rows
 
 
-def gradient_cases(lengths, presets):
+def _compiled(function, *args):
+    """Compiled ahead of time: the executable no longer depends on JAX's caches or module flags."""
+    return jax.jit(function).lower(*args).compile()
+
+
+def gradient_cases(lengths, presets, repeats: int = 3):
+    """grad of W1 / forward, with the hand-written adjoint and with the autodiff VJP before it, interleaved.
+
+    The autodiff VJP (`structured._causal_product_autodiff`, re-running the
+    forward under `jax.vjp`) is chosen by the private flag
+    `structured._AUTODIFF_ADJOINT` at trace time; both gradients are
+    compiled ahead of time, so they are timed round by round in one run.
+    """
+    from jaxroll import structured
+
     rows = []
     for name in presets:
         model = jaxroll.presets.get(name)
@@ -187,17 +202,27 @@ def gradient_cases(lengths, presets):
             def loss(m):
                 return jaxroll.metrics.wasserstein(jaxroll.influence(m, n, method="structured"), target)
 
-            grad = jax.jit(jax.grad(loss))
-            forward, _ = timed(lambda: jaxroll.influence(model, n, method="structured"), 2)
-            backward, compile_s = timed(lambda: grad(model), 2)
-            row = {"case": name + " grad W1", "N": n, "T": model.num_layers, "H": model.num_heads,
-                   "method": "structured grad", "device": jax.devices()[0].platform,
-                   "seconds": backward, "compile_seconds": compile_s, "repeats": 2,
-                   "peak_rss_mib": peak_rss_mib(), "speedup_vs_numpy": "",
-                   "speedup_vs_dense": "", "grad_over_forward": backward / forward}
-            rows.append(row)
-            print_row(row, COLUMNS)
+            functions = {"forward": _compiled(lambda m: jaxroll.influence(m, n, method="structured"), model)}
+            for label, flag in (("grad W1, autodiff VJP (before)", True), ("grad W1, hand-written adjoint", False)):
+                structured._AUTODIFF_ADJOINT = flag
+                jax.clear_caches()
+                functions[label] = _compiled(jax.grad(loss), model)
+            structured._AUTODIFF_ADJOINT = False
+            jax.clear_caches()
+            times = timed_together({k: functools.partial(f, model) for k, f in functions.items()}, repeats)
+            for label, seconds in times.items():
+                row = {"case": name, "N": n, "T": model.num_layers, "H": model.num_heads,
+                       "method": label, "device": jax.devices()[0].platform, "seconds": seconds,
+                       "repeats": repeats, "peak_rss_mib": peak_rss_mib(),
+                       "grad_over_forward": seconds / times["forward"], "load": load()}
+                rows.append(row)
+                print_row(row, COLUMNS)
     return rows
+
+
+def load() -> str:
+    """The 1-, 5- and 15-minute load averages (as `uptime` prints them)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def accuracy(n: int) -> None:
@@ -217,12 +242,12 @@ def accuracy(n: int) -> None:
 
 COLUMNS = ["case", "N", "T", "H", "method", "device", "seconds", "compile_seconds", "repeats",
            "peak_rss_mib", "speedup_vs_numpy", "speedup_vs_dense", "ratio_to_jaxroll",
-           "max_abs_diff_vs_jaxroll", "grad_over_forward"]
+           "max_abs_diff_vs_jaxroll", "grad_over_forward", "load"]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 65536, 1048576])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[256, 2048, 65536, 1048576])
     parser.add_argument("--presets", nargs="+", default=["bloom-176b", "mpt-7b"])
     parser.add_argument("--gradient-lengths", type=int, nargs="*", default=[4096, 65536])
     parser.add_argument("--dense-max", type=int, default=2048, help="largest N for jaxroll dense")
@@ -230,6 +255,7 @@ def main(argv=None) -> int:
     parser.add_argument("--small", type=int, default=256, metavar="N",
                         help="length of the small-N comparison with torch (0: skip)")
     parser.add_argument("--small-repeats", type=int, default=9)
+    parser.add_argument("--gradient-repeats", type=int, default=3)
     parser.add_argument("--accuracy", type=int, default=None, metavar="N",
                         help="also check every reference config at length N")
     parser.add_argument("--out", type=Path, default=Path("influence.csv"))
@@ -238,13 +264,13 @@ def main(argv=None) -> int:
     if arguments.out.exists() and not arguments.force:
         print(f"influence.py: error: {arguments.out} exists; pass --force to overwrite", file=sys.stderr)
         return 2
-    print(f"devices: {jax.devices()}")
+    print(f"devices: {jax.devices()}; load average {load()}")
     print(" | ".join(COLUMNS))
     rows = small_n_cases(arguments.small, arguments.small_repeats) if arguments.small else []
     rows += run_cases(arguments.lengths, arguments.presets,
                       lambda n: 1 if n >= 2**20 else (2 if n >= 2**17 else 5),
                       arguments.dense_max, arguments.numpy_max)
-    rows += gradient_cases(arguments.gradient_lengths, arguments.presets)
+    rows += gradient_cases(arguments.gradient_lengths, arguments.presets, arguments.gradient_repeats)
     with open(arguments.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()

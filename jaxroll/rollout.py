@@ -125,18 +125,53 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
         apply_layer = jax.checkpoint(apply_layer)
 
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
-
-    def every_layer():
-        return jax.lax.scan(apply_layer, last, _layers(model), reverse=True)[0]
-
-    # structured.shared_kernel_rollout_row (one dense kernel for all layers) is
-    # not chosen here at run time: a lax.cond on "every layer equal" would send
-    # the gradient of every layer's parameters to layer 0 (found by
-    # tests/test_fit.py's finite-difference check). Call it directly for a
-    # forward pass over a shared kernel.
-    row = every_layer()
+    if method == "structured" and model.mask == "causal" and n <= structured.SHARED_DENSE_MAX:
+        row = _causal_row(_layers(model), model.temperature, last)
+    else:
+        row = jax.lax.scan(apply_layer, last, _layers(model), reverse=True)[0]
     mass = jnp.sum(row)
     return row / mass, mass
+
+
+def _per_layer_row(layers, temperature, last):
+    """``last^T R_T ... R_1`` by the per-layer causal structured products."""
+    def apply_layer(row, layer):
+        weight, slopes, diagonal, base, weights = layer
+        product = structured.row_times_kernel(row, slopes, diagonal, base, weights, temperature, "causal")
+        return (1.0 - weight) * row + weight * product, None
+
+    return jax.lax.scan(apply_layer, last, layers, reverse=True)[0]
+
+
+@jax.custom_vjp
+def _causal_row(layers, temperature, last):
+    """``last^T R_T ... R_1`` for a causal model at N <= `structured.SHARED_DENSE_MAX`.
+
+    Forward: when every layer has the same kernel (a run-time test,
+    `structured.shares_one_kernel`), the kernel is formed once densely
+    (`structured.shared_kernel_rollout_row`); else the per-layer products.
+    Backward: always the per-layer products' VJP, so every layer gets its own
+    gradient even where the layers happen to be equal (differentiating the
+    shared branch would send all of it to layer 0, which is the only layer
+    that branch reads).
+    """
+    lambdas, slopes, diagonal, _, weights = layers
+    return jax.lax.cond(
+        structured.shares_one_kernel(slopes, diagonal, weights),
+        lambda: structured.shared_kernel_rollout_row(last, lambdas, slopes[0], diagonal[0], weights[0],
+                                                     temperature),
+        lambda: _per_layer_row(layers, temperature, last))
+
+
+def _causal_row_forward(layers, temperature, last):
+    return _causal_row(layers, temperature, last), (layers, temperature, last)
+
+
+def _causal_row_backward(inputs, cotangent):
+    return jax.vjp(_per_layer_row, *inputs)[1](cotangent)
+
+
+_causal_row.defvjp(_causal_row_forward, _causal_row_backward)
 
 
 def _resolve(method: str) -> str:
