@@ -116,13 +116,14 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
         # The command line: the executable from the cache, no tracing or lowering.
         import jax
 
-        from .rollout import _influence_with_mass, _resolve
+        from .rollout import _influence_with_mass, _resolve, _takes_shared_path
 
         method = _resolve(method)
+        shared = _takes_shared_path(model, n, method)
         leaves, structure = jax.tree_util.tree_flatten(model)
 
         def flat(*leaves):
-            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method)
+            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method, shared)
 
-        return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, method))(*leaves)
+        return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, method, shared))(*leaves)
     return unpadded(model, n, method)

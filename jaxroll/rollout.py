@@ -17,6 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from . import memory, structured
@@ -111,8 +112,8 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int):
     return product
 
 
-@functools.partial(jax.jit, static_argnames=("n", "method"))
-def _influence_with_mass(model: RolloutModel, n: int, method: str):
+@functools.partial(jax.jit, static_argnames=("n", "method", "shared"))
+def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool = False):
     row_times_kernel = _row_times_kernel(model, method, n)
 
     def apply_layer(row, layer):
@@ -125,8 +126,8 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str):
         apply_layer = jax.checkpoint(apply_layer)
 
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
-    if method == "structured" and model.mask == "causal" and n <= structured.SHARED_DENSE_MAX:
-        row = _causal_row(_layers(model), model.temperature, last)
+    if shared:
+        row = _shared_row(_layers(model), model.temperature, last)
     else:
         row = jax.lax.scan(apply_layer, last, _layers(model), reverse=True)[0]
     mass = jnp.sum(row)
@@ -143,35 +144,38 @@ def _per_layer_row(layers, temperature, last):
     return jax.lax.scan(apply_layer, last, layers, reverse=True)[0]
 
 
-@jax.custom_vjp
-def _causal_row(layers, temperature, last):
-    """``last^T R_T ... R_1`` for a causal model at N <= `structured.SHARED_DENSE_MAX`.
+def _takes_shared_path(model: RolloutModel, n: int, method: str) -> bool:
+    """Whether `influence` forms one dense kernel for every layer (a static choice).
 
-    Forward: when every layer has the same kernel (a run-time test,
-    `structured.shares_one_kernel`), the kernel is formed once densely
-    (`structured.shared_kernel_rollout_row`); else the per-layer products.
-    Backward: always the per-layer products' VJP, so every layer gets its own
-    gradient even where the layers happen to be equal (differentiating the
-    shared branch would send all of it to layer 0, which is the only layer
-    that branch reads).
+    Only for concrete arrays (not under jit, grad or vmap of the model) that
+    provably share one causal kernel, at N <= `structured.SHARED_DENSE_MAX`:
+    deciding here, in NumPy, keeps both the run-time test and the second
+    branch out of every compiled program (a `lax.cond` compiled both and
+    slowed per-layer models by 1.6x at N = 256). A traced kernel array takes
+    the per-layer products, whose gradient is every layer's own (the shared
+    form reads layer 0 only, so differentiating it wrt the kernel's arrays
+    would send every layer's gradient there).
+    """
+    if method != "structured" or model.mask != "causal" or n > structured.SHARED_DENSE_MAX:
+        return False
+    arrays = (model.alibi_slopes, model.diagonal_scores, model.head_weights)
+    if any(isinstance(array, jax.core.Tracer) for array in arrays):
+        return False
+    slopes, diagonal, weights = (np.asarray(array) for array in arrays)
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    return bool((slopes == slopes[:1]).all() and (diagonal == diagonal[:1]).all() and (weights == weights[:1]).all())
+
+
+def _shared_row(layers, temperature, last):
+    """``last^T R_T ... R_1`` when every layer has the same causal kernel (`_takes_shared_path`).
+
+    The kernel is formed once densely (`structured.shared_kernel_rollout_row`).
+    Plain JAX, differentiated by autodiff: the kernel's arrays are concrete
+    here (constants), so only lambdas and the temperature can carry a
+    gradient, and both enter the shared form exactly as the per-layer one.
     """
     lambdas, slopes, diagonal, _, weights = layers
-    return jax.lax.cond(
-        structured.shares_one_kernel(slopes, diagonal, weights),
-        lambda: structured.shared_kernel_rollout_row(last, lambdas, slopes[0], diagonal[0], weights[0],
-                                                     temperature),
-        lambda: _per_layer_row(layers, temperature, last))
-
-
-def _causal_row_forward(layers, temperature, last):
-    return _causal_row(layers, temperature, last), (layers, temperature, last)
-
-
-def _causal_row_backward(inputs, cotangent):
-    return jax.vjp(_per_layer_row, *inputs)[1](cotangent)
-
-
-_causal_row.defvjp(_causal_row_forward, _causal_row_backward)
+    return structured.shared_kernel_rollout_row(last, lambdas, slopes[0], diagonal[0], weights[0], temperature)
 
 
 def _resolve(method: str) -> str:
@@ -197,7 +201,7 @@ def influence_with_mass(
                       f"influence: n = {n}", allowed="a shorter n")
     if isinstance(model, KernelRolloutModel):
         return _kernel_influence_with_mass(model, n, method)
-    return _influence_with_mass(model, n, method)
+    return _influence_with_mass(model, n, method, _takes_shared_path(model, n, method))
 
 
 def influence(model: RolloutModel | KernelRolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:

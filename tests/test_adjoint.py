@@ -10,13 +10,15 @@ fallback to head chunks (a small slope), the adjoint's row steps
 (`ADJOINT_ROWS`) and zero-padded head chunks.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxroll
-from jaxroll import structured
+from jaxroll import rollout, structured
 
 import oracle
 
@@ -147,3 +149,14 @@ def test_shared_kernel_path_gives_every_layer_its_gradient(equal_layers):
                 moved.append(g @ oracle.influence(_oracle_arrays(changed), n))
             difference = (moved[0] - moved[1]) / (2 * step)
             assert abs(float(got[index]) - difference) < 1e-8, (name, index, float(got[index]), difference)
+    # The kernel's arrays concrete, lambdas and temperature traced: the shared
+    # path itself runs under grad; the same gradients as the per-layer ones above.
+    assert rollout._takes_shared_path(model, n, "structured") == equal_layers
+
+    def partial(lambdas, temperature):
+        return jnp.dot(jnp.asarray(g), jaxroll.influence(dataclasses.replace(model, lambdas=lambdas,
+                                                                             temperature=temperature)))
+
+    by_lambdas, by_temperature = jax.grad(partial, argnums=(0, 1))(model.lambdas, model.temperature)
+    np.testing.assert_allclose(by_lambdas, gradient.lambdas, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(by_temperature, gradient.temperature, rtol=0, atol=1e-12)
