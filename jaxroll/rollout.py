@@ -17,7 +17,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float
 
 from . import memory, structured
@@ -134,22 +133,12 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool 
     return row / mass, mass
 
 
-def _per_layer_row(layers, temperature, last):
-    """``last^T R_T ... R_1`` by the per-layer causal structured products."""
-    def apply_layer(row, layer):
-        weight, slopes, diagonal, base, weights = layer
-        product = structured.row_times_kernel(row, slopes, diagonal, base, weights, temperature, "causal")
-        return (1.0 - weight) * row + weight * product, None
-
-    return jax.lax.scan(apply_layer, last, layers, reverse=True)[0]
-
-
 def _takes_shared_path(model: RolloutModel, n: int, method: str) -> bool:
     """Whether `influence` forms one dense kernel for every layer (a static choice).
 
     Only for concrete arrays (not under jit, grad or vmap of the model) that
     provably share one causal kernel, at N <= `structured.SHARED_DENSE_MAX`:
-    deciding here, in NumPy, keeps both the run-time test and the second
+    deciding here, in NumPy (`structured.shares_one_kernel`), keeps both the run-time test and the second
     branch out of every compiled program (a `lax.cond` compiled both and
     slowed per-layer models by 1.6x at N = 256). A traced kernel array takes
     the per-layer products, whose gradient is every layer's own (the shared
@@ -161,9 +150,7 @@ def _takes_shared_path(model: RolloutModel, n: int, method: str) -> bool:
     arrays = (model.alibi_slopes, model.diagonal_scores, model.head_weights)
     if any(isinstance(array, jax.core.Tracer) for array in arrays):
         return False
-    slopes, diagonal, weights = (np.asarray(array) for array in arrays)
-    weights = weights / weights.sum(axis=-1, keepdims=True)
-    return bool((slopes == slopes[:1]).all() and (diagonal == diagonal[:1]).all() and (weights == weights[:1]).all())
+    return structured.shares_one_kernel(*arrays)
 
 
 def _shared_row(layers, temperature, last):

@@ -51,6 +51,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 __all__ = ["BLOCK", "HEAD_CHUNK", "SHARED_DENSE_MAX", "reverse_discounted_cumsum", "head_products", "row_times_kernel",
@@ -872,11 +873,16 @@ def dense_causal_kernel(
     return _skew(mixed) + jnp.diag(weights @ diagonal[:, :n])
 
 
-def shares_one_kernel(slopes, diagonal_scores, head_weights) -> Float[Array, ""]:
-    """Whether every layer (axis 0) has the same slopes, content and normalised head weights."""
-    weights = head_weights / jnp.sum(head_weights, axis=-1, keepdims=True)
-    return (jnp.all(slopes == slopes[:1]) & jnp.all(diagonal_scores == diagonal_scores[:1])
-            & jnp.all(weights == weights[:1]))
+def shares_one_kernel(slopes, diagonal_scores, head_weights) -> bool:
+    """Whether every layer (axis 0) has the same slopes, content and normalised head weights.
+
+    Concrete arrays only (NumPy, no JAX dispatch): `jaxroll.influence` asks it
+    before compilation to choose `shared_kernel_rollout_row`.
+    """
+    slopes, diagonal_scores, head_weights = (np.asarray(x) for x in (slopes, diagonal_scores, head_weights))
+    weights = head_weights / head_weights.sum(axis=-1, keepdims=True)
+    return bool((slopes == slopes[:1]).all() and (diagonal_scores == diagonal_scores[:1]).all()
+                and (weights == weights[:1]).all())
 
 
 def shared_kernel_rollout_row(
