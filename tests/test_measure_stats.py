@@ -26,7 +26,7 @@ from jaxroll.measure.progress import Progress  # noqa: E402
 
 import importlib  # noqa: E402
 
-measure_module = importlib.import_module("jaxroll.measure.measure")
+registry = importlib.import_module("jaxroll.measure.registry")
 VOCAB = 64
 
 
@@ -102,7 +102,7 @@ def test_sinks_equal_a_numpy_recomputation_from_the_models_attention(family):
     assert result.extra["sink_received"].shape == (2, 4, 12) and result.extra["sink_rate"].shape == (12,)
     # Every row sums to 1 (BLOOM's softmax runs in float32 inside a float64 model: ~4e-10).
     np.testing.assert_allclose(result.extra["sink_first_share"][-1], 1.0, rtol=0, atol=1e-8)
-    assert "sinks (eps 0.3)" in measure_module.summary_lines(result)[0]
+    assert "sinks (eps 0.3)" in registry.summary_lines(result)[0]
 
 
 def test_uniform_causal_attention_has_boost_one_and_the_closed_form_alpha():
@@ -124,7 +124,7 @@ def test_uniform_causal_attention_has_boost_one_and_the_closed_form_alpha():
 
 
 def test_a_registered_statistic_is_computed_checkpointed_and_merged(monkeypatch, tmp_path):
-    from jaxroll.measure.measure import Statistic
+    from jaxroll.measure.registry import Statistic
 
     def observe(state, kind, layer, x):
         state[layer] = float(x[0].double().norm(dim=-1).mean())
@@ -142,7 +142,7 @@ def test_a_registered_statistic_is_computed_checkpointed_and_merged(monkeypatch,
         finish=lambda sums, count, shape: {"x_norm": sums["x_norm_sum"] / count,
                                            "x_norm_per_sequence": sums["x_norm_per_sequence"]},
         per_sequence=("x_norm_per_sequence",))
-    monkeypatch.setitem(measure_module._REGISTRY, "x_norm", statistic)
+    monkeypatch.setitem(registry.registered(), "x_norm", statistic)
     model = tiny("llama")
     ids = token_ids(3, 8)
     result = measure(model, ids, stats=("x_norm",))
@@ -155,7 +155,7 @@ def test_a_registered_statistic_is_computed_checkpointed_and_merged(monkeypatch,
     np.testing.assert_allclose(result.extra["x_norm_per_sequence"], expected, rtol=1e-13)
     np.testing.assert_allclose(result.extra["x_norm"], np.mean(expected, axis=0), rtol=1e-13)
     with pytest.raises(ConfigError, match="hook"):
-        measure_module.register_statistic(Statistic("bad", ("logits",), *([lambda *a: None] * 4)))
+        registry.register_statistic(Statistic("bad", ("logits",), *([lambda *a: None] * 4)))
 
 
 # ---------------------------------------------------------------- shards

@@ -158,7 +158,7 @@ def test_cli_names_match_the_library():
     # jaxroll.cli._names repeats the refinement names so that the parser answers before JAX loads.
     from jaxroll.cli import _names
     from jaxroll.measure import refinements as measured
-    from jaxroll.measure.measure import statistic_names
+    from jaxroll.measure.registry import statistic_names
 
     assert _names.REFINEMENT_SWITCHES == R.SWITCHES
     assert _names.REFINEMENT_STAT_FOR == R.STATS_FOR

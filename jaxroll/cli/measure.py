@@ -231,7 +231,7 @@ def _check_measure_memory(plan, stats, arguments) -> None:
     """Refuse statistics whose float64 sums cannot fit, e.g. attention (L, N, N) or qk (L, H, n, n)."""
     from .. import memory
     from ..measure import stats_bytes
-    from ..measure.measure import Shapes
+    from ..measure.registry import Shapes
 
     shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, arguments.length)
     needed = stats_bytes(stats, shape, arguments.positions)
@@ -242,7 +242,7 @@ def _check_measure_memory(plan, stats, arguments) -> None:
 def _print_measure_summary(result, out, written) -> None:
     import numpy as np
 
-    from ..measure.measure import summary_lines
+    from ..measure.registry import summary_lines
 
     meta = result.metadata
     print(f"jaxroll measure: {meta['model']} ({meta['model_type']}, {meta['num_layers']} layers, "

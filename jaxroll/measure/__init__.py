@@ -19,10 +19,11 @@ import types
 
 _NAMES = {
     "LAYER_MAPS": "layer_maps", "LayerMap": "layer_maps", "layer_map_for": "layer_maps",
-    "DEFAULT_STATS": "measure", "STATS": "measure", "Measurement": "measure", "PartialSums": "measure",
-    "Statistic": "measure", "Shapes": "measure", "allowed_stats": "measure", "check_stats_allowed": "measure",
-    "default_stats": "measure", "register_statistic": "measure", "statistic_names": "measure",
-    "stats_bytes": "measure", "influence_gradients": "measure", "measure": "measure", "parse_stats": "measure",
+    "DEFAULT_STATS": "registry", "STATS": "registry", "Statistic": "registry", "Shapes": "registry",
+    "allowed_stats": "registry", "check_stats_allowed": "registry", "default_stats": "registry",
+    "register_statistic": "registry", "statistic_names": "registry", "stats_bytes": "registry",
+    "parse_stats": "registry", "Measurement": "result", "PartialSums": "partial_sums",
+    "influence_gradients": "measure", "measure": "measure",
     "read_measurement": "outputs", "write_measurement": "outputs",
     "load_tokenizer": "texts", "read_texts": "texts", "select_sequences": "texts",
     "load_model": "loading", "inspect_model": "loading", "ModelPlan": "loading",

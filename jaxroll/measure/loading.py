@@ -68,7 +68,7 @@ def inspect_model(directory) -> ModelPlan:
     Raises:
         ConfigError: a missing directory, no config, no layer map.
     """
-    from .measure import allowed_stats, default_stats
+    from .registry import allowed_stats, default_stats
 
     config = _read_config(directory)
     layer_map = layer_map_for(type("Unloaded", (), {"config": config})())

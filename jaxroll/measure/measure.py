@@ -33,14 +33,11 @@ index.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
-import os
 import time
-import zipfile
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,265 +45,11 @@ import torch
 from ..errors import ConfigError
 from .hooks import Hooks
 from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
+from .partial_sums import PartialSums
+from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, check_stats_allowed, parse_stats, registered
+from .result import Measurement
 
-__all__ = ["measure", "Measurement", "STATS", "DEFAULT_STATS", "influence_gradients", "parse_stats",
-           "Statistic", "register_statistic", "statistic_names", "default_stats", "PartialSums",
-           "allowed_stats", "check_stats_allowed", "stats_bytes", "Shapes"]
-
-BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
-STATS = BUILTIN_STATS  # the built-in names; `statistic_names()` adds the registered ones
-"""What `measure` can measure (``--stats``): lambda_t, content scores, gradient influence, mean attention, mean q.k."""
-DEFAULT_STATS = ("lambda", "content", "influence")
-"""What `measure` measures unless told otherwise (rotary models: see `default_stats`)."""
-HOOK_KINDS = ("block_input", "attention_output", "query_key", "probabilities")
-# Statistics that read q.k before the position encoding: meaningless under rotary.
-_NEEDS_RAW_QK = ("content", "qk")
-
-
-@dataclasses.dataclass(frozen=True)
-class Statistic:
-    """A statistic beside the built-in ones, computed from the same hooked pass.
-
-    How to add one (e.g. in a new module ``jaxroll/measure/refinements.py``)::
-
-        register_statistic(Statistic(
-            name="mine", hooks=("probabilities",),
-            allocate=lambda shape: {"mine_sum": np.zeros((shape.layers, shape.length))},
-            observe=lambda state, kind, layer, *tensors: ...,   # per layer, per sequence
-            accumulate=lambda sums, state, index: ...,          # add the sequence to the sums
-            finish=lambda sums, count, shape: {"mine": sums["mine_sum"] / count}))
-
-    and import that module at the bottom of this file (next to
-    ``from . import sinks``) so that it registers whenever `measure` is
-    imported. Sums are float64 arrays added over sequences (merged
-    across ranks by addition); arrays named in `per_sequence` have a first
-    axis of length S and are merged by row. `finish` returns the arrays that
-    go into ``measurement.npz`` (and `Measurement.extra`).
-
-    Attributes:
-        name: the ``--stats`` name.
-        hooks: which of ``block_input (x)``, ``attention_output (a)``,
-            ``query_key (q, k)``, ``probabilities (p)`` it reads; `observe`
-            gets ``(state, kind, layer, *tensors)`` with tensors as the hooks
-            deliver them (``(1, N, D)``, ``(1, N, H, d)``, ``(1, H, N, N)``).
-        allocate: ``shape -> {name: zeros}``; `shape` is a `Shapes`.
-        observe, accumulate, finish: see above; `state` is a dict emptied
-            before every sequence.
-        per_sequence: names of sums indexed by sequence (merged by row).
-        positions: the position encodings it supports (``alibi, rope, learned``).
-        needs_eager: it reads attention probabilities (eager attention only).
-        memory: ``shape -> bytes`` of its float64 sums (checked before loading).
-        summary: ``(outputs) -> str``, one line for the command's summary.
-        attach: ``(resolved, deliver, recording) -> handles``: hooks of its own
-            (modules beyond the four kinds above, or gradients), registered for
-            the run and removed after; they call ``deliver(kind, layer,
-            *tensors)`` (-> `observe`) and check ``recording()`` in forward hooks.
-        requires: other statistics it needs in the same run (e.g. the
-            influence backward pass).
-    """
-
-    name: str
-    hooks: tuple
-    allocate: Callable
-    observe: Callable
-    accumulate: Callable
-    finish: Callable
-    per_sequence: tuple = ()
-    positions: tuple = ("alibi", "rope", "learned")
-    needs_eager: bool = False
-    memory: Callable | None = None
-    summary: Callable | None = None
-    attach: Callable | None = None
-    requires: tuple = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Shapes:
-    """Sizes a statistic allocates for: S sequences, L layers, H heads, N tokens."""
-
-    sequences: int
-    layers: int
-    heads: int
-    length: int
-
-
-_REGISTRY: dict[str, Statistic] = {}
-
-
-def register_statistic(statistic: Statistic) -> None:
-    """Add `statistic` to the names `measure` (and ``--stats``) accept."""
-    if statistic.name in BUILTIN_STATS:
-        raise ConfigError(f"statistic {statistic.name!r}: a built-in name; allowed: a new name")
-    unknown = [kind for kind in statistic.hooks if kind not in HOOK_KINDS]
-    if unknown:
-        raise ConfigError(f"statistic {statistic.name!r}: hook {unknown[0]!r}; allowed: {', '.join(HOOK_KINDS)}")
-    _REGISTRY[statistic.name] = statistic
-
-
-def statistic_names() -> tuple[str, ...]:
-    """Every name ``stats`` accepts: the built-in ones, then the registered ones."""
-    return BUILTIN_STATS + tuple(_REGISTRY)
-
-
-def default_stats(position: str) -> tuple[str, ...]:
-    """What ``--stats`` is by default for a model whose positions enter as `position`.
-
-    ``lambda, content, influence`` (ALiBi, learned positions); rotary models
-    drop content, whose raw ``q.k`` the rotation changes.
-    """
-    return tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
-
-
-def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
-    """Refuse statistics that the architecture cannot give (from its config alone)."""
-    if any(name in stats for name in _NEEDS_RAW_QK) and position == "rope":
-        raise ConfigError(
-            f"stats: content needs q.k as the logit sees it; {layer_map_name} rotates q and k after "
-            f"the projection (rotary); allowed for it: {', '.join(allowed_stats(position))}"
-        )
-    for name in stats:
-        statistic = _REGISTRY.get(name)
-        missing = [other for other in (statistic.requires if statistic else ()) if other not in stats]
-        if missing:
-            raise ConfigError(f"stats: {name} needs {missing[0]} in the same run; allowed: add {missing[0]}")
-        if statistic is not None and position not in statistic.positions:
-            raise ConfigError(f"stats: {name} is not defined for {position} positions ({layer_map_name}); "
-                              f"allowed for it: {', '.join(allowed_stats(position))}")
-
-
-def allowed_stats(position: str) -> tuple[str, ...]:
-    """The statistic names a model with this position encoding can give."""
-    return tuple(name for name in statistic_names() if not (position == "rope" and name in _NEEDS_RAW_QK)
-                 and (name not in _REGISTRY or position in _REGISTRY[name].positions))
-
-
-def stats_bytes(stats, shape: Shapes, positions: int = 1) -> int:
-    """Bytes of the float64 partial sums of `stats` (what a run holds and checkpoints)."""
-    layers, heads, n, sequences = shape.layers, shape.heads, shape.length, shape.sequences
-    needed = 0
-    if "lambda" in stats:
-        needed += 8 * sequences * layers
-    if "influence" in stats:
-        needed += 8 * (sequences * n + n + 2 * sequences)
-    if "content" in stats:
-        needed += 16 * layers * heads
-    if "qk" in stats:
-        kept = len(range(0, n, positions))
-        needed += 8 * layers * heads * kept * kept
-    if "attention" in stats:
-        needed += 8 * layers * n * n
-    for name in stats:
-        statistic = _REGISTRY.get(name)
-        if statistic is not None and statistic.memory is not None:
-            needed += int(statistic.memory(shape))
-    return needed
-
-
-@dataclasses.dataclass
-class Measurement:
-    """The result of `measure`; arrays are float64 NumPy, absent stats are None.
-
-    Shapes: ``lambdas, lambdas_std (L,)``, ``lambdas_per_sequence (S, L)``,
-    ``token_ids (S, N)``, ``document_indices (S,)``, ``influence,
-    influence_raw (N,)`` (normalised / mean gradient norms),
-    ``target_token, target_probability (S,)``, ``alibi_slopes (H,)`` (the
-    model's own), ``alibi_slopes_logit (H,)`` (in softmax-logit units,
-    ``slope * bias_scale``), ``content_diagonal, content_base (L, H)`` (raw
-    ``q.k``), ``logit_scale ()`` (the factor on ``q.k`` in the logit),
-    ``qk_mean (L, H, n, n)`` at ``qk_positions (n,)``, ``attention_mean
-    (L, N, N)``. `metadata` is JSON-ready.
-    """
-
-    lambdas: np.ndarray | None
-    lambdas_std: np.ndarray | None
-    lambdas_per_sequence: np.ndarray | None
-    token_ids: np.ndarray
-    document_indices: np.ndarray
-    influence: np.ndarray | None
-    influence_raw: np.ndarray | None
-    target_token: np.ndarray | None
-    target_probability: np.ndarray | None
-    alibi_slopes: np.ndarray
-    alibi_slopes_logit: np.ndarray
-    content_diagonal: np.ndarray | None
-    content_base: np.ndarray | None
-    logit_scale: np.ndarray
-    qk_mean: np.ndarray | None
-    qk_positions: np.ndarray | None
-    attention_mean: np.ndarray | None
-    metadata: dict
-    influence_per_sequence: np.ndarray | None = None
-    extra: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.metadata["num_layers"])
-
-    @property
-    def num_heads(self) -> int:
-        return int(self.metadata["num_heads"])
-
-    @property
-    def sequence_length(self) -> int:
-        return int(self.token_ids.shape[1])
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The measured arrays by name (those that are not None)."""
-        arrays = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                  if field.name not in ("metadata", "extra") and getattr(self, field.name) is not None}
-        return arrays | {name: np.asarray(value) for name, value in self.extra.items()}
-
-    def to_rollout_model(self, sequence_length: int | None = None):
-        """A `jaxroll.RolloutModel` with the measured parameters, in logit units.
-
-        ``lambdas`` as measured; ``alibi_slopes = alibi_slopes_logit`` (every
-        layer); ``diagonal_scores = logit_scale * content_diagonal`` and
-        ``base_scores = logit_scale * content_base`` (zero where content was
-        not measured); temperature 1, causal mask.
-
-        A model without ALiBi (rotary: Llama, Mistral, Qwen2; learned
-        positions: GPT-2) whose mean attention was measured gets a
-        `KernelRolloutModel` instead: its kernels are the measured
-        ``attention_mean`` (L, N, N) as a `DenseKernel`, exactly as the
-        model computed it (eager Llama takes its softmax in float32, so rows
-        sum to 1 within ~1e-7). Only where a row misses 1 by more than
-        `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
-        rows divided by their sums.
-        """
-        from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
-        from ..model import KernelRolloutModel, RolloutModel
-
-        if self.lambdas is None:
-            raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
-        if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
-            attention = self.attention_mean
-            sums = attention.sum(axis=-1, keepdims=True)
-            if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
-                attention = attention / sums
-            kernel = DenseKernel.create(attention, field="attention_mean")
-            return KernelRolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
-                                             sequence_length=sequence_length or self.sequence_length)
-        scale = float(self.logit_scale)
-        diagonal = 0.0 if self.content_diagonal is None else scale * self.content_diagonal
-        base = 0.0 if self.content_base is None else scale * self.content_base
-        return RolloutModel.create(
-            num_layers=self.num_layers, num_heads=self.num_heads,
-            lambdas=np.clip(self.lambdas, 0.0, 1.0), alibi_slopes=self.alibi_slopes_logit,
-            diagonal_scores=diagonal, base_scores=base,
-            sequence_length=sequence_length or self.sequence_length,
-        )
-
-
-def parse_stats(stats) -> tuple[str, ...]:
-    """Statistic names from a sequence or a comma-separated string, checked."""
-    if isinstance(stats, str):
-        stats = [item.strip() for item in stats.split(",") if item.strip()]
-    stats = tuple(dict.fromkeys(stats))
-    names = statistic_names()
-    unknown = [item for item in stats if item not in names]
-    if unknown or not stats:
-        raise ConfigError(f"stats: got {unknown[0] if unknown else 'nothing'!r}; allowed: a subset of {', '.join(names)}")
-    return stats
+__all__ = ["measure", "influence_gradients"]
 
 
 def _as_token_ids(sequences, length, vocab_size):
@@ -337,95 +80,6 @@ def _as_token_ids(sequences, length, vocab_size):
         raise ConfigError(f"sequences: token ids in [{rows.min()}, {rows.max()}]; allowed: 0 .. {vocab_size - 1}")
     return rows.astype(np.int64)
 # Per-sequence sums (first axis S): merged across ranks by row, never added.
-_PER_SEQUENCE = ("lambdas_per_sequence", "influence_per_sequence", "target_token", "target_probability")
-
-
-class PartialSums:
-    """Running float64 sums over the sequences one process measured; what a checkpoint saves.
-
-    ``count`` is how many of `indices` (this process's sequences, in order)
-    are done. Sums add across processes; per-sequence arrays (first axis S)
-    hold NaN (or -1) in rows this process did not measure and merge by row.
-    """
-
-    def __init__(self, shape: Shapes, stats, positions, indices=None):
-        num_sequences, num_layers, num_heads, length = shape.sequences, shape.layers, shape.heads, shape.length
-        self.count = 0
-        self.seconds = 0.0
-        self.timing = None
-        self.indices = np.arange(num_sequences) if indices is None else np.asarray(indices, dtype=np.int64)
-        self.arrays = {}
-        self.per_sequence = set(_PER_SEQUENCE)
-        if "lambda" in stats:
-            self.arrays["lambdas_per_sequence"] = np.full((num_sequences, num_layers), np.nan)
-        if "influence" in stats:
-            self.arrays["influence_sum"] = np.zeros(length)
-            self.arrays["influence_per_sequence"] = np.full((num_sequences, length), np.nan)
-            self.arrays["target_token"] = np.full(num_sequences, -1, dtype=np.int64)
-            self.arrays["target_probability"] = np.full(num_sequences, np.nan)
-        if "content" in stats:
-            self.arrays["qk_diagonal_sum"] = np.zeros((num_layers, num_heads))
-            self.arrays["qk_lower_sum"] = np.zeros((num_layers, num_heads))
-        if "qk" in stats:
-            n = len(range(0, length, positions))
-            self.arrays["qk_sum"] = np.zeros((num_layers, num_heads, n, n))
-        if "attention" in stats:
-            self.arrays["attention_sum"] = np.zeros((num_layers, length, length))
-        for name in stats:
-            if name in _REGISTRY:
-                self.arrays.update(_REGISTRY[name].allocate(shape))
-                self.per_sequence.update(_REGISTRY[name].per_sequence)
-
-    def save(self, path: Path, fingerprint: str) -> None:
-        # Atomic: a crash mid-write leaves the previous checkpoint intact.
-        temporary = path.with_name(path.name + ".tmp")
-        with open(temporary, "wb") as handle:
-            np.savez(handle, count=self.count, fingerprint=fingerprint, **self.arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-
-    def load(self, path: Path, fingerprint: str) -> None:
-        try:
-            data = np.load(path, allow_pickle=False)
-            stamp = str(data["fingerprint"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
-            raise ConfigError(f"--resume {path}: not a checkpoint of jaxroll measure "
-                              f"({type(error).__name__}); allowed: the --out of an interrupted run") from None
-        with data:
-            if stamp != fingerprint:
-                raise ConfigError(
-                    f"--resume {path}: the checkpoint was written for other settings "
-                    "(model, sequences, stats or number of processes); allowed: the same command, "
-                    "or --force without --resume"
-                )
-            for name in self.arrays:
-                self.arrays[name] = data[name]
-            self.count = int(data["count"])
-
-    def merge(self, others) -> "PartialSums":
-        """This process's sums plus `others` (each a `state()` dict of another process), in place.
-
-        Exact: sums and counts add, per-sequence rows are copied from the
-        process that measured them.
-        """
-        self.timing = [(self.count, self.seconds)]
-        for other in others:
-            rows = np.asarray(other["indices"])[: int(other["count"])]
-            for name, value in other["arrays"].items():
-                if name in self.per_sequence:
-                    self.arrays[name][rows] = value[rows]
-                else:
-                    self.arrays[name] = self.arrays[name] + value
-            self.count += int(other["count"])
-            self.timing.append((int(other["count"]), float(other["seconds"])))
-        return self
-
-    def state(self) -> dict:
-        """What another process needs to merge these sums: count, indices, arrays, loop seconds."""
-        return {"count": self.count, "indices": self.indices, "arrays": self.arrays, "seconds": self.seconds}
-
-
 def measure(
     model,
     sequences,
@@ -517,8 +171,9 @@ def measure(
         indices = np.array_split(indices, world)[rank]
 
     implementation = getattr(config, "_attn_implementation", "eager")
+    extra = {name: statistic for name, statistic in registered().items() if name in stats}
     reading = [name for name in stats if name == "attention" or (
-        name in _REGISTRY and (_REGISTRY[name].needs_eager or "probabilities" in _REGISTRY[name].hooks))]
+        name in extra and (extra[name].needs_eager or "probabilities" in extra[name].hooks))]
     if reading and implementation != "eager":
         raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
                           f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
@@ -581,7 +236,7 @@ def measure(
 
     grid = np.arange(0, length, positions)
     step = _Step(stats, num_layers, length, grid)
-    wants = {kind: any(kind in _REGISTRY[name].hooks for name in stats if name in _REGISTRY) for kind in HOOK_KINDS}
+    wants = {kind: any(kind in statistic.hooks for statistic in extra.values()) for kind in HOOK_KINDS}
     hooks = Hooks(
         resolved, config,
         on_block_input=step.block_input if ("lambda" in stats or wants["block_input"]) else None,
@@ -673,7 +328,7 @@ class _Step:
     def __init__(self, stats, num_layers, length, grid):
         self.stats = stats
         self.grid = torch.as_tensor(grid)
-        self.registered = [_REGISTRY[name] for name in stats if name in _REGISTRY]
+        self.registered = [registered()[name] for name in stats if name in registered()]
         self.reset()
 
     def reset(self):
@@ -798,8 +453,9 @@ def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_
         diagonal = arrays["qk_diagonal_sum"] / count - base
     extra = {}
     for name in stats:
-        if name in _REGISTRY:
-            extra.update(_REGISTRY[name].finish(arrays, count, shape))
+        statistic = registered().get(name)
+        if statistic is not None:
+            extra.update(statistic.finish(arrays, count, shape))
     return Measurement(
         lambdas=lambdas, lambdas_std=lambdas_std, lambdas_per_sequence=per_sequence,
         token_ids=np.asarray(token_ids), document_indices=np.asarray(document_indices),
@@ -838,12 +494,3 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
 
 
 # Registered statistics: each module registers on import (after the names above exist).
-from . import sinks as _sinks  # noqa: E402,F401
-from . import refinements as _refinements  # noqa: E402,F401
-
-
-def summary_lines(measurement: Measurement) -> list[str]:
-    """One line per registered statistic that `measurement` holds (its `Statistic.summary`)."""
-    names = measurement.metadata.get("stats", [])
-    return [_REGISTRY[name].summary(measurement.extra) for name in names
-            if name in _REGISTRY and _REGISTRY[name].summary is not None]

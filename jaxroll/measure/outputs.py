@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .measure import Measurement
+from .result import Measurement
 
 __all__ = ["write_measurement", "read_measurement", "OUTPUT_FILES"]
 

@@ -58,7 +58,7 @@ import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
-from .measure import Shapes, Statistic, register_statistic
+from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
            "refined_profile", "ingredients_from_arrays"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .measure import Shapes, Statistic, register_statistic
+from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["SINK_EPSILON", "uniform_first_share"]
 

@@ -1,0 +1,198 @@
+"""The statistics `jaxroll.measure.measure` can compute, by name: the registry.
+
+The built-in statistics (``lambda, content, influence, attention, qk``) are
+computed by the pass itself; further ones are `Statistic` records that their
+own modules register on import (`jaxroll.measure.sinks`,
+`jaxroll.measure.refinements`). The registry lives below them: it imports
+none of them at module level, and loads the modules named in
+`STATISTIC_MODULES` the first time a query needs the full list, so every
+caller sees every statistic whichever module it imported first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+from ..errors import ConfigError
+
+STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements")
+"""Modules whose import registers statistics (loaded on the first query)."""
+
+BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
+STATS = BUILTIN_STATS  # the built-in names; `statistic_names()` adds the registered ones
+"""What `measure` can measure (``--stats``): lambda_t, content scores, gradient influence, mean attention, mean q.k."""
+DEFAULT_STATS = ("lambda", "content", "influence")
+"""What `measure` measures unless told otherwise (rotary models: see `default_stats`)."""
+HOOK_KINDS = ("block_input", "attention_output", "query_key", "probabilities")
+# Statistics that read q.k before the position encoding: meaningless under rotary.
+_NEEDS_RAW_QK = ("content", "qk")
+
+
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+    """A statistic beside the built-in ones, computed from the same hooked pass.
+
+    How to add one (e.g. in a new module ``jaxroll/measure/refinements.py``)::
+
+        register_statistic(Statistic(
+            name="mine", hooks=("probabilities",),
+            allocate=lambda shape: {"mine_sum": np.zeros((shape.layers, shape.length))},
+            observe=lambda state, kind, layer, *tensors: ...,   # per layer, per sequence
+            accumulate=lambda sums, state, index: ...,          # add the sequence to the sums
+            finish=lambda sums, count, shape: {"mine": sums["mine_sum"] / count}))
+
+    at the bottom of its module, and add the module to `STATISTIC_MODULES`
+    so that the registry loads it whenever the names are asked for. Sums are float64 arrays added over sequences (merged
+    across ranks by addition); arrays named in `per_sequence` have a first
+    axis of length S and are merged by row. `finish` returns the arrays that
+    go into ``measurement.npz`` (and `Measurement.extra`).
+
+    Attributes:
+        name: the ``--stats`` name.
+        hooks: which of ``block_input (x)``, ``attention_output (a)``,
+            ``query_key (q, k)``, ``probabilities (p)`` it reads; `observe`
+            gets ``(state, kind, layer, *tensors)`` with tensors as the hooks
+            deliver them (``(1, N, D)``, ``(1, N, H, d)``, ``(1, H, N, N)``).
+        allocate: ``shape -> {name: zeros}``; `shape` is a `Shapes`.
+        observe, accumulate, finish: see above; `state` is a dict emptied
+            before every sequence.
+        per_sequence: names of sums indexed by sequence (merged by row).
+        positions: the position encodings it supports (``alibi, rope, learned``).
+        needs_eager: it reads attention probabilities (eager attention only).
+        memory: ``shape -> bytes`` of its float64 sums (checked before loading).
+        summary: ``(outputs) -> str``, one line for the command's summary.
+        attach: ``(resolved, deliver, recording) -> handles``: hooks of its own
+            (modules beyond the four kinds above, or gradients), registered for
+            the run and removed after; they call ``deliver(kind, layer,
+            *tensors)`` (-> `observe`) and check ``recording()`` in forward hooks.
+        requires: other statistics it needs in the same run (e.g. the
+            influence backward pass).
+    """
+
+    name: str
+    hooks: tuple
+    allocate: Callable
+    observe: Callable
+    accumulate: Callable
+    finish: Callable
+    per_sequence: tuple = ()
+    positions: tuple = ("alibi", "rope", "learned")
+    needs_eager: bool = False
+    memory: Callable | None = None
+    summary: Callable | None = None
+    attach: Callable | None = None
+    requires: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Sizes a statistic allocates for: S sequences, L layers, H heads, N tokens."""
+
+    sequences: int
+    layers: int
+    heads: int
+    length: int
+
+
+_REGISTRY: dict[str, Statistic] = {}
+_LOADED = False
+
+
+def registered() -> dict[str, Statistic]:
+    """The registered statistics by name, with every module in `STATISTIC_MODULES` imported."""
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        for module in STATISTIC_MODULES:
+            importlib.import_module(module)
+    return _REGISTRY
+
+
+def register_statistic(statistic: Statistic) -> None:
+    """Add `statistic` to the names `measure` (and ``--stats``) accept."""
+    if statistic.name in BUILTIN_STATS:
+        raise ConfigError(f"statistic {statistic.name!r}: a built-in name; allowed: a new name")
+    unknown = [kind for kind in statistic.hooks if kind not in HOOK_KINDS]
+    if unknown:
+        raise ConfigError(f"statistic {statistic.name!r}: hook {unknown[0]!r}; allowed: {', '.join(HOOK_KINDS)}")
+    _REGISTRY[statistic.name] = statistic
+
+
+def statistic_names() -> tuple[str, ...]:
+    """Every name ``stats`` accepts: the built-in ones, then the registered ones."""
+    return BUILTIN_STATS + tuple(registered())
+
+
+def default_stats(position: str) -> tuple[str, ...]:
+    """What ``--stats`` is by default for a model whose positions enter as `position`.
+
+    ``lambda, content, influence`` (ALiBi, learned positions); rotary models
+    drop content, whose raw ``q.k`` the rotation changes.
+    """
+    return tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
+
+
+def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
+    """Refuse statistics that the architecture cannot give (from its config alone)."""
+    if any(name in stats for name in _NEEDS_RAW_QK) and position == "rope":
+        raise ConfigError(
+            f"stats: content needs q.k as the logit sees it; {layer_map_name} rotates q and k after "
+            f"the projection (rotary); allowed for it: {', '.join(allowed_stats(position))}"
+        )
+    for name in stats:
+        statistic = registered().get(name)
+        missing = [other for other in (statistic.requires if statistic else ()) if other not in stats]
+        if missing:
+            raise ConfigError(f"stats: {name} needs {missing[0]} in the same run; allowed: add {missing[0]}")
+        if statistic is not None and position not in statistic.positions:
+            raise ConfigError(f"stats: {name} is not defined for {position} positions ({layer_map_name}); "
+                              f"allowed for it: {', '.join(allowed_stats(position))}")
+
+
+def allowed_stats(position: str) -> tuple[str, ...]:
+    """The statistic names a model with this position encoding can give."""
+    return tuple(name for name in statistic_names() if not (position == "rope" and name in _NEEDS_RAW_QK)
+                 and (name not in registered() or position in registered()[name].positions))
+
+
+def stats_bytes(stats, shape: Shapes, positions: int = 1) -> int:
+    """Bytes of the float64 partial sums of `stats` (what a run holds and checkpoints)."""
+    layers, heads, n, sequences = shape.layers, shape.heads, shape.length, shape.sequences
+    needed = 0
+    if "lambda" in stats:
+        needed += 8 * sequences * layers
+    if "influence" in stats:
+        needed += 8 * (sequences * n + n + 2 * sequences)
+    if "content" in stats:
+        needed += 16 * layers * heads
+    if "qk" in stats:
+        kept = len(range(0, n, positions))
+        needed += 8 * layers * heads * kept * kept
+    if "attention" in stats:
+        needed += 8 * layers * n * n
+    for name in stats:
+        statistic = registered().get(name)
+        if statistic is not None and statistic.memory is not None:
+            needed += int(statistic.memory(shape))
+    return needed
+
+
+def parse_stats(stats) -> tuple[str, ...]:
+    """Statistic names from a sequence or a comma-separated string, checked."""
+    if isinstance(stats, str):
+        stats = [item.strip() for item in stats.split(",") if item.strip()]
+    stats = tuple(dict.fromkeys(stats))
+    names = statistic_names()
+    unknown = [item for item in stats if item not in names]
+    if unknown or not stats:
+        raise ConfigError(f"stats: got {unknown[0] if unknown else 'nothing'!r}; allowed: a subset of {', '.join(names)}")
+    return stats
+
+
+def summary_lines(measurement) -> list[str]:
+    """One line per registered statistic that `measurement` holds (its `Statistic.summary`)."""
+    names = measurement.metadata.get("stats", [])
+    return [registered()[name].summary(measurement.extra) for name in names
+            if name in registered() and registered()[name].summary is not None]
