@@ -42,6 +42,11 @@ def add_parser(commands) -> None:
                          help="also write refined.csv, the refined rollout's profile with these switches on "
                               f"(comma-separated subset of {','.join(_names.REFINEMENT_SWITCHES)}; "
                               "docs/refinements.md); the statistics it needs are added to the default --stats")
+    measure.add_argument("--queries", default=None, metavar="K|i,j,...",
+                         help="also measure the gradient influence on K evenly spaced query positions (the last "
+                              "is N-1) or on the listed positions: rows of P_T, written to measurement.npz as "
+                              "influence_rows (K, N), influence_rows_per_sequence (S, K, N) and query_positions "
+                              "(docs/rows.md)")
     measure.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32",
                          help="model dtype (default float32); statistics accumulate in float64 whatever it is")
     measure.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
@@ -98,6 +103,13 @@ def _run_measure(arguments) -> None:
                           f"({plan.max_length})")
     if "content" in stats and arguments.length < 2:
         raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
+    if arguments.queries is not None:
+        from ..rows import query_positions
+
+        arguments.query_positions = query_positions(arguments.length, arguments.queries)
+        if world.distributed:
+            raise ConfigError("--queries: under torchrun; allowed: a single process (the rows are "
+                              "measured after the merge, on one process)")
     _check_measure_memory(plan, stats, arguments)
     device = loading.resolve_device(arguments.device)
     if world.distributed and device == "cuda" and arguments.device_map is None:
@@ -147,9 +159,28 @@ def _run_measure(arguments) -> None:
                   "command with --resume to continue", file=sys.stderr)
             raise
         if result is not None:
+            if arguments.queries is not None:
+                _add_rows(result, model, token_ids, arguments.query_positions, progress=not arguments.quiet)
             _write(result, indices, documents, arguments, out, world, measure)
     finally:
         distributed.finalize(world)
+
+
+def _add_rows(result, model, token_ids, positions, progress) -> None:
+    """Rows of P_T measured on the same sequences, into `result.extra` (jaxroll.measure.rows)."""
+    from ..measure.progress import Progress
+    from ..measure.rows import influence_rows
+    from ..rows import normalised_rows
+
+    bar = Progress(len(token_ids), label="jaxroll measure --queries") if progress else None
+    try:
+        rows, positions = influence_rows(model, token_ids, positions, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    result.extra.update(influence_rows_per_sequence=rows, influence_rows=normalised_rows(rows),
+                        query_positions=positions)
+    result.metadata["queries"] = [int(q) for q in positions]
 
 
 def refine_switches(text: str) -> tuple[tuple, tuple]:
@@ -235,6 +266,9 @@ def _check_measure_memory(plan, stats, arguments) -> None:
 
     shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, arguments.length)
     needed = stats_bytes(stats, shape, arguments.positions)
+    queries = getattr(arguments, "query_positions", None)
+    if queries is not None:  # the per-sequence rows (S, K, N) and their mean, float64
+        needed += 8 * (arguments.samples + 1) * len(queries) * arguments.length
     memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {arguments.length}", allowed=(
         "a shorter --length, fewer --stats (or --positions K for qk)"))
 

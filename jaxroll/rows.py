@@ -1,0 +1,126 @@
+"""Every row of the rollout: predicted rows of ``P_T`` at query positions, and influence by distance.
+
+The theory predicts the whole matrix ``P_T = R_T ... R_1`` (arXiv
+2602.16837), not only its last row: ``P_T[i, j]`` is the predicted influence
+of input position j on position i. Under a causal mask the first ``i + 1``
+rows and columns of ``P_T`` at length N are ``P_T`` at length ``i + 1``, so
+row i is exactly the last-row profile of the same model at length ``i + 1``,
+padded with zeros (`jaxroll.rollout_row` with the start row ``e_i``).
+
+The measured counterpart is the gradient influence ``||d f_i / d e_j||`` of
+every input embedding on the top next-token probability at query position i
+(`jaxroll.measure.rows.influence_rows`), per sequence ``(S, K, N)``.
+
+By distance ``r = i - j`` (Brändel et al., arXiv 2606.29139): the mean and
+median over query positions i of the row-normalised influence at ``j = i - r``,
+
+    d(r) = median_{k : q_k >= r} P[q_k, q_k - r] / sum_j P[q_k, j],
+
+the curve Brändel et al. fit with ``gamma + beta (r + 1)^-p``
+(`jaxroll.theory.baselines` fits it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError
+from .model import KernelRolloutModel, RolloutModel
+
+__all__ = ["query_positions", "predicted_rows", "normalised_rows", "by_distance"]
+
+
+def query_positions(length: int, queries) -> np.ndarray:
+    """The query positions ``(K,)``, increasing, the last one ``N - 1``.
+
+    Args:
+        length: N, the tokens per sequence.
+        queries: an int K (K evenly spaced positions ``round(linspace(0, N-1,
+            K + 1))[1:]``, so the last is ``N - 1`` and position 0, whose row
+            is the trivial ``e_0``, is left out), or a sequence of positions in
+            ``[0, N - 1]``, or a comma-separated string of them.
+    """
+    if isinstance(queries, str):
+        items = [item.strip() for item in queries.split(",") if item.strip()]
+        try:
+            queries = int(items[0]) if len(items) == 1 and "," not in queries else [int(item) for item in items]
+        except (ValueError, IndexError):
+            raise ConfigError(f"queries: got {queries!r}; allowed: a count K or comma-separated positions") from None
+    if isinstance(queries, (int, np.integer)):
+        count = int(queries)
+        if not 1 <= count <= length - 1:
+            raise ConfigError(f"queries: got {count}; allowed: a count in [1, {length - 1}] (N = {length})")
+        return np.unique(np.round(np.linspace(0, length - 1, count + 1)[1:]).astype(np.int64))
+    positions = np.asarray(list(queries))
+    if positions.ndim != 1 or positions.size == 0 or not np.issubdtype(positions.dtype, np.integer):
+        raise ConfigError(f"queries: got {list(queries)!r}; allowed: integer positions in [0, {length - 1}]")
+    bad = positions[(positions < 0) | (positions >= length)]
+    if bad.size:
+        raise ConfigError(f"queries: position {int(bad[0])}; allowed: positions in [0, {length - 1}] (N = {length})")
+    return np.unique(positions.astype(np.int64))
+
+
+def predicted_rows(model: RolloutModel | KernelRolloutModel, queries, n: int | None = None) -> np.ndarray:
+    """Rows ``P_T[q_k, :]`` of the rollout, float64 NumPy ``(K, N)``; each sums to 1.
+
+    ``P_T[i, :] = e_i^T R_T ... R_1`` (`jaxroll.rollout_row`, vmapped over the
+    K start rows, O(K T H N) for an ALiBi model); a `KernelRolloutModel`
+    takes the rows of its dense rollout matrix (O(T N^3): moderate N).
+    """
+    from .rollout import rollout_matrix, rollout_row
+
+    n = model.sequence_length if n is None else int(n)
+    positions = query_positions(n, queries)
+    if isinstance(model, KernelRolloutModel):
+        rows = np.asarray(rollout_matrix(model, n))[positions]
+    else:
+        starts = jnp.eye(n, dtype=jnp.result_type(float))[positions]
+        rows = np.asarray(jax.vmap(lambda start: rollout_row(model, start))(starts))
+    rows = rows.astype(np.float64)
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+def normalised_rows(rows_per_sequence) -> np.ndarray:
+    """The measured rows ``(K, N)``: the mean over sequences of ``(S, K, N)`` norms, each row normalised.
+
+    The same rule as the last-row profile (`jaxroll.measure.measure`): sequences
+    enter by their gradient mass, ``m_k = sum_s g_sk / sum_{s, j} g_skj``.
+    """
+    rows = np.asarray(rows_per_sequence, dtype=np.float64)
+    if rows.ndim != 3:
+        raise ConfigError(f"rows: got shape {rows.shape}; allowed: (S, K, N) per-sequence rows")
+    if not np.all(np.isfinite(rows)) or np.any(rows < 0):
+        raise ConfigError("rows: non-finite or negative values; allowed: gradient norms >= 0")
+    means = rows.mean(axis=0)
+    totals = means.sum(axis=-1, keepdims=True)
+    if np.any(totals <= 0):
+        raise ConfigError("rows: a query row has total mass 0; allowed: rows with some influence")
+    return means / totals
+
+
+def by_distance(rows, queries, statistic: str = "median") -> np.ndarray:
+    """Influence by distance ``d(r)``, ``r = 0 .. max(q)``, over the rows whose query reaches r.
+
+    Args:
+        rows: ``(K, N)``, each row a profile (sums to 1) with zeros after its query.
+        queries: the query positions ``(K,)``.
+        statistic: ``"median"`` or ``"mean"`` over the query positions.
+
+    Returns:
+        ``(max(q) + 1,)`` float64: ``d[r]`` the median (or mean) of
+        ``rows[k, q_k - r]`` over the k with ``q_k >= r``.
+    """
+    if statistic not in ("median", "mean"):
+        raise ConfigError(f"statistic: got {statistic!r}; allowed: median, mean")
+    rows = np.asarray(rows, dtype=np.float64)
+    queries = np.asarray(queries, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[0] != queries.size:
+        raise ConfigError(f"rows: shape {rows.shape} for {queries.size} queries; allowed: (K, N) with K = {queries.size}")
+    reach = int(queries.max()) + 1
+    distances = np.arange(reach)
+    columns = queries[:, None] - distances[None, :]  # (K, R): j = q_k - r
+    values = np.where(columns >= 0, np.take_along_axis(rows, np.clip(columns, 0, None), axis=1), np.nan)
+    reduce = np.nanmedian if statistic == "median" else np.nanmean
+    return reduce(values, axis=0)
