@@ -70,7 +70,15 @@ def mathml(tex: str, display: bool) -> str:
     """
     from latex2mathml.converter import convert
 
-    markup = convert(html.unescape(tex).strip(), display="block" if display else "inline")
+    tex = html.unescape(tex).strip()
+    try:
+        markup = convert(tex, display="block" if display else "inline")
+    except Exception as error:  # latex2mathml raises its own exception types, all unhelpful alone
+        raise ValueError(f"cannot render ${tex}$: {type(error).__name__} {error}") from None
+    # latex2mathml passes an unknown command through as text (<mi>\lamda</mi>).
+    unknown = re.search(r">([^<]*\\[^<]*)<", markup)
+    if unknown:
+        raise ValueError(f"cannot render ${tex}$: unknown command {unknown.group(1)}")
     return f'<div class="math-display">{markup}</div>' if display else markup
 
 
@@ -98,8 +106,8 @@ REMOTE = re.compile(r"^\s*(https?:)?//", re.I)
 REMOTE_IN_TEXT = re.compile(r"""(?:url\(\s*['"]?|@import\s+['"]|import\(\s*['"]|from\s+['"]|fetch\(\s*['"])"""
                             r"""((?:https?:)?//[^'")\s]+)""", re.I)
 # In an inline script any remote URL in a string counts (it is there to be fetched: the Mermaid
-# loader keeps one in a variable before import()ing it).
-SCRIPT_URL = re.compile(r"""['"`]((?:https?:)?//[\w.-]+[^'"`\s]*)""", re.I)
+# loader keeps one in a variable before import()ing it), except XML namespace names (w3.org).
+SCRIPT_URL = re.compile(r"""['"`]((?:https?:)?//(?!www\.w3\.org/)[\w.-]+[^'"`\s]*)""", re.I)
 RAW_MATH = re.compile(r"\$\$|\\\(|\\\[|\$\\[A-Za-z]")
 # Attributes through which an element fetches something when the page loads.
 LOADING = {"src", "srcset", "data", "poster", "background", "formaction"}
@@ -142,7 +150,8 @@ class _PageScan(HTMLParser):
     def handle_data(self, data):
         inside = self.open[-1] if self.open else ""
         if inside in ("script", "style"):
-            for url in dict.fromkeys(REMOTE_IN_TEXT.findall(data) + SCRIPT_URL.findall(data)):
+            urls = REMOTE_IN_TEXT.findall(data) + (SCRIPT_URL.findall(data) if inside == "script" else [])
+            for url in dict.fromkeys(urls):
                 self.problems.append(f"<{inside}> loads {url}")
         elif not NOT_PROSE.intersection(self.open):
             match = RAW_MATH.search(data)   # one line per run of text is enough to find it
@@ -192,9 +201,14 @@ def on_files(files, config):
 
 @event_priority(-100)  # after mkdocs-jupyter has put the notebook's HTML in the page
 def on_page_content(content, page, config, files):
-    if page.file.src_uri.endswith(".ipynb"):
-        return render_dollars(NOTEBOOK_LOADERS.sub("", content))
-    return render_arithmatex(content)
+    try:
+        if page.file.src_uri.endswith(".ipynb"):
+            return render_dollars(NOTEBOOK_LOADERS.sub("", content))
+        return render_arithmatex(content)
+    except ValueError as error:
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError(f"{page.file.src_uri}: {error}") from None
 
 
 def on_post_page(output, page, config):
