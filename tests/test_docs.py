@@ -170,7 +170,6 @@ def test_page_check_names_unrendered_math(text):
 
 
 def test_notebook_math_becomes_mathml_and_the_cdn_loader_goes():
-    pytest.importorskip("latex2mathml")
     cell = (r"<p>Each layer: $$R_t = (1 - \lambda_t)\, I + \lambda_t A_t,$$ and $p_T &lt; 1$ costs $5.</p>"
             r"<pre>print('$$')</pre>")
     loader = ('<script type="module">document.addEventListener("x", async () => {const mermaid = '
@@ -183,8 +182,14 @@ def test_notebook_math_becomes_mathml_and_the_cdn_loader_goes():
 
 
 def test_markdown_math_becomes_mathml():
-    pytest.importorskip("latex2mathml")
     content = mkdocs_hooks.render_arithmatex('<p>so <span class="arithmatex">\\(a_t &lt; b\\)</span></p>'
                                              '<div class="arithmatex">\\[\nP_T = R_T \\cdots R_1\n\\]</div>')
     assert mkdocs_hooks.offline_problems(content) == []
     assert content.count("<math") == 2 and content.count('<div class="math-display">') == 1
+
+
+@pytest.mark.parametrize("tex", [r"\lamda_t", r"a_{"])
+def test_a_formula_that_cannot_render_is_refused(tex):
+    # latex2mathml passes an unknown command through as text; the hook makes it a build error.
+    with pytest.raises(ValueError, match="cannot render"):
+        mkdocs_hooks.mathml(tex, display=False)
