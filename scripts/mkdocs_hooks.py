@@ -65,8 +65,10 @@ NOTEBOOK_LOADERS = re.compile(
 def mathml(tex: str, display: bool) -> str:
     """MathML for one TeX formula (HTML entities in ``tex`` are decoded first).
 
-    Display formulas are wrapped in ``<div class="math-display">``, which scrolls
-    sideways when the formula is wider than the page (docs/stylesheets/extra.css).
+    Display formulas are wrapped in ``<span class="math-display">``, a block that
+    scrolls sideways when the formula is wider than the page
+    (docs/stylesheets/extra.css); a span, because in notebooks a display formula
+    sits inside a paragraph, where a div is not allowed.
     """
     from latex2mathml.converter import convert
 
@@ -79,7 +81,7 @@ def mathml(tex: str, display: bool) -> str:
     unknown = re.search(r">([^<]*\\[^<]*)<", markup)
     if unknown:
         raise ValueError(f"cannot render ${tex}$: unknown command {unknown.group(1)}")
-    return f'<div class="math-display">{markup}</div>' if display else markup
+    return f'<span class="math-display">{markup}</span>' if display else markup
 
 
 def render_arithmatex(content: str) -> str:

@@ -142,7 +142,7 @@ GOOD_PAGE = """<!doctype html><html><head>
 <link rel="stylesheet" href="../assets/stylesheets/main.css"><link rel="canonical" href="https://example.org/jaxroll/">
 <script src="../assets/javascripts/bundle.js"></script><style>body { background: url(img/bg.png); }</style>
 </head><body><p>Costs $5 and $6; see <a href="https://arxiv.org/abs/2602.16837">the paper</a>.</p>
-<div class="math-display"><math display="block"><msub><mi>R</mi><mi>t</mi></msub></math></div>
+<span class="math-display"><math display="block"><msub><mi>R</mi><mi>t</mi></msub></math></span>
 <pre><code>echo "$$" '\\(' and $\\lambda$</code></pre><p>inline <code>$$</code> is code</p></body></html>"""
 
 
@@ -185,7 +185,7 @@ def test_markdown_math_becomes_mathml():
     content = mkdocs_hooks.render_arithmatex('<p>so <span class="arithmatex">\\(a_t &lt; b\\)</span></p>'
                                              '<div class="arithmatex">\\[\nP_T = R_T \\cdots R_1\n\\]</div>')
     assert mkdocs_hooks.offline_problems(content) == []
-    assert content.count("<math") == 2 and content.count('<div class="math-display">') == 1
+    assert content.count("<math") == 2 and content.count('<span class="math-display">') == 1
 
 
 @pytest.mark.parametrize("tex", [r"\lamda_t", r"a_{"])
