@@ -23,14 +23,14 @@
 # $$R_t = (1 - \lambda_t)\, I + \lambda_t A_t, \qquad P_T = R_T \cdots R_1,
 # \qquad p_T(j) = P_T[N-1, j],$$
 #
-# where `A[i, j]` is the weight with which token i reads token j (causal ALiBi
-# softmax, Press et al. 2022). `p_T` is the predicted influence of input
+# where $A[i, j]$ is the weight with which token $i$ reads token $j$ (causal ALiBi
+# softmax, Press et al. 2022). $p_T$ is the predicted influence of input
 # position j on the last position.
 #
 # We load the five models' published configurations (lambdas measured by the
 # authors on FineWeb-Edu, standard ALiBi slopes, no content; N = 256) and
 # compare them with the attention-only rollout of earlier theory
-# (`lambda_t = 1`, Abnar & Zuidema 2020; Wu et al. 2025), which collapses onto
+# ($\lambda_t = 1$, Abnar & Zuidema 2020; Wu et al. 2025), which collapses onto
 # the first token.
 
 # %%

@@ -20,15 +20,15 @@
 # stochastically monotone kernels): **causal masking** drifts mass toward
 # early positions (primacy), the **residual** identity path keeps it at late
 # positions (recency), **ALiBi** adds recency, and **diagonal content**
-# `d` adds recency when positive and primacy when negative. Head h of layer t
-# scores `s(i, j) = -m (i - j) + d [i == j]` on the allowed entries j <= i.
+# $d$ adds recency when positive and primacy when negative. Head $h$ of layer $t$
+# scores $s(i, j) = -m (i - j) + d\,[i = j]$ on the allowed entries $j \le i$.
 #
 # `jaxroll.theory.forces` builds a ladder, each rung adding one force:
-# causal masking alone (`lambda = 1`, no slopes, no content), + residuals
+# causal masking alone ($\lambda = 1$, no slopes, no content), + residuals
 # (the measured lambdas), + ALiBi (the slopes), + content (the measured
 # per-head diagonal scores, `content="all"`, FineWeb-Edu). The drift of a
-# force is the change in centre of mass `sum_j j p(j) / (N - 1)` (0 = first
-# token, 1 = last) that it adds; the ladder starts from `e_{N-1}` (centre 1).
+# force is the change in centre of mass $\sum_j j\, p(j) / (N - 1)$ (0 = first
+# token, 1 = last) that it adds; the ladder starts from $e_{N-1}$ (centre 1).
 
 # %%
 import numpy as np
@@ -112,7 +112,7 @@ ax.legend(fontsize=9);
 # %% [markdown]
 # **The claims, checked in plain NumPy.** On every model causal masking has
 # drift < 0, residuals and ALiBi > 0. The content sign: the profiles' CDFs
-# `F(j) = sum_{k <= j} p(k)` are ordered, `F_{+2} <= F_0 <= F_{-2}` at every j
+# $F(j) = \sum_{k \le j} p(k)$ are ordered, $F_{+2} \le F_0 \le F_{-2}$ at every $j$
 # (stochastic dominance, which the theory proves for these monotone kernels),
 # within 1e-5 for float32 rounding of a 256-term cumulative sum, and the
 # centres of mass strictly so.

@@ -16,20 +16,20 @@
 # %% [markdown]
 # # 03 · Depth: finite vs infinite total mixing
 #
-# Under causal masking `P_T` is lower triangular, so its diagonal is a
+# Under causal masking $P_T$ is lower triangular, so its diagonal is a
 # product of scalars,
 #
 # $$P_T[i, i] = \prod_t \bigl(1 - \lambda_t + \lambda_t A_t[i, i]\bigr).$$
 #
-# For a token i > 0 with `A_t[i, i] <= 1 - delta` this stays bounded away
-# from 0 **iff** the total mixing `sum_t lambda_t` is finite: finite total
+# For a token $i > 0$ with $A_t[i, i] \le 1 - \delta$ this stays bounded away
+# from 0 **iff** the total mixing $\sum_t \lambda_t$ is finite: finite total
 # mixing, no collapse; infinite total mixing, all influence collapses onto
 # token 0 (arXiv 2602.16837). With the power-decay schedule
-# `lambda_t = lambda_0 / (t + 1)^beta`, `beta > 1` is finite and
-# `beta <= 1` infinite.
+# $\lambda_t = \lambda_0 / (t + 1)^\beta$, $\beta > 1$ is finite and
+# $\beta \le 1$ infinite.
 #
 # One kernel in every layer (MPT-7B's first layer, n = 32 tokens),
-# `lambda_0 = 0.5`, depths up to 10^5 layers, by `jaxroll.theory.depth_profile`
+# $\lambda_0 = 0.5$, depths up to $10^5$ layers, by `jaxroll.theory.depth_profile`
 # (one `lax.scan`). float64, since the diagonal falls below 1e-100.
 
 # %%
@@ -65,12 +65,12 @@ for beta in betas:
               f"{float(r.diagonal_min[index]):>14.3e}{float(r.collapse_mass[index]):>15.6f}")
 
 # %% [markdown]
-# Left: the total mixing grows without bound for `beta <= 1`. Middle: the
-# smallest diagonal entry `min_i P_T[i, i]` against depth, with the bound
-# `exp(-delta sum_t lambda_t)` dashed: it levels off for `beta > 1` and falls
-# to 0 for `beta <= 1`. Right: `collapse_mass = min_i P_T[i, 0]`, the least
+# Left: the total mixing grows without bound for $\beta \le 1$. Middle: the
+# smallest diagonal entry $\min_i P_T[i, i]$ against depth, with the bound
+# $\exp(-\delta \sum_t \lambda_t)$ dashed: it levels off for $\beta > 1$ and falls
+# to 0 for $\beta \le 1$. Right: `collapse_mass` $= \min_i P_T[i, 0]$, the least
 # influence of token 0 on any token (linear axis), rises to 1 only when the
-# total mixing diverges (for `beta = 1` only logarithmically slowly).
+# total mixing diverges (for $\beta = 1$ only logarithmically slowly).
 
 # %% tags=["figure:depth_dichotomy"]
 fig, axes = plt.subplots(1, 3, figsize=(13, 4), constrained_layout=True)
@@ -95,12 +95,12 @@ fig.suptitle(f"Depth dichotomy: mpt-7b layer-1 kernel, n = {n}, lambda_t = {lamb
 
 # %% [markdown]
 # **The claims, checked in plain NumPy.** With one kernel in every layer,
-# `min_i P_T[i, i]` equals the product bound `prod_t (1 - lambda_t delta)`,
-# recomputed here from `delta` and the schedule (relative 1e-9: a log-sum of
-# up to 10^5 float64 terms). For `beta > 1` the diagonal levels off (it
-# loses less than 10 % between 10^4 and 10^5 layers); for `beta <= 1` it
-# keeps falling, and for `beta = 0.5` the collapse mass exceeds 0.99 at
-# 10^5 layers. The collapse mass never decreases with depth.
+# $\min_i P_T[i, i]$ equals the product bound $\prod_t (1 - \lambda_t \delta)$,
+# recomputed here from $\delta$ and the schedule (relative 1e-9: a log-sum of
+# up to $10^5$ float64 terms). For $\beta > 1$ the diagonal levels off (it
+# loses less than 10 % between $10^4$ and $10^5$ layers); for $\beta \le 1$ it
+# keeps falling, and for $\beta = 0.5$ the collapse mass exceeds 0.99 at
+# $10^5$ layers. The collapse mass never decreases with depth.
 
 # %%
 for beta in betas:

@@ -17,8 +17,8 @@
 # # 04 · Fitting a no-content model to a profile, and what it cannot tell
 #
 # `jaxroll.fit` adjusts a model's parameters so that its influence profile
-# `p_T(j) = (e_{N-1}^T R_T ... R_1)_j` matches a target, by optax Adam in one
-# compiled `lax.scan` (loss: `W1(p, q) / (N - 1)`, `jaxroll.metrics.wasserstein`).
+# $p_T(j) = \bigl(e_{N-1}^\top R_T \cdots R_1\bigr)_j$ matches a target, by optax Adam in one
+# compiled `lax.scan` (loss: $W_1(p, q) / (N - 1)$, `jaxroll.metrics.wasserstein`).
 #
 # **The target.** The package ships the authors' published *configurations*,
 # not measured influence profiles, so the target here is the profile of
@@ -79,13 +79,13 @@ right.legend(fontsize=8);
 # ## The identifiability caveat
 #
 # A profile of N numbers does not pin T per-layer parameters. The Jacobian
-# `d p_T / d lambda` of the profile with respect to the 32 measured lambdas
+# $\partial p_T / \partial \lambda$ of the profile with respect to the 32 measured lambdas
 # (reverse-mode `jax.jacrev` through `jaxroll.influence`, whose structured products define a custom VJP) has singular values
 # that fall by many decades: only a few combinations of the lambdas are
 # determined by the profile; the rest can move with almost no effect (from
 # about the 13th on they sit at float64 rounding, ~1e-17). Two
 # free-schedule fits from different starts show it: nearly the same profile,
-# different schedules, with similar total mixing `sum_t lambda_t`. A power-decay schedule (two parameters) is
+# different schedules, with similar total mixing $\sum_t \lambda_t$. A power-decay schedule (two parameters) is
 # identifiable; per-layer values are not, however small the fit's loss.
 
 # %%

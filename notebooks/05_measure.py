@@ -20,16 +20,16 @@
 # the theory's parameters on a Hugging Face causal LM, one forward and one
 # backward pass per sequence:
 #
-# - `lambda_t = mean ||a|| / (||x|| + ||a||)` per block (`x` the residual
-#   stream entering it, `a` its attention output);
-# - per layer and head the diagonal content score from the mean of `q_i . k_j`,
+# - $\lambda_t = \operatorname{mean} \lVert a \rVert / (\lVert x \rVert + \lVert a \rVert)$ per block ($x$ the residual
+#   stream entering it, $a$ its attention output);
+# - per layer and head the diagonal content score from the mean of $q_i \cdot k_j$,
 #   in logit units;
-# - the gradient influence `||d f / d e_j||` of each token embedding on the
-#   top next-token probability `f` at the last position, normalised to sum 1.
+# - the gradient influence $\lVert \partial f / \partial e_j \rVert$ of each token embedding on the
+#   top next-token probability $f$ at the last position, normalised to sum 1.
 #
 # No download: a tiny BLOOM (8 layers, 4 heads, hidden size 64, random
 # weights with initialiser scale 0.1, so that attention contributes
-# `lambda ~ 0.15`) is built here from `transformers.BloomConfig` and measured
+# $\lambda \approx 0.15$) is built here from `transformers.BloomConfig` and measured
 # on 16 random token sequences of 128 tokens. Then the rollout of the
 # measured lambdas, ALiBi slopes and content predicts the influence profile,
 # which we compare with the measured one.

@@ -16,12 +16,12 @@
 #
 # The kinetic theory (Duerinckx, Geshkovski, Rossi, arXiv 2605.09213) gives the
 # lost-in-the-middle profile in closed form,
-# `S_t(s) = sum_n omega_n g_(a_n)(t; s)`, with `a_n = n^2 I_n(beta)`. Each mode
-# `g(c; s)` is the off-diagonal last row of `exp(c K)` for the continuum causal
-# ALiBi operator K, and a rollout with one ALiBi head of slope `lambda / N` and a
-# constant schedule `c / T` tends to it: `N e^c P_T[N-1, j] -> g(c; j/N)`.
+# $S_t(s) = \sum_n \omega_n\, g_{a_n}(t; s)$, with $a_n = n^2 I_n(\beta)$. Each mode
+# $g(c; s)$ is the off-diagonal last row of $\exp(c K)$ for the continuum causal
+# ALiBi operator $K$, and a rollout with one ALiBi head of slope $\lambda / N$ and a
+# constant schedule $c / T$ tends to it: $N e^c P_T[N-1, j] \to g(c; j/N)$.
 # This notebook shows the two side by side, the convergence, the threshold
-# `t_crit`, and both theories fitted to the five published models' profiles.
+# $t_{\mathrm{crit}}$, and both theories fitted to the five published models' profiles.
 
 # %%
 import jax
@@ -43,9 +43,9 @@ plt.rcParams.update({"figure.dpi": 90, "figure.facecolor": "white", "axes.grid":
 # beta = 1, lambda = 1, M = 8 (the issue's reference point). Below `t_crit` the
 # profile rises into the query (an interior minimum); above it, it does not.
 # The matching rollout has N = 256 positions, T = 64 layers, slope
-# `m = lambda / N` and total mixing `c = a_eff t`, so its threshold is the
-# same. Its query position carries the identity mass `e^(-c)`, which the
-# kinetic profile has no counterpart for: both are compared on `j < N - 1`.
+# $m = \lambda / N$ and total mixing $c = a_{\mathrm{eff}} t$, so its threshold is the
+# same. Its query position carries the identity mass $e^{-c}$, which the
+# kinetic profile has no counterpart for: both are compared on $j < N - 1$.
 
 # %%
 t_crit = float(kinetic.critical_time(1.0, 1.0, 8.0))
@@ -67,8 +67,8 @@ plt.tight_layout()
 # %% [markdown]
 # ## Convergence of the rollout to a mode
 #
-# The error `max_s |N e^c P_T[N-1, j] - g(c; j/N)| / g` over s in [0.05, 0.95]
-# for the first mode of beta = 2, t = 1 (c = a_1 = I_1(2)), with N = 4 T. It
+# The error $\max_s \lvert N e^c P_T[N-1, j] - g(c; j/N) \rvert / g$ over $s \in [0.05, 0.95]$
+# for the first mode of $\beta = 2$, $t = 1$ ($c = a_1 = I_1(2)$), with $N = 4 T$. It
 # halves when T doubles: first order, the binomial-vs-Poisson path-length gap.
 
 # %%
@@ -87,7 +87,7 @@ print("observed orders:", np.round(orders, 3))
 # %% [markdown]
 # ## The threshold: t_crit is where the end slope changes sign
 #
-# `dS/ds` at `s = 1` (by autodiff) against t, for three beta; the zero is `t_crit`.
+# $\partial S / \partial s$ at $s = 1$ (by autodiff) against $t$, for three $\beta$; the zero is $t_{\mathrm{crit}}$.
 
 # %%
 slope = jax.vmap(jax.grad(lambda s, t, beta: kinetic.profile(s, t, beta, 1.0, 8.0)), in_axes=(None, 0, None))

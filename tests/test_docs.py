@@ -12,6 +12,9 @@
   last_mass as the glossary defines them (checked in NumPy from the profile
   the command writes).
 - One version everywhere: pyproject.toml, CITATION.cff, `jaxroll --version`.
+- The site's page check (scripts/mkdocs_hooks.py, run on every page by
+  `mkdocs build`) passes a good page and names what is wrong in a page that
+  loads from a CDN or shows unrendered math; notebook math becomes MathML.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ import yaml
 
 import jaxroll
 from jaxroll import metrics, theory
+
+_spec = importlib.util.spec_from_file_location("mkdocs_hooks", Path(__file__).resolve().parent.parent / "scripts"
+                                               / "mkdocs_hooks.py")
+mkdocs_hooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mkdocs_hooks)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -128,3 +136,60 @@ def test_one_version_everywhere():
     assert "MIT License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert (ROOT / "jaxroll" / "data" / "published" / "LICENSE").is_file()
     assert (ROOT / "jaxroll" / "py.typed").is_file()
+
+
+GOOD_PAGE = """<!doctype html><html><head>
+<link rel="stylesheet" href="../assets/stylesheets/main.css"><link rel="canonical" href="https://example.org/jaxroll/">
+<script src="../assets/javascripts/bundle.js"></script><style>body { background: url(img/bg.png); }</style>
+</head><body><p>Costs $5 and $6; see <a href="https://arxiv.org/abs/2602.16837">the paper</a>.</p>
+<span class="math-display"><math display="block"><msub><mi>R</mi><mi>t</mi></msub></math></span>
+<pre><code>echo "$$" '\\(' and $\\lambda$</code></pre><p>inline <code>$$</code> is code</p></body></html>"""
+
+
+def test_page_check_passes_a_good_page():
+    assert mkdocs_hooks.offline_problems(GOOD_PAGE) == []
+
+
+@pytest.mark.parametrize("tag, url", [
+    ('<script src="https://cdn.jsdelivr.net/npm/katex@0.16/dist/katex.min.js"></script>', "cdn.jsdelivr.net"),
+    ('<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">', "fonts.googleapis.com"),
+    ('<link rel="preconnect" href="https://fonts.gstatic.com">', "fonts.gstatic.com"),
+    ('<img src="//cdn.example.org/logo.png">', "cdn.example.org"),
+    ("<style>@import url('https://fonts.googleapis.com/x.css');</style>", "fonts.googleapis.com"),
+    ('<script type="module">const u = "https://cdnjs.cloudflare.com/m.mjs"; await import(u);</script>', "cdnjs"),
+])
+def test_page_check_names_a_network_load(tag, url):
+    problems = mkdocs_hooks.offline_problems(GOOD_PAGE.replace("</head>", tag + "</head>"))
+    assert len(problems) == 1 and url in problems[0], problems
+
+
+@pytest.mark.parametrize("text", [r"$$R_t = (1 - \lambda_t) I$$", r"\(p_T\)", r"\[x\]", r"with $\lambda_t$ here"])
+def test_page_check_names_unrendered_math(text):
+    problems = mkdocs_hooks.offline_problems(GOOD_PAGE.replace("<p>inline", f"<p>{text}</p><p>inline"))
+    assert len(problems) == 1 and "unrendered math" in problems[0], problems
+
+
+def test_notebook_math_becomes_mathml_and_the_cdn_loader_goes():
+    cell = (r"<p>Each layer: $$R_t = (1 - \lambda_t)\, I + \lambda_t A_t,$$ and $p_T &lt; 1$ costs $5.</p>"
+            r"<pre>print('$$')</pre>")
+    loader = ('<script type="module">document.addEventListener("x", async () => {const mermaid = '
+              '(await import("https://cdnjs.cloudflare.com/m.mjs")).default;});</script>')
+    assert len(mkdocs_hooks.offline_problems(loader + cell)) == 2   # the CDN and the paragraph
+    content = mkdocs_hooks.render_dollars(mkdocs_hooks.NOTEBOOK_LOADERS.sub("", loader + cell))
+    assert mkdocs_hooks.offline_problems(content) == []
+    assert content.count("<math") == 2 and 'display="block"' in content and "<pre>print('$$')</pre>" in content
+    assert "&#x003BB;" in content and "&#x0003C;" in content and "costs $5." in content   # lambda, "<", the price
+
+
+def test_markdown_math_becomes_mathml():
+    content = mkdocs_hooks.render_arithmatex('<p>so <span class="arithmatex">\\(a_t &lt; b\\)</span></p>'
+                                             '<div class="arithmatex">\\[\nP_T = R_T \\cdots R_1\n\\]</div>')
+    assert mkdocs_hooks.offline_problems(content) == []
+    assert content.count("<math") == 2 and content.count('<span class="math-display">') == 1
+
+
+@pytest.mark.parametrize("tex", [r"\lamda_t", r"a_{"])
+def test_a_formula_that_cannot_render_is_refused(tex):
+    # latex2mathml passes an unknown command through as text; the hook makes it a build error.
+    with pytest.raises(ValueError, match="cannot render"):
+        mkdocs_hooks.mathml(tex, display=False)
