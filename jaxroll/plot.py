@@ -103,7 +103,7 @@ def _regions(axes, n: int) -> None:
                  label=f"first / last {k} positions (first_mass, last_mass)")
     axes.axvspan(n - k - 0.5, n - 0.5, color="0.82", zorder=0)
     if n - k > k:
-        axes.axvspan(k - 0.5, n - k - 0.5, color="#f3ecd9", zorder=0,
+        axes.axvspan(k - 0.5, n - k - 0.5, color="#f6f1e4", zorder=0,
                      label=f"middle, j = {k}..{n - k - 1} (middle_mass)")
 
 
@@ -406,7 +406,9 @@ def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
     axes.errorbar(layers, lambdas, yerr=spread, marker="o", capsize=3,
                   label="mean over sequences" + ("; bars: one standard deviation" if spread is not None else ""))
     axes.set_xlabel("layer t (1 = first)")
-    axes.xaxis.set_major_locator(MaxNLocator(10, integer=True))
+    # Layers are whole numbers: integer ticks inside 1..T only.
+    axes.xaxis.set_major_locator(MaxNLocator(10, integer=True, steps=(1, 2, 5, 10)))
+    axes.set_xlim(0.5, lambdas.size + 0.5)
     axes.set_ylabel("lambda_t = ||a|| / (||x|| + ||a||) (dimensionless)")
     top = lambdas if spread is None else lambdas + np.asarray(spread)
     axes.set_ylim(0.0, max(1e-3, float(np.max(top))) * 1.1)
