@@ -64,13 +64,22 @@ def _log_axis(axes, low: float | None = None, high: float | None = None) -> None
             subs = (1.0, 2.0, 5.0) if _ticks_inside(low, high, (1.0, 2.0, 5.0)) >= 2 else \
                 tuple(float(k) for k in range(1, 10))
         if span == 0:  # a flat curve: a range of a factor 2 around it
-            axes.set_ylim(low / np.sqrt(2.0), high * np.sqrt(2.0))
+            low, high = low / np.sqrt(2.0), high * np.sqrt(2.0)
+            axes.set_ylim(low, high)
             subs = tuple(float(k) for k in range(1, 10))
+        if _ticks_inside(low, high, subs) < 2:  # flatter than 1 .. 9: widen to the nearest multiples
+            axes.set_ylim(_multiple(low, np.floor), _multiple(high, np.ceil))
     axes.yaxis.set_major_locator(LogLocator(subs=subs, numticks=12))
     axes.yaxis.set_major_formatter(FuncFormatter(_decade))
     minor = (2.0, 5.0) if subs == (1.0,) else tuple(float(k) for k in range(1, 10) if float(k) not in subs)
     axes.yaxis.set_minor_locator(LogLocator(subs=minor or (1.0,), numticks=12))
     axes.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _multiple(value: float, rounding) -> float:
+    """`value` rounded down (``np.floor``) or up (``np.ceil``) to ``k * 10^d``, k in 1 .. 9."""
+    decade = 10.0 ** np.floor(np.log10(value))
+    return float(max(1.0, rounding(value / decade)) * decade)
 
 
 def _ticks_inside(low: float, high: float, subs) -> int:
