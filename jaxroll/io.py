@@ -334,7 +334,7 @@ def read_profile(path) -> np.ndarray:
     if not values:
         raise ConfigError(f"{path}: no profile rows")
     if not any(values):  # here, where the file is known, not as an anonymous "total mass is 0" later
-        raise ConfigError(f"{path}: every probability is 0; allowed: a profile with a positive total")
+        raise ConfigError(f"{path}: total mass is 0 (every probability is 0); allowed: a positive sum")
     return np.asarray(values, dtype=np.float64)
 
 

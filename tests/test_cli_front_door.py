@@ -49,7 +49,7 @@ def test_measure_without_torch_repeats_the_cpu_torch_advice(tmp_path, capsys, mo
 def test_an_all_zero_profile_is_refused_naming_its_file(tmp_path, capsys):
     zero = tmp_path / "zero.csv"
     zero.write_text("token_position,probability\n0,0\n1,0.0\n2,0\n")
-    with pytest.raises(jaxroll.ConfigError, match=f"^{zero}: every probability is 0"):
+    with pytest.raises(jaxroll.ConfigError, match=f"^{zero}: total mass is 0"):
         jaxroll.read_profile(zero)
     flat = jaxroll.write_profile(np.full(3, 1 / 3), tmp_path / "flat.csv")
     status, _, err = run(capsys, "compare", zero, flat)
