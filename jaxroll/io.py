@@ -309,8 +309,9 @@ def write_profile(profile, path, *, overwrite: bool = False) -> Path:
 def read_profile(path) -> np.ndarray:
     """Read a ``token_position,probability`` CSV into a float64 array ``(n,)``.
 
-    Positions must be 0, 1, ..., n-1 in order; probabilities finite and >= 0.
-    The sum is not checked here (callers that need a distribution do).
+    Positions must be 0, 1, ..., n-1 in order; probabilities finite and >= 0,
+    not all 0. The sum is not checked otherwise (callers that need a
+    distribution do).
     """
     path = Path(path)
     rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
@@ -332,6 +333,8 @@ def read_profile(path) -> np.ndarray:
         values.append(value)
     if not values:
         raise ConfigError(f"{path}: no profile rows")
+    if not any(values):  # here, where the file is known, not as an anonymous "total mass is 0" later
+        raise ConfigError(f"{path}: total mass is 0 (every probability is 0); allowed: a positive sum")
     return np.asarray(values, dtype=np.float64)
 
 

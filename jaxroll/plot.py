@@ -48,13 +48,44 @@ def _decade(value, _position) -> str:
     return f"{value:.0e}"
 
 
-def _log_axis(axes) -> None:
-    """A log-scaled y axis with a few plain-text decade labels and unlabelled minor ticks."""
+def _log_axis(axes, low: float | None = None, high: float | None = None) -> None:
+    """A log-scaled y axis with plain-text labels and unlabelled minor ticks.
+
+    Decades get labels; when the data (`low` .. `high`) span too little for
+    two decade ticks, 2 and 5 times the decades are labelled as well, and
+    below a factor of about 2.5 every integer multiple, so the axis always
+    carries at least two labelled ticks inside its range.
+    """
     axes.set_yscale("log")
-    axes.yaxis.set_major_locator(LogLocator(numticks=7))
+    subs: tuple[float, ...] = (1.0,)
+    if low is not None and high is not None and low > 0 and high > 0:
+        span = np.log10(high / low)
+        if _ticks_inside(low, high, (1.0,)) < 2:
+            subs = (1.0, 2.0, 5.0) if _ticks_inside(low, high, (1.0, 2.0, 5.0)) >= 2 else \
+                tuple(float(k) for k in range(1, 10))
+        if span == 0:  # a flat curve: a range of a factor 2 around it
+            low, high = low / np.sqrt(2.0), high * np.sqrt(2.0)
+            axes.set_ylim(low, high)
+            subs = tuple(float(k) for k in range(1, 10))
+        if _ticks_inside(low, high, subs) < 2:  # flatter than 1 .. 9: widen to the nearest multiples
+            axes.set_ylim(_multiple(low, np.floor), _multiple(high, np.ceil))
+    axes.yaxis.set_major_locator(LogLocator(subs=subs, numticks=12))
     axes.yaxis.set_major_formatter(FuncFormatter(_decade))
-    axes.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0), numticks=7))
+    minor = (2.0, 5.0) if subs == (1.0,) else tuple(float(k) for k in range(1, 10) if float(k) not in subs)
+    axes.yaxis.set_minor_locator(LogLocator(subs=minor or (1.0,), numticks=12))
     axes.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _multiple(value: float, rounding) -> float:
+    """`value` rounded down (``np.floor``) or up (``np.ceil``) to ``k * 10^d``, k in 1 .. 9."""
+    decade = 10.0 ** np.floor(np.log10(value))
+    return float(max(1.0, rounding(value / decade)) * decade)
+
+
+def _ticks_inside(low: float, high: float, subs) -> int:
+    """How many values ``s * 10^d`` (s in `subs`) lie in ``[low, high]``."""
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    return sum(low <= s * 10.0**d <= high for d in decades for s in subs)
 
 
 # Titles are placed at y = 1.0 explicitly (``set_title(..., y=1.0)``): an
@@ -69,18 +100,26 @@ def _few_ticks(axes) -> None:
         axes.yaxis.set_major_locator(MaxNLocator(6, steps=(1, 2, 5, 10)))
 
 
-def _tenths(axes, n: int) -> None:
-    """Shade the first, middle and last tenth of positions (as `metrics.edge_mass`)."""
-    k = max(1, round(0.1 * n))
-    start = (n - k) // 2
-    for low, label in ((0, "first / middle / last tenth"), (start, None), (n - k, None)):
-        axes.axvspan(low - 0.5, low + k - 0.5, color="0.85", zorder=0, label=label)
+def _regions(axes, n: int) -> None:
+    """Shade the first and last k positions and the middle between them, as the
+    printed statistics define them (`jaxroll.metrics`): ``first_mass = sum p[:k]``,
+    ``middle_mass = sum p[k:n-k]``, ``last_mass = sum p[n-k:]``,
+    ``k = metrics.edge_count(n)`` (a tenth of n, at least 1)."""
+    from .metrics import edge_count
+
+    k = edge_count(n)
+    axes.axvspan(-0.5, k - 0.5, color="0.82", zorder=0,
+                 label=f"first / last {k} positions (first_mass, last_mass)")
+    axes.axvspan(n - k - 0.5, n - 0.5, color="0.82", zorder=0)
+    if n - k > k:
+        axes.axvspan(k - 0.5, n - k - 0.5, color="#f6f1e4", zorder=0,
+                     label=f"middle, j = {k}..{n - k - 1} (middle_mass)")
 
 
 def _profile_panel(axes, profile, *, label: str, color: str = "C0") -> None:
-    """A profile on linear axes, its minimum marked and its tenths shaded."""
+    """A profile on linear axes, its minimum marked and its edges and middle shaded (`_regions`)."""
     positions = np.arange(profile.size)
-    _tenths(axes, profile.size)
+    _regions(axes, profile.size)
     axes.plot(positions, profile, color=color, label=label)
     lowest = int(np.argmin(profile))
     axes.plot([lowest], [profile[lowest]], "o", color="k",
@@ -183,8 +222,9 @@ def profile_figure(profile, attention_only=None, *, title: str = "", attention_o
 def plot_profile(path, profile, attention_only=None, *, title: str = "", attention_only_model: bool = False) -> Path:
     """The influence profile on linear axes; the attention-only contrast beside it on a log axis.
 
-    Left: ``p_T(j)`` against position, the minimum marked, the first, middle
-    and last tenth shaded (the masses the summary prints). Right, when
+    Left: ``p_T(j)`` against position, the minimum marked, the first and
+    last k positions and the middle between them shaded (exactly the
+    first_mass, middle_mass and last_mass the summary prints; `_regions`). Right, when
     `attention_only` (the ``lambda = 1`` profile of the same kernels) is given:
     both profiles on a log axis, titled a collapse only when
     ``p[0] > COLLAPSE_THRESHOLD``; values below the `FLOOR_DECADES` floor are
@@ -203,18 +243,40 @@ FORCE_LABELS = {
 """Legend labels of the rungs of `jaxroll.theory.forces`."""
 
 
+RUNG_STYLES = (("-", 1.5), (":", 3.6), ("--", 2.6), ("-", 1.3))
+"""(linestyle, linewidth) of the forces rungs in order: each differs from the
+others, and earlier rungs are drawn wider so that one under a later rung shows."""
+
+COINCIDE = 1e-6
+"""Two rungs *coincide* when ``max |p - q| <= COINCIDE * max q``; the legend says so."""
+
+
+def _coincidences(profiles, labels) -> list[str]:
+    """`labels`, each rung that coincides (`COINCIDE`) with an earlier rung saying so."""
+    out = list(labels)
+    for k in range(1, len(profiles)):
+        for j in range(1, k):
+            if np.max(np.abs(profiles[k] - profiles[j])) <= COINCIDE * np.max(np.abs(profiles[j])):
+                out[k] = f"{labels[k]} (coincides with {labels[j]})"
+                break
+    return out
+
+
 def forces_figure(profiles, names, *, title: str = ""):
     """The figure of `plot_forces`, returned rather than saved."""
     profiles = np.asarray(profiles, dtype=np.float64)
     positions = np.arange(profiles.shape[-1])
     labels = [FORCE_LABELS.get(name, f"+ {name}") for name in names]
     figure, ((linear, logarithmic),) = _figure(13, 4.6, 2)
-    _tenths(linear, profiles.shape[-1])
+    _regions(linear, profiles.shape[-1])
     floor = _log_floor(profiles[1:])
+    labels = _coincidences(profiles, labels)
     for k, (profile, label) in enumerate(zip(profiles, labels)):
-        style = "-" if k == len(labels) - 1 else "--"
+        # A style and width of its own per rung, wider underneath, so a rung
+        # that lies on a later one still shows round it.
+        style, width = RUNG_STYLES[min(k, len(RUNG_STYLES) - 1)]
         if k > 0:
-            linear.plot(positions, profile, color=f"C{k}", linestyle=style, label=label)
+            linear.plot(positions, profile, color=f"C{k}", linestyle=style, linewidth=width, label=label)
         shown, hidden = _above(profile, floor)
         if k == 0:
             # Causal masking alone: every row reads itself and the past with
@@ -223,7 +285,8 @@ def forces_figure(profiles, names, *, title: str = ""):
             # else is above the floor.
             label = f"{label}: p[0] = {profile[0]:.4g}"
             logarithmic.plot([0], [profile[0]], "o", color="C0")
-        logarithmic.plot(positions, shown, color=f"C{k}", linestyle=style, label=label + _hidden_note(hidden, floor))
+        logarithmic.plot(positions, shown, color=f"C{k}", linestyle=style, linewidth=width,
+                         label=label + _hidden_note(hidden, floor))
     # Scale to the full model (the last rung): an earlier rung's spike at
     # token 0 would flatten the shape that matters.
     top = 1.25 * float(profiles[-1].max())
@@ -255,38 +318,93 @@ def plot_forces(path, profiles, names, *, title: str = "") -> Path:
     return _save(forces_figure(profiles, names, title=title), path)
 
 
-def plot_fit(path, target, initial, fitted, losses=None, *, title: str = "") -> Path:
-    """A fit: target, initial and fitted profiles on linear axes; the loss curve beside.
+CLIP_FACTOR = 1.25
+"""The fit figure's profile panel clips its y range at this times the largest
+value before the last token when a last-token spike would flatten the rest."""
 
-    The loss panel shows the loss before each optimisation step of
-    `jaxroll.fit` (``FitResult.losses``), on a log scale when positive.
-    """
+
+def fit_figure(target, initial, fitted, losses=None, *, initial_loss: float | None = None, title: str = ""):
+    """The figure of `plot_fit`, returned rather than saved."""
     target, initial, fitted = (np.asarray(x, dtype=np.float64) for x in (target, initial, fitted))
     positions = np.arange(target.size)
     panels = 2 if losses is not None and len(losses) else 1
     figure, axes = _figure(6.5 * panels, 4.2, panels)
     profile_axes = axes[0, 0]
-    _tenths(profile_axes, target.size)
-    profile_axes.plot(positions, target, color="k", linewidth=2, label="target")
-    profile_axes.plot(positions, initial, color="C3", linestyle="--", label="initial")
-    profile_axes.plot(positions, fitted, color="C0", label="fitted")
+    _regions(profile_axes, target.size)
+    curves = (("target", target, dict(color="k", linewidth=2)),
+              ("initial", initial, dict(color="C3", linestyle="--")),
+              ("fitted", fitted, dict(color="C0")))
+    top = _clipped_top(target, initial, fitted)
+    for name, profile, style in curves:
+        profile_axes.plot(positions, profile, label=name, **style)
+    if top is not None:
+        # A spike at the last token: clip there and mark each clipped value at the top edge.
+        last = target.size - 1
+        for name, profile, style in curves:
+            if profile[last] > top:
+                profile_axes.plot([last], [0.97 * top], marker="^", linestyle="none", color=style["color"],
+                                  label=f"{name} at j = {last}: {profile[last]:.3g} (above the clipped range)")
     profile_axes.set_xlim(-0.5, target.size - 0.5)
-    profile_axes.set_ylim(bottom=0.0)
+    profile_axes.set_ylim(0.0, top)
     profile_axes.set_xlabel(POSITION_LABEL)
     profile_axes.set_ylabel(INFLUENCE_LABEL)
-    profile_axes.set_title("profiles (linear axes)", y=1.0)
-    profile_axes.legend(fontsize=8)
+    profile_axes.set_title("profiles (linear axes" + (", y clipped at the last token)" if top else ")"), y=1.0)
+    _few_ticks(profile_axes)
+    profile_axes.legend(fontsize=7)
     if panels == 2:
-        losses = np.asarray(losses, dtype=np.float64)
-        loss_axes = axes[0, 1]
-        loss_axes.plot(np.arange(losses.size), losses, color="C0")
-        if np.all(losses > 0):
-            _log_axis(loss_axes)
-        loss_axes.set_xlabel("optimisation step")
-        loss_axes.set_ylabel("loss")
-        loss_axes.set_title("optimisation", y=1.0)
+        _loss_panel(axes[0, 1], np.asarray(losses, dtype=np.float64), initial_loss)
     figure.suptitle(title, fontsize=10)
-    return _save(figure, path)
+    return figure
+
+
+def _clipped_top(*profiles) -> float | None:
+    """The top of the profile panel when a last-token spike would flatten the
+    rest (`CLIP_FACTOR` times the largest value before the last token, if a
+    last value exceeds twice that), else None (the full range)."""
+    stacked = np.stack(profiles)
+    if stacked.shape[-1] < 3:
+        return None
+    rest = float(stacked[:, :-1].max())
+    top = CLIP_FACTOR * rest
+    return top if rest > 0 and float(stacked[:, -1].max()) > 2 * top else None
+
+
+def _loss_panel(axes, losses, initial_loss: float | None) -> None:
+    """The loss at x = 0 for the model given (the summary's "before", when
+    known), then at every iterate of the returned restart (its first, x = 1,
+    the best point of the global design)."""
+    offset = 0 if initial_loss is None else 1
+    steps = np.arange(losses.size) + offset
+    if initial_loss is not None:
+        axes.plot([0, 1], [initial_loss, losses[0]], color="C0", linestyle=":")
+        axes.plot([0], [initial_loss], "o", color="C3", label=f"before: {initial_loss:.4g} (the model given)")
+    axes.plot(steps, losses, color="C0",
+              label=f"optimiser steps: {losses[0]:.4g} (its start) to {losses[-1]:.4g}")
+    drawn = losses if initial_loss is None else np.r_[initial_loss, losses]
+    if np.all(drawn > 0):
+        _log_axis(axes, float(drawn.min()), float(drawn.max()))
+    axes.set_xlabel("step (0 = the model given, 1 = the optimiser's start)" if offset else "optimisation step")
+    axes.set_ylabel("loss" + (" (log)" if np.all(drawn > 0) else ""))
+    axes.set_title("optimisation", y=1.0)
+    axes.xaxis.set_major_locator(MaxNLocator(6, integer=True))
+    axes.legend(fontsize=7)
+
+
+def plot_fit(path, target, initial, fitted, losses=None, *, initial_loss: float | None = None,
+             title: str = "") -> Path:
+    """A fit: target, initial and fitted profiles on linear axes; the loss curve beside.
+
+    The profile panel shades the regions of the printed statistics
+    (`_regions`); when a spike at the last token would flatten the rest, its
+    y range is clipped (`CLIP_FACTOR`) and each clipped last value is marked
+    at the top edge, its value in the legend. The loss panel starts at
+    `initial_loss` (the loss of the model given, the summary's "before") at
+    step 0, then the loss at every iterate of `jaxroll.fit`'s returned
+    restart (``FitResult.losses``; its start, the best point of the global
+    design, at step 1), on a log axis with at least two labelled ticks when
+    every loss is positive. See `fit_figure`.
+    """
+    return _save(fit_figure(target, initial, fitted, losses, initial_loss=initial_loss, title=title), path)
 
 
 def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
@@ -297,6 +415,9 @@ def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
     axes.errorbar(layers, lambdas, yerr=spread, marker="o", capsize=3,
                   label="mean over sequences" + ("; bars: one standard deviation" if spread is not None else ""))
     axes.set_xlabel("layer t (1 = first)")
+    # Layers are whole numbers: integer ticks inside 1..T only.
+    axes.xaxis.set_major_locator(MaxNLocator(10, integer=True, steps=(1, 2, 5, 10)))
+    axes.set_xlim(0.5, lambdas.size + 0.5)
     axes.set_ylabel("lambda_t = ||a|| / (||x|| + ||a||) (dimensionless)")
     top = lambdas if spread is None else lambdas + np.asarray(spread)
     axes.set_ylim(0.0, max(1e-3, float(np.max(top))) * 1.1)

@@ -32,6 +32,11 @@
 # compare them with the attention-only rollout of earlier theory
 # ($\lambda_t = 1$, Abnar & Zuidema 2020; Wu et al. 2025), which collapses onto
 # the first token.
+#
+# These are the published configurations: BLOOM-176B's minimum is at j = 61
+# here, and at j = 40 in the README's main job (`jaxroll rollout`), whose
+# BLOOM-176B *preset* replaces the 70 measured lambdas by a two-parameter
+# power-decay fit (`jaxroll.presets`).
 
 # %%
 import numpy as np

@@ -126,14 +126,15 @@ def test_constant_fit_converges_and_saves_its_constant(tmp_path, capsys):
 
 
 def test_fit_from_a_preset_at_the_profile_length(tmp_path, capsys):
-    """--preset gives the start (its geometry; the length is the profile's):
-    the start's profile in fit.csv is the oracle's profile of the preset's
-    arrays at that length."""
+    """--preset gives the start (its geometry), --length the profile's length
+    (without it a profile of another length is refused, as for a config file:
+    tests/test_cli_front_door.py): the start's profile in fit.csv is the
+    oracle's profile of the preset's arrays at that length."""
     n = 20
     preset = jaxroll.presets.get("mpt-7b")
     profile = jaxroll.write_profile(np.full(n, 1 / n), tmp_path / "flat.csv")
     out = tmp_path / "out"
-    assert main(["fit", str(profile), "--preset", "mpt-7b", "--search", "0", "--steps", "3",
+    assert main(["fit", str(profile), "--preset", "mpt-7b", "--length", str(n), "--search", "0", "--steps", "3",
                  "--optimizer", "adam", "--out", str(out), "--float64"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"jaxroll fit: preset mpt-7b -> {profile}:") and f"N = {n}," in printed

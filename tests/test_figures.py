@@ -85,7 +85,7 @@ def test_rollout_contrast_is_titled_a_collapse_only_when_p0_exceeds_one_half(
         num_layers=layers, num_heads=1, lambdas=1.0, alibi_slopes=slopes, sequence_length=16)), np.float64)
     assert (attention_only[0] > 0.5) == expect_collapse  # the case is what it claims to be
     assert left.get_title() == "residual-aware rollout (linear axes)"
-    assert legend_labels(left)[1] == "residual-aware rollout"
+    assert "residual-aware rollout" in legend_labels(left)
     np.testing.assert_allclose(left.get_lines()[0].get_ydata(), profile, rtol=1e-12)
     assert ("collapse (p[0] > 0.5)" in right.get_title()) == expect_collapse
     assert ("no collapse (p[0] <= 0.5)" in right.get_title()) == (not expect_collapse)
@@ -126,7 +126,9 @@ def test_forces_explains_causal_masking_and_draws_no_floor_as_data(tmp_path, cap
     assert f"values < {floor:.1e} not drawn" in logarithmic.get_title()
     check_floor(logarithmic)
     # The linear panel: the residual-aware rungs only, each drawn as computed.
-    assert legend_labels(linear)[1:] == [plot.FORCE_LABELS[n] for n in ("residual", "alibi", "content")]
+    rungs = [label for label in legend_labels(linear) if label.startswith("+ ")]
+    for label, name in zip(rungs, ("residual", "alibi", "content"), strict=True):
+        assert label.startswith(plot.FORCE_LABELS[name])
     for line, column in zip(linear.get_lines(), (2, 3, 4)):
         np.testing.assert_allclose(line.get_ydata(), table[:, column], rtol=1e-12)
 
@@ -158,3 +160,167 @@ def test_sweep_draws_every_length_and_places_values_by_value(tmp_path, capsys, f
 
 def test_collapse_criterion():
     assert plot.collapsed([0.51, 0.49]) and not plot.collapsed([0.5, 0.5]) and not plot.collapsed([0.1, 0.9])
+
+
+# ------------------------------------------------- issue 32: each figure says what was computed
+
+
+def labelled_ticks(axes) -> list[tuple[float, str]]:
+    """(value, text) of the labelled major y ticks inside the axes' limits (after a draw)."""
+    low, high = axes.get_ylim()
+    return [(tick.get_loc(), tick.label1.get_text()) for tick in axes.yaxis.get_major_ticks()
+            if tick.label1.get_visible() and tick.label1.get_text()
+            and low * (1 - 1e-9) <= tick.get_loc() <= high * (1 + 1e-9)]
+
+
+def span_of(axes, prefix: str) -> tuple[float, float]:
+    """The x range of the shaded span whose legend label starts with `prefix`."""
+    for patch in axes.patches:
+        if patch.get_label().startswith(prefix):
+            x = patch.get_xy()[:, 0] if hasattr(patch.get_xy(), "shape") else \
+                np.array([patch.get_x(), patch.get_x() + patch.get_width()])
+            return float(np.min(x)), float(np.max(x))
+    raise AssertionError(f"no span labelled {prefix!r}: {[p.get_label() for p in axes.patches]}")
+
+
+def covered(span, n) -> np.ndarray:
+    """The integer positions 0..n-1 a span covers (its edges sit at half-integers)."""
+    positions = np.arange(n)
+    return positions[(positions > span[0]) & (positions < span[1])]
+
+
+@pytest.mark.parametrize("low, high", [(3e-3, 4.5e-3), (2.2e-3, 6.9e-2), (1e-9, 0.5), (0.0303, 0.0304),
+                                       (0.03, 0.03), (0.0099, 0.0101)])
+def test_a_log_axis_has_two_labelled_ticks_whatever_its_span(low, high):
+    """The loss of a fit may change by a factor 1.5 or by nine decades: either way
+    the log axis labels at least two ticks inside its range, each label the
+    plain-text value of its tick."""
+    figure, ((axes,),) = plot._figure(5, 4)
+    axes.plot([0, 1], [low, high])
+    plot._log_axis(axes, low, high)
+    figure.canvas.draw()
+    ticks = labelled_ticks(axes)
+    assert len(ticks) >= 2, ticks
+    for value, text in ticks:
+        assert float(text) == pytest.approx(value, rel=1e-9)
+    bottom, top = axes.get_ylim()
+    assert bottom <= low and top >= high  # the data stay inside
+
+
+def test_fit_figure_starts_at_the_printed_before_and_labels_its_log_axis(tmp_path, capsys, figures):
+    """The loss panel's first point is the loss of the model given: the summary's
+    "loss: before", and (an independent oracle) a NumPy W1/(N-1) of the initial and
+    target columns of fit.csv. Then the optimiser's curve, from x = 1."""
+    n = 24
+    start = jaxroll.RolloutModel.create(num_layers=6, num_heads=4, lambdas=0.2, diagonal_scores=0.5,
+                                        sequence_length=n)
+    other = jaxroll.RolloutModel.create(num_layers=6, num_heads=4, lambdas=0.7, diagonal_scores=-1.0,
+                                        sequence_length=n)
+    config = jaxroll.save_config(start, tmp_path / "start.yaml")
+    target = jaxroll.write_profile(np.asarray(jaxroll.influence(other), np.float64), tmp_path / "target.csv")
+    out = tmp_path / "out"
+    printed = run(["fit", config, target, "--steps", "5", "--optimizer", "adam", "--search", "0", "--out", out,
+                   "--float64"], capsys)
+    with open(out / "fit.csv", newline="", encoding="utf-8") as handle:
+        table = np.array([[float(x) for x in row[1:]] for row in list(csv.reader(handle))[1:]])
+    before = float(np.abs(np.cumsum(table[:, 1] - table[:, 0])[:-1]).sum() / (n - 1))
+    printed_before = float(printed.split("loss: before ")[1].split(",")[0])
+    assert printed_before == pytest.approx(before, rel=1e-5)  # printed to 6 digits
+    profiles, losses = figures["fit.png"].axes[:2]
+    first = next(line for line in losses.get_lines() if line.get_label().startswith("before:"))
+    assert first.get_xdata()[0] == 0 and first.get_ydata()[0] == pytest.approx(before, rel=1e-12)
+    curve = next(line for line in losses.get_lines() if line.get_label().startswith("optimiser steps"))
+    assert curve.get_xdata()[0] == 1
+    if losses.get_yscale() == "log":
+        assert len(labelled_ticks(losses)) >= 2
+    fitted = next(line for line in profiles.get_lines() if line.get_label() == "fitted")
+    np.testing.assert_allclose(fitted.get_ydata(), profile_csv(out / "fitted.csv"), rtol=1e-12)
+
+
+def test_fit_figure_clips_a_last_token_spike_and_says_so():
+    """A spike at the last token would flatten the fitted profile: the y range ends
+    at CLIP_FACTOR times the largest value before it, and each clipped last value
+    is marked at the top edge with its value in the legend."""
+    n = 40
+    body = 1.0 + 0.5 * np.cos(np.linspace(0, np.pi, n))
+    target = np.r_[body[:-1], 60.0]
+    fitted = np.r_[body[:-1] * 1.02, 55.0]
+    initial = np.full(n, 1.0)
+    target, fitted, initial = (x / x.sum() for x in (target, fitted, initial))
+    figure = plot.fit_figure(target, initial, fitted, [1e-2, 1e-3], initial_loss=2e-2)
+    axes = figure.axes[0]
+    top = plot.CLIP_FACTOR * max(target[:-1].max(), fitted[:-1].max(), initial[:-1].max())
+    assert axes.get_ylim()[1] == pytest.approx(top, rel=1e-12) and top < fitted[-1]
+    figure.canvas.draw()
+    labels = legend_labels(axes)
+    assert any(label.startswith(f"target at j = {n - 1}: {target[-1]:.3g}") for label in labels), labels
+    assert any(label.startswith(f"fitted at j = {n - 1}: {fitted[-1]:.3g}") for label in labels), labels
+    assert not any(label.startswith("initial at j") for label in labels)  # not clipped
+    assert "clipped" in axes.get_title()
+    line = next(line for line in axes.get_lines() if line.get_label() == "fitted")
+    np.testing.assert_array_equal(line.get_ydata(), fitted)
+    # Unclipped, the fitted body would fill under 3% of the height; clipped, over 40%.
+    assert fitted[:-1].max() < 0.03 * fitted[-1] and fitted[:-1].max() >= 0.4 * axes.get_ylim()[1]
+
+
+@pytest.mark.parametrize("length", [16, 25, 256])
+def test_profile_shades_exactly_the_positions_middle_mass_sums(tmp_path, capsys, figures, length):
+    """The shaded middle covers the positions whose sum is the printed
+    middle_mass (jaxroll.metrics: p[k:N-k], k = max(1, round(N / 10))), and the
+    edges the first and last k."""
+    config = write_config(tmp_path / "model.yaml", slopes=0.3, lambda_const=0.5, layers=2, length=length)
+    out = tmp_path / "out"
+    printed = run(["rollout", config, "--out", out, "--float64"], capsys)
+    first, middle, last = (float(x) for x in printed.split("first_mass / middle_mass / last_mass = ")[1]
+                           .split(" (")[0].split(" / "))
+    profile = profile_csv(out / "profile.csv")
+    axes = figures["profile.png"].axes[0]
+    k = max(1, round(0.1 * length))
+    shaded = covered(span_of(axes, "middle"), length)
+    np.testing.assert_array_equal(shaded, np.arange(k, length - k))
+    assert profile[shaded].sum() == pytest.approx(middle, rel=1e-5)  # printed to 6 digits
+    edges = [patch for patch in axes.patches if patch.get_facecolor() == axes.patches[0].get_facecolor()]
+    left, right = (covered(span_of_patch(p), length) for p in edges[:2])
+    assert profile[left].sum() == pytest.approx(first, rel=1e-5)
+    assert profile[right].sum() == pytest.approx(last, rel=1e-5)
+    assert any(label == f"middle, j = {k}..{length - k - 1} (middle_mass)" for label in legend_labels(axes))
+
+
+def span_of_patch(patch) -> tuple[float, float]:
+    x = patch.get_xy()[:, 0] if hasattr(patch.get_xy(), "shape") else \
+        np.array([patch.get_x(), patch.get_x() + patch.get_width()])
+    return float(np.min(x)), float(np.max(x))
+
+
+def test_forces_rungs_have_distinct_styles_and_coinciding_rungs_say_so(tmp_path, capsys, figures):
+    """No rung hides under another: every pair differs in line style or width,
+    and a rung equal to an earlier one (here + content on a model without
+    content, checked from forces.csv) says so in the legend."""
+    out = tmp_path / "forces"
+    printed = run(["forces", "--published", "bloom-7b1", "--length", "24", "--out", out, "--float64"], capsys)
+    assert "(no content, fineweb-edu)" in printed and "none content" not in printed
+    table = np.loadtxt(out / "forces.csv", delimiter=",", skiprows=1)
+    figure = figures["forces.png"]
+    assert "(no content, fineweb-edu)" in figure._suptitle.get_text()
+    for axes in figure.axes[:2]:
+        rungs = [line for line in axes.get_lines() if line.get_label().startswith(("+ ", "causal"))]
+        styles = [(line.get_linestyle(), line.get_linewidth()) for line in rungs]
+        assert len(set(styles)) == len(styles), styles
+    alibi, content = table[:, 3], table[:, 4]
+    coincide = np.max(np.abs(content - alibi)) <= 1e-6 * np.max(alibi)
+    assert coincide  # no content: the case is what it claims to be
+    label = [text for text in legend_labels(figure.axes[0]) if text.startswith(plot.FORCE_LABELS["content"])][0]
+    assert label.endswith(f"(coincides with {plot.FORCE_LABELS['alibi']})")
+    other = [text for text in legend_labels(figure.axes[0]) if text.startswith(plot.FORCE_LABELS["alibi"])][0]
+    assert "coincides" not in other
+
+
+@pytest.mark.parametrize("layers", [3, 7, 70])
+def test_lambdas_figure_has_integer_layer_ticks(tmp_path, figures, layers):
+    lambdas = np.linspace(0.6, 0.1, layers)
+    plot.plot_lambdas(tmp_path / "lambdas.png", lambdas, np.full(layers, 0.01), title="t")
+    axes = figures["lambdas.png"].axes[0]
+    low, high = axes.get_xlim()
+    ticks = [t for t in axes.get_xticks() if low <= t <= high]
+    assert len(ticks) >= 2
+    assert all(float(t).is_integer() and 1 <= t <= layers for t in ticks), ticks

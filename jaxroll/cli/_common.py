@@ -121,7 +121,7 @@ def model_from_arguments(arguments):
         content = None if arguments.content == "none" else arguments.content
         model = published.load(arguments.published, content, arguments.dataset,
                                residual=not arguments.no_residual)
-        source = (f"published {arguments.published} ({arguments.content} content, {arguments.dataset}"
+        source = (f"published {arguments.published} ({_content_words(arguments.content)}, {arguments.dataset}"
                   f"{', no residual' if arguments.no_residual else ''})")
     else:
         name = arguments.preset or presets.DEFAULT
@@ -131,6 +131,11 @@ def model_from_arguments(arguments):
     check_kernel_length(model)
     check_memory(model, arguments)
     return model, source
+
+
+def _content_words(content: str) -> str:
+    """``no content``, ``mean content``, ``all content``: how a header names --content."""
+    return "no content" if content == "none" else f"{content} content"
 
 
 def check_memory(model, arguments) -> None:

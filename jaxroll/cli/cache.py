@@ -10,8 +10,9 @@ def add_parser(commands) -> None:
                     "(in $JAXROLL_CACHE_DIR, else $XDG_CACHE_HOME/jaxroll, else ~/.cache/jaxroll; "
                     "JAXROLL_NO_CACHE=1 turns it off). info: its folder, entries and size; "
                     "clear: delete every entry.")
-    cache.add_argument("action", choices=("info", "clear"), help="info or clear")
-    cache.set_defaults(run=_run_cache, uses_jax=False)
+    # A bare `jaxroll cache` prints this help (exit 0) rather than a usage error.
+    cache.add_argument("action", nargs="?", choices=("info", "clear"), help="info or clear")
+    cache.set_defaults(run=_run_cache, uses_jax=False, print_help=cache.print_help)
 
 
 def _size(size: float) -> str:
@@ -25,6 +26,9 @@ def _size(size: float) -> str:
 def _run_cache(arguments) -> None:
     from .. import cache
 
+    if arguments.action is None:
+        arguments.print_help()
+        return
     if arguments.action == "clear":
         removed = cache.clear()
         folder = cache.info().folder

@@ -61,7 +61,8 @@ def add_parser(commands) -> None:
     fit.add_argument("--seed", type=int, default=0, help="seed of the restarts (default 0)")
     fit.add_argument("--length", type=_common.positive_int, default=None,
                      help="sequence length N to fit at; must equal the profile's length (default: the "
-                          "config's sequence_length, which the profile must then have)")
+                          "starting model's sequence_length, which the profile must then have; the "
+                          "presets and published configurations have 256)")
     fit.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                      help="how to multiply by the kernels (default auto)")
     _common.add_output_arguments(fit)
@@ -97,6 +98,7 @@ def _run_fit(arguments) -> None:
     import numpy as np
 
     from .. import io, plot
+    from ..fit import report as fit_report
     from ..fit import (GRADIENT_TOLERANCE, IDENTIFIABILITY_MAX_PARAMETERS, LOSS_TOLERANCE, default_lbfgs,
                        default_optimizer, fit, objective)
     from ..rollout import influence
@@ -104,13 +106,14 @@ def _run_fit(arguments) -> None:
     model, source = _start_model(arguments)
     _common.require_alibi_model(model, "fit")
     target = io.read_profile(arguments.profile)
-    if arguments.length is None and arguments.config is not None and target.size != model.sequence_length:
+    # One rule for every start (CONFIG, --preset, --published): the profile has the
+    # model's sequence_length, or --length says at which length to fit.
+    if arguments.length is None and target.size != model.sequence_length:
         raise ConfigError(
-            f"{arguments.profile}: {target.size} positions, but {arguments.config} has sequence_length "
+            f"{arguments.profile}: {target.size} positions, but {source} has sequence_length "
             f"{model.sequence_length}; allowed: a profile of {model.sequence_length} positions, or "
             f"--length {target.size} to fit at the profile's length")
-    # A preset or published geometry has no length of its own: fit at the profile's.
-    n = target.size if arguments.length is None else arguments.length
+    n = model.sequence_length if arguments.length is None else arguments.length
     tolerances = {"gradient_tolerance": GRADIENT_TOLERANCE if arguments.gradient_tolerance is None
                   else arguments.gradient_tolerance,
                   "loss_tolerance": LOSS_TOLERANCE if arguments.loss_tolerance is None else arguments.loss_tolerance}
@@ -139,11 +142,16 @@ def _run_fit(arguments) -> None:
         for row in zip(range(n), target, initial, result.profile):
             writer.writerow((row[0],) + tuple(repr(float(x)) for x in row[1:]))
     plot.plot_fit(out / "fit.png", target, initial, result.profile, result.losses,
+                  initial_loss=result.initial_loss,
                   title=f"{Path(source).name} fitted to {arguments.profile.name} ({arguments.fit})")
     from ..metrics import wasserstein
 
     before = float(wasserstein(initial, target))
-    print(f"jaxroll fit: {source} -> {arguments.profile}: {result.stop_reason}")
+    identifiability_lines, bound_warnings = fit_report.bound_lines(result)
+    status = result.stop_reason
+    if bound_warnings and result.converged:  # converged, but not inside the model's range
+        status = status.replace("converged:", "converged at a bound of the model's range:", 1)
+    print(f"jaxroll fit: {source} -> {arguments.profile}: {status}")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
           f"schedule = {arguments.schedule}, loss = {arguments.loss}, optimizer = {result.optimizer}, "
           f"steps = {result.steps} of at most {result.max_steps}, restarts = {result.restart_losses.size}, "
@@ -155,10 +163,11 @@ def _run_fit(arguments) -> None:
         print(f"  {name} = {value:.6g}")
     if result.identifiability is None:
         print(f"  identifiability: not computed (more than {IDENTIFIABILITY_MAX_PARAMETERS} free parameters)")
-    else:
-        for line in result.identifiability.summary():
-            print(f"  {line}")
+    for line in identifiability_lines:
+        print(f"  {line}")
     print(f"  wrote {out}/fitted.yaml, fitted.csv, fit.csv, fit.png")
+    for warning in bound_warnings:
+        print(warning, file=sys.stderr)
     if not result.converged:
         print(f"warning: the fit did not converge in {result.max_steps} steps ({result.stop_reason}); "
               "the parameters may be short of the optimum: raise --steps or the tolerances",

@@ -17,6 +17,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from . import _common, _names
 
+PROGRESS_DELAY = 2.0
+"""Seconds before ``jaxroll measure`` shows a progress bar or its first line."""
+
 
 def add_parser(commands) -> None:
     measure = commands.add_parser(
@@ -75,7 +78,9 @@ def _run_measure(arguments) -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
-        raise ConfigError("measure: needs torch and transformers; install jaxroll[measure]") from None
+        raise ConfigError("measure: needs torch and transformers; install the CPU build of torch first, "
+                          "python3 -m pip install torch==2.13.0 (a bare `torch` pulls a CUDA build), then "
+                          "python3 -m pip install 'jaxroll[measure]'") from None
     from .. import measure
     from ..measure import distributed, loading
 
@@ -145,8 +150,9 @@ def _run_measure(arguments) -> None:
             from ..measure.progress import Progress
 
             label = "jaxroll measure" + (f" (rank 0 of {world.size})" if world.distributed else "")
+            # delay: a job shorter than 2 s prints its closing line only (not 20 lines).
             progress = Progress(len(_shard(arguments.samples, world)), label=label,
-                                initial=_done(checkpoint) if arguments.resume else 0)
+                                initial=_done(checkpoint) if arguments.resume else 0, delay=PROGRESS_DELAY)
         try:
             result = measure.measure(
                 model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,

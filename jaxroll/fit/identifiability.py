@@ -95,27 +95,40 @@ class Identifiability(eqx.Module):
         return " ".join(f"{vector[i]:+.2f} {self.names[i]}" for i in largest)
 
     def summary(self) -> list[str]:
-        """Lines for a terminal: singular values, directions, and a warning line
-        naming the parameters that are not determined (if any)."""
+        """Lines for a terminal: singular values, the combinations of parameters
+        (directions) each labelled determined or not, the parameters that are
+        determined, and a warning line naming those that are not (if any).
+
+        A combination can be determined while a parameter in it is not (the
+        parameter also moves along an undetermined combination); the labels
+        say "combination", and the warning line says so when it happens.
+        """
         k = len(self.names)
         values = self.singular_values
         shown = " ".join(f"{s:.3g}" for s in values) if k <= 8 else \
             " ".join(f"{s:.3g}" for s in values[:4]) + " ... " + " ".join(f"{s:.3g}" for s in values[-4:])
         lines = [f"identifiability: Jacobian dp/du of {k} parameter(s), resolution rho = {self.resolution:.3g}",
                  f"  singular values: {shown}"]
+        combination_determined = self.direction_uncertainty <= self.threshold
         for index in (range(k) if k <= 4 else (0, 1, k - 2, k - 1)):
-            lines.append(f"  s = {values[index]:.3g} (+-{self.direction_uncertainty[index]:.2g}): "
-                         f"{self.direction(index)}")
+            state = (f"determined to +-{self.direction_uncertainty[index]:.2g}" if combination_determined[index]
+                     else f"not determined (+-{self.direction_uncertainty[index]:.2g})")
+            lines.append(f"  combination {index + 1} (s = {values[index]:.3g}): {state}: {self.direction(index)}")
         good = [f"{name} +-{sigma:.2g}" for name, sigma, ok in
                 zip(self.names, self.parameter_uncertainty, self.determined) if ok]
         if good:
-            lines.append(f"  determined (to +-{self.threshold:g}): " + (", ".join(good) if len(good) <= 6
-                         else f"{len(good)} of {k}, e.g. " + ", ".join(good[:3])))
+            lines.append(f"  determined parameters (to +-{self.threshold:g}): " + (
+                ", ".join(good) if len(good) <= 6 else f"{len(good)} of {k}, e.g. " + ", ".join(good[:3])))
         bad = self.undetermined
         if bad:
             listed = ", ".join(bad) if len(bad) <= 6 else _grouped(bad, self.names)
+            # A parameter that loads on a determined combination, yet is not determined itself.
+            loaded = np.abs(self.directions[combination_determined]) >= 0.005
+            mixed = any(loaded[:, self.names.index(name)].any() for name in bad)
             lines.append(f"warning: not determined by the profile (uncertainty > {self.threshold:g} in "
-                         f"unconstrained units at rho = {self.resolution:.2g}): {listed}")
+                         f"unconstrained units at rho = {self.resolution:.2g}): {listed}"
+                         + ("; each also moves along a combination that is not determined, so a determined "
+                            "combination above fixes only the combination" if mixed else ""))
         return lines
 
 

@@ -311,6 +311,13 @@ def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, p
             bar.update(min(done, steps) - bar.n)
             if np.all(np.asarray(carry["reason"]) != _RUNNING):
                 break
+        # A fit that stops early ends its bar at 100% of the steps it took
+        # (not frozen at "2%| 44/2000"); the postfix says how it stopped.
+        # Closing the bar draws this last state (if it was drawn at all).
+        converged = bool(np.any(np.isin(np.asarray(carry["reason"]), _CONVERGED)))
+        bar.total = bar.n
+        bar.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}",
+                        stop="converged" if converged else "not converged", refresh=False)
     return carry
 
 

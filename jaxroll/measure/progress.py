@@ -3,7 +3,8 @@
 On a terminal (``stream.isatty()``) a tqdm bar. Anywhere else (a pipe, a
 file, a batch job's log) one line on the stream every `every_percent`
 percent of the sequences or every `every_seconds` seconds, whichever comes
-first, and one at the end::
+first, and one at the end; with a `delay`, nothing before it has passed
+(a sub-second job prints its closing line only, or no bar)::
 
     jaxroll measure: 12/96 sequences (12%), 0.41 seq/s, elapsed 29 s, ETA 3 min 24 s
 
@@ -44,10 +45,13 @@ class Progress:
         clock: a ``() -> seconds`` function (tests pass a fake one).
         bar: True / False to force or forbid the tqdm bar; None (default):
             a bar exactly when `stream` is a terminal.
+        delay: seconds before the first line or the bar shows (default 0;
+            ``jaxroll measure`` passes 2, so a short job prints one line).
     """
 
     def __init__(self, total: int, *, initial: int = 0, stream=None, every_percent: float = 5.0,
-                 every_seconds: float = 30.0, label: str = "jaxroll measure", clock=time.monotonic, bar=None):
+                 every_seconds: float = 30.0, label: str = "jaxroll measure", clock=time.monotonic, bar=None,
+                 delay: float = 0.0):
         self.total = int(total)
         self.done = int(initial)
         self.initial = int(initial)
@@ -56,6 +60,7 @@ class Progress:
         self.every_seconds = float(every_seconds)
         self.label = label
         self.clock = clock
+        self.delay = float(delay)
         self.start = self.last_time = clock()
         self.last_step = self._step(self.done)
         self.closed = False
@@ -66,7 +71,8 @@ class Progress:
         if bar:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=self.total, initial=self.initial, desc=label, unit="seq", file=self.stream)
+            self.bar = tqdm(total=self.total, initial=self.initial, desc=label, unit="seq", file=self.stream,
+                            delay=self.delay)
 
     def _step(self, done: int) -> int:
         # Which every_percent band `done` is in.
@@ -92,7 +98,8 @@ class Progress:
         now = self.clock()
         step = self._step(self.done)
         if step > self.last_step or now - self.last_time >= self.every_seconds:
-            if self.done < self.total:  # the last line comes from close()
+            # The last line comes from close(); none before `delay` has passed.
+            if self.done < self.total and now - self.start >= self.delay:
                 self._write()
             self.last_step, self.last_time = step, now
 
