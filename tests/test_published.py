@@ -155,3 +155,33 @@ def test_unknown_values_are_one_line_errors(call, message):
         call()
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
+
+
+def _cli(capsys, *arguments):
+    from jaxroll.cli import main
+
+    status = main([str(a) for a in arguments])
+    return status, capsys.readouterr()
+
+
+def test_cli_published_length_above_256_reads_the_2048_measurement(tmp_path, capsys):
+    status, output = _cli(capsys, "rollout", "--published", "bloom-7b1", "--content", "all", "--length", 300,
+                          "--float64", "--out", tmp_path / "out")
+    assert status == 0, output.err
+    assert "published bloom-7b1 (all content, fineweb-edu) measured at N = 2048" in output.out
+    path = published.ROOT / "rollout/alibi/all_content_2048/fineweb-edu/bloom-7b1.yaml"
+    # Causal: the first 300 positions of the 2048 measurement are its rollout at N = 300.
+    expected = oracle.influence_by_correlation(oracle.config_arrays(oracle.read_config(path)), 300)
+    np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "out/profile.csv"), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (("--length", 4096), "--length 4096: no published configuration that long; allowed: 1 to 2048"),
+    (("--content", "mean", "--length", 300),
+     "--length 300: no published configuration with content 'mean' that long; allowed: 1 to 256"),
+])
+def test_cli_published_length_without_a_file_is_a_one_line_error(tmp_path, capsys, arguments, message):
+    status, output = _cli(capsys, "rollout", "--published", "mpt-7b", *arguments, "--out", tmp_path / "out")
+    assert status == 2
+    assert message in output.err and output.err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
