@@ -68,7 +68,7 @@ def power_law_rows():
                 rows.append(dict(model=name, content=content or "none", statistic=statistic,
                                  gamma=fit.gamma, beta=fit.beta, p=fit.p,
                                  p_low=fit.interval[2, 0], p_high=fit.interval[2, 1],
-                                 rms_over_mean=fit.rms / float(np.mean(value[keep]))))
+                                 rms_over_mean=fit.rms / float(np.mean(value[keep])), at_bound=fit.at_bound))
     return rows
 
 

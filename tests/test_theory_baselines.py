@@ -129,6 +129,9 @@ def test_power_law_fit_recovers_noiseless_parameters():
     fit = baselines.fit_power_law(r, np.asarray(baselines.power_law(r, *truth)))
     np.testing.assert_allclose(fit.parameters, truth, rtol=1e-8, atol=1e-11)
     assert fit.rms < 1e-12
+    assert not fit.at_bound
+    # A straight line in r is no power law: p runs to the end of its range, and says so.
+    assert baselines.fit_power_law(r, 1.0 - 1e-3 * r, p_bounds=(0.01, 5.0)).at_bound
 
 
 def test_power_law_intervals_cover_at_their_level():

@@ -193,7 +193,9 @@ class PowerLawFit(NamedTuple):
     bounds at ``level`` (Student t with ``n - 3`` degrees of freedom on the
     linearised covariance ``covariance``, scaled by the residual variance
     unless ``sigma`` was absolute); ``rms`` the weighted root mean square
-    residual.
+    residual; ``at_bound`` True when p ended on an end of the searched range
+    (then the data do not pin p down and the intervals mean little: a
+    profile that is not a power law, e.g. one with a primacy bump).
     """
 
     parameters: np.ndarray
@@ -201,6 +203,7 @@ class PowerLawFit(NamedTuple):
     covariance: np.ndarray
     rms: float
     level: float
+    at_bound: bool
 
     @property
     def gamma(self) -> float:
@@ -296,7 +299,8 @@ def fit_power_law(r: ArrayLike, y: ArrayLike, sigma: ArrayLike | None = None, *,
         covariance = covariance * (rss / dof if dof > 0 else np.inf)
     half = scipy.stats.t.ppf(0.5 + level / 2, dof) * np.sqrt(np.diag(covariance))
     interval = np.stack([theta - half, theta + half], axis=1)
-    return PowerLawFit(theta, interval, covariance, math.sqrt(rss / r.size), level)
+    at_bound = bool(np.isclose(theta[2], p_bounds[0], rtol=1e-6) or np.isclose(theta[2], p_bounds[1], rtol=1e-6))
+    return PowerLawFit(theta, interval, covariance, math.sqrt(rss / r.size), level, at_bound)
 
 
 def by_distance(rows: ArrayLike, queries: ArrayLike, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
