@@ -276,7 +276,7 @@ def fit_power_law(r: ArrayLike, y: ArrayLike, sigma: ArrayLike | None = None, *,
         raise ConfigError("r, y: got non-finite values or r < 0; allowed: finite y and distances r >= 0")
     w = np.ones_like(y) if sigma is None else 1.0 / np.asarray(sigma, dtype=np.float64)
     if w.shape != y.shape or not np.all(np.isfinite(w) & (w > 0)):
-        raise ConfigError(f"sigma: got shape {np.shape(sigma)} or values <= 0; allowed: (n,) positive values")
+        raise ConfigError(f"sigma: got shape {w.shape} or values <= 0; allowed: (n,) positive values")
     r1 = r + 1.0
     start = _profiled_start(r1, y, w, np.geomspace(*p_bounds, 200))
 
