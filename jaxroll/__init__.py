@@ -1,7 +1,9 @@
 """jaxroll: the residual-aware attention rollout in JAX.
 
 A theory of position bias in causal transformers from architecture alone
-(Herasimchyk, Labryga, Prusina, Laue, arXiv 2602.16837): layer t mixes the
+(Herasimchyk, Labryga, Prusina, Laue, *A Structural Theory of Position Bias
+in Transformers*, arXiv 2602.16837v2; v1 was titled *A Residual-Aware
+Theory of Position Bias in Transformers*): layer t mixes the
 identity and an attention kernel, ``R_t = (1 - lambda_t) I + lambda_t A_t``,
 and the last row of ``P_T = R_T ... R_1`` is the predicted influence of each
 input position on the last one.

@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 01 · The U-shape: residual-aware vs attention-only rollout
 #
-# The controlled rollout of *A Residual-Aware Theory of Position Bias in
-# Transformers* (Herasimchyk, Labryga, Prusina, Laue, arXiv 2602.16837). Each
+# The controlled rollout of *A Structural Theory of Position Bias in
+# Transformers* (Herasimchyk, Labryga, Prusina, Laue, arXiv 2602.16837v2). Each
 # layer mixes the identity and an attention kernel,
 #
 # $$R_t = (1 - \lambda_t)\, I + \lambda_t A_t, \qquad P_T = R_T \cdots R_1,

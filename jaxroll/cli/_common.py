@@ -94,7 +94,8 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--no-residual", action="store_true",
                         help="with --published: lambda = 1 in every layer (attention-only)")
     parser.add_argument("--length", type=positive_int, default=None,
-                        help="sequence length N (default: the configuration's)")
+                        help="sequence length N (default: the configuration's); with --published also which "
+                             "measurement: the authors' file at 256 for N <= 256, at 2048 for N <= 2048")
     parser.add_argument("--max-memory", default=None, metavar="SIZE",
                         help="refuse runs whose estimated memory exceeds SIZE (e.g. 8G; "
                              "default: the memory available on this machine)")
@@ -119,10 +120,11 @@ def model_from_arguments(arguments):
         model, source = io.load_config(arguments.config), str(arguments.config)
     elif arguments.published is not None:
         content = None if arguments.content == "none" else arguments.content
-        model = published.load(arguments.published, content, arguments.dataset,
+        measured = 256 if arguments.length is None else published.length_for(arguments.length, content)
+        model = published.load(arguments.published, content, arguments.dataset, measured,
                                residual=not arguments.no_residual)
         source = (f"published {arguments.published} ({_content_words(arguments.content)}, {arguments.dataset}"
-                  f"{', no residual' if arguments.no_residual else ''})")
+                  f"{', no residual' if arguments.no_residual else ''}) measured at N = {measured}")
     else:
         name = arguments.preset or presets.DEFAULT
         model, source = presets.get(name), f"preset {name}"

@@ -147,8 +147,10 @@ def _run_presets(arguments) -> None:
         print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d} "
               f"{geometry.lambda_0:8.4f} {geometry.beta:6.4f}")
     print()
-    print("Published (--published NAME [--content none|mean|all] [--dataset D] [--no-residual]): the")
-    print("paper authors' measured lambda schedules (one per layer) and content scores, N = 256.")
-    print("  content none: fineweb-edu, dclm, wikipedia; mean: fineweb-edu; all: fineweb-edu, dclm, wikipedia")
+    print("Published (--published NAME [--content none|mean|all] [--dataset D] [--no-residual] [--length N]):")
+    print("the paper authors' measured lambda schedules (one per layer) and content scores, measured at")
+    print("N = 256 and N = 2048 (--length N <= 256 reads the 256 files, N <= 2048 the 2048 ones).")
+    print("  content none: fineweb-edu, dclm, wikipedia; mean: fineweb-edu (256 only); all: fineweb-edu, dclm, "
+          "wikipedia")
     for name, geometry in GEOMETRIES.items():
         print(f"  {name:14} {geometry.model_id:22} {geometry.num_layers:6d} {geometry.num_heads:5d}")

@@ -9,10 +9,27 @@
   `kinetic.multi_head_profile`, `kinetic.critical_time`.
 - `jaxroll.theory.bridge`: the mapping between the two, and the rollout a
   kinetic profile is compared with.
+- `jaxroll.theory.baselines`: closed-form baselines, each checked against the
+  rollout it approximates: the uniform-causal (Cesàro) rollout, exact at
+  finite N and its continuum and deep limits (Chowdhury, arXiv 2603.10123):
+  `cesaro_profile`, `cesaro_density`, `cesaro_atom`, `cesaro_poisson_density`;
+  and the power law by distance (Brändel et al., arXiv 2606.29139):
+  `power_law`, `fit_power_law`, `by_distance`.
 """
 
+from . import baselines as baselines
 from . import bridge as bridge
 from . import kinetic as kinetic
+from .baselines import (
+    cesaro_profile as cesaro_profile,
+    cesaro_density as cesaro_density,
+    cesaro_atom as cesaro_atom,
+    cesaro_poisson_density as cesaro_poisson_density,
+    power_law as power_law,
+    PowerLawFit as PowerLawFit,
+    fit_power_law as fit_power_law,
+    by_distance as by_distance,
+)
 from .rollout_limits import (
     total_mixing as total_mixing,
     diagonal as diagonal,
@@ -29,7 +46,8 @@ from .rollout_limits import (
 )
 
 __all__ = [
-    "bridge", "kinetic", "total_mixing", "diagonal", "diagonal_lower_bound", "collapse_mass",
+    "baselines", "bridge", "kinetic", "cesaro_profile", "cesaro_density", "cesaro_atom", "cesaro_poisson_density",
+    "power_law", "PowerLawFit", "fit_power_law", "by_distance", "total_mixing", "diagonal", "diagonal_lower_bound", "collapse_mass",
     "DepthProfile", "depth_profile", "Monotonicity", "is_stochastically_monotone", "FORCES",
     "Forces", "ladder", "forces",
 ]
