@@ -256,3 +256,23 @@ def test_score_command_plot_and_refusals(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert math.isfinite(score(profile, rows, B=20).p_value)
+
+
+def test_figures_draw_the_band_they_are_given(monkeypatch, tmp_path):
+    from matplotlib.collections import PolyCollection
+
+    from jaxroll import plot
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path: figures.append(figure) or path)
+    rows = np.random.default_rng(5).gamma(2.0, size=(30, N))
+    measured, band = plain_profile(rows), profile_band(rows, resamples=200)
+    plot.plot_measured_influence(tmp_path / "influence.png", measured, band=band)
+    plot.plot_prediction_against_measurement(tmp_path / "score.png", measured, u_shape(N), band=band)
+    for figure in figures:
+        axes = figure.axes[0]
+        shaded = [c for c in axes.collections if isinstance(c, PolyCollection) and "band" in c.get_label()]
+        assert len(shaded) == 1
+        heights = shaded[0].get_paths()[0].vertices[:, 1]
+        # fill_between's polygon runs along the upper edge and back along the lower one.
+        assert heights.min() == pytest.approx(band[0].min()) and heights.max() == pytest.approx(band[1].max())
