@@ -13,7 +13,7 @@ E[w] = mu``, w and r independent).
 
 The predictions: ``p_k ∝ mu exp(a_k x)`` (x in [-1, 1]), a_k chosen by
 bisection so that ``W1(p_k, mu) = k * noise_true``, ``noise_true`` the
-median over 4000 simulated measurements of ``W1(m, mu)``; k = 0, 2, 4.
+median over 4000 simulated measurements of ``W1(m, mu)``; k = 0, 2, 4, 8.
 
 Per replicate (a fresh measurement) and k: `score` with B resamples, and
 the table gives the share of replicates with ``p_value <= 0.05`` (the
@@ -111,18 +111,20 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
     return table
 
 
-COLUMNS = ("error", "reject", "ratio", "ratio_median", "w1_hull", "w1_basic", "w1_percentile", "kl_hull", "kl_basic", "kl_percentile",
-           "spearman_hull", "spearman_basic", "spearman_percentile", "kl_bias", "kl_bc_bias", "noise_spread",
+COLUMNS = ("error", "reject", "ratio", "ratio_median", "w1_hull", "w1_basic", "w1_percentile", "kl_hull", "kl_basic",
+           "kl_percentile", "spearman_hull", "spearman_basic", "spearman_percentile", "kl_bias", "kl_bc_bias", "noise_spread",
            "noise_true", "n_eff")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 64, S = 48, B = 300, 200 replicates")
-    parser.add_argument("--replicates", type=int, default=500, help="replicates per error of the full run (default 500)")
+    parser.add_argument("--replicates", type=int, default=500,
+                        help="replicates per error of the full run (default 500)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for uncertainty_calibration.csv")
     arguments = parser.parse_args(argv)
-    n, sequences, resamples, replicates = (64, 48, 300, 200) if arguments.quick else (256, 96, 1000, arguments.replicates)
+    full = (256, 96, 1000, arguments.replicates)
+    n, sequences, resamples, replicates = (64, 48, 300, 200) if arguments.quick else full
     start = time.perf_counter()
     table = calibration(n, sequences, resamples, replicates)
     seconds = time.perf_counter() - start
