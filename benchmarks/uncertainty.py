@@ -18,9 +18,9 @@ median over 4000 simulated measurements of ``W1(m, mu)``; k = 0, 2, 4, 8.
 Per replicate (a fresh measurement) and k: `score` with B resamples, and
 the table gives the share of replicates with ``p_value <= 0.05`` (the
 false-positive rate at k = 0, the power otherwise), the coverage of the
-basic 95 % W1 and KL intervals (their truths W1(p_k, mu), KL(mu || p_k))
-beside the percentile intervals' coverage of the same truths, the mean
-W1 / noise, the relative error of the raw and bias-corrected KL, and the
+95 % W1, KL and Spearman intervals `score` reports (``*_hull``; truths
+W1(p_k, mu), KL(mu || p_k), rho(p_k, mu)) beside the basic and percentile
+intervals' coverage of the same truths, the mean and median W1 / noise, the relative error of the raw and bias-corrected KL, and the
 spread of the estimated noise (its sd / mean). Binomial standard errors
 of a rate r over R replicates: ``sqrt(r (1 - r) / R)``.
 
