@@ -426,13 +426,39 @@ def plot_lambdas(path, lambdas, spread=None, *, title: str = "") -> Path:
     return _save(figure, path)
 
 
-def plot_measured_influence(path, influence, *, title: str = "") -> Path:
-    """Measured gradient influence ``||df / de_j||`` (normalised to sum 1) on linear axes."""
+def plot_measured_influence(path, influence, *, title: str = "", band=None, level: float = 0.95) -> Path:
+    """Measured gradient influence ``||df / de_j||`` (normalised to sum 1) on linear axes.
+
+    `band` ``(2, N)``: a pointwise bootstrap band over sequences at `level`
+    (`jaxroll.measure.uncertainty.profile_band`), drawn shaded.
+    """
     influence = np.asarray(influence, dtype=np.float64)
     figure, ((axes,),) = _figure(7, 4.2, top=0.4)
+    _band(axes, band, level)
     _profile_panel(axes, influence, label="measured gradient influence")
     axes.set_ylabel("normalised ||df / de_j|| (sums to 1)")
     axes.set_title(title, fontsize=10, y=1.0)
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _band(axes, band, level: float) -> None:
+    if band is not None:
+        low, high = np.asarray(band, dtype=np.float64)
+        axes.fill_between(np.arange(low.size), low, high, color="C0", alpha=0.25, linewidth=0,
+                          label=f"{100 * level:g}% pointwise bootstrap band over sequences")
+
+
+def plot_prediction_against_measurement(path, measured, predicted, *, band=None, level: float = 0.95,
+                                        title: str = "") -> Path:
+    """A predicted profile over the measured one and its pointwise band (`jaxroll score --plot`)."""
+    measured = np.asarray(measured, dtype=np.float64)
+    figure, ((axes,),) = _figure(8, 4.4, top=0.45)
+    _band(axes, band, level)
+    _profile_panel(axes, measured, label="measured gradient influence (mean over sequences)")
+    axes.plot(np.arange(measured.size), np.asarray(predicted, dtype=np.float64), color="C3", label="prediction")
+    axes.set_ylabel("normalised influence (sums to 1)")
+    axes.set_title(title, fontsize=9, y=1.0)
     axes.legend(fontsize=8)
     return _save(figure, path)
 

@@ -20,8 +20,8 @@ can confirm is asserted:
 - the ladder (validation/ladder.py): every rung is a probability vector, its
   unrefined rung is the script's dense-kernel rollout, the best combination
   is the lowest W1 among the compatible combinations, its scores are
-  `jaxroll.measure.uncertainty.score`'s (intervals ordered, the floor's
-  median inside its interval), out-of-sample scores are finite.
+  `jaxroll.measure.uncertainty.score`'s (intervals ordered, the noise's
+  median below its 95 % quantile), out-of-sample scores are finite.
 
 The full run (BLOOM and Llama, 4 layers, trained ~10 minutes each) is
 `validation/run.py`; its tables are in docs/refinements.md.
@@ -107,7 +107,7 @@ def trained(corpus, tmp_path_factory):
 
     ids = measured["token_ids"]
     ingredients = measure_refinements(pipeline.load_float64(directory), ids, groups=np.arange(len(ids)) % 2)
-    result = ladder.run_ladder(ingredients, check["influence"], boots=20, splits=20)
+    result = ladder.run_ladder(ingredients, check["influence"], boots=20)
     return {"curve": curve, "measured": measured, "check": check, "profiles": profiles, "details": details,
             "directory": directory,
             "scores": pipeline.scores(profiles, measured["influence"]), "ingredients": ingredients,
@@ -228,7 +228,7 @@ def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
             assert low <= high
         assert all(np.isfinite(value) for value in row["out_of_sample"].values())
         # The ladder's scores are uncertainty.score's (same seed, same draws).
-        again = uncertainty.score(np.asarray(row["profile"]), trained["check"]["influence"], B=20, splits=20, seed=0)
+        again = uncertainty.score(np.asarray(row["profile"]), trained["check"]["influence"], B=20, seed=0)
         assert row["wasserstein"] == again.w1 and row["ratio_interval"] == list(again.ratio_interval)
     means = trained["ingredients"].mean()
     # The per-position lambdas average to jaxroll measure's lambda_t; the heads to its mean attention.
@@ -242,7 +242,7 @@ def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
     multi = [w1 for name, w1 in result["all_combinations_w1"].items() if name.count("+") >= 1]
     assert best["wasserstein"] == min(multi)
     assert "gradient+position" not in result["all_combinations_w1"]  # incompatible switches are skipped
-    floor = result["floor"]
-    assert 0 <= floor["low"] <= floor["median"] <= floor["high"]
-    table = ladder.markdown({"bloom": result})
-    assert "random-split floor" in table and "best rung / median floor" in table
+    noise = result["noise"]
+    assert 0 < noise["median"] <= noise["q95"] and 1 <= noise["n_eff"] <= result["num_sequences"]
+    table = ladder.markdown({"bloom": result}, metric="ratio")
+    assert "noise of the mean" in table and "p = " in table

@@ -9,11 +9,11 @@ per-sequence gradient influence ``(S, N)`` give
   `jaxroll.refinements.SWITCHES` alone, and the best combination (lowest
   in-sample W1 among all compatible combinations of two or more switches);
 - every rung's `jaxroll.measure.uncertainty.score` against the
-  measurement: W1/(N-1), Spearman and KL(measured || predicted) with
-  seeded bootstrap intervals over sequences (the prediction held fixed: the
-  interval is the measurement's noise in the score), the random-split
-  floor (median W1 between two random halves) and the ratio W1 / floor with
-  its bootstrap interval;
+  measurement: W1 / noise of the mean (about 1 for a perfect prediction)
+  with its interval and the p-value of H0 "the sequences were drawn around
+  this rung's profile"; W1/(N-1), Spearman and KL(measured || predicted),
+  each with its bias-corrected estimate and seeded bootstrap interval over
+  sequences (the prediction held fixed);
 - out of sample: ingredients measured on the even sequences scored against
   the odd sequences' influence and vice versa (the mean of the two), for
   every rung (the best combination is chosen in-sample).
@@ -73,22 +73,22 @@ def _plain(predicted, measured):
             "kl": float(uncertainty.kl(measured, predicted))}
 
 
-def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 1000, splits: int = 1000, seed: int = 0,
+def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 1000, seed: int = 0,
                switches=RUNGS_ALONE) -> dict:
     """The ladder of one model (see the module docstring).
 
     `ingredients`: a `RefinementIngredients` with groups 0 (even-indexed
     sequences) and 1 (odd) holding every switch of `switches`;
     `per_sequence`: gradient influence ``(S, N)`` (raw norms) of the same
-    sequences in the same order. `boots`, `splits`, `seed`: of
-    `uncertainty.score` (the same seed for every rung, so every rung sees
-    the same resamples and the same floor).
+    sequences in the same order. `boots`, `seed`: of `uncertainty.score`
+    (the same seed for every rung, so every rung sees the same resamples
+    and the same noise).
     """
     per_sequence = np.asarray(per_sequence, dtype=np.float64)
     s = per_sequence.shape[0]
     # The measured profile exactly as `uncertainty.score` forms it, so the W1 of every combination
     # equals the W1 the rungs report.
-    measured = uncertainty.profile_from_rows(np.full((1, s), 1.0 / s), per_sequence)[0]
+    measured = uncertainty.profile_from_rows(np.ones((1, s)), per_sequence)[0]
     combos = all_combinations(switches)
     inside = profiles(means(ingredients), combos)
     all_w1 = {combo: float(uncertainty.wasserstein(p, measured)) for combo, p in inside.items()}
@@ -100,39 +100,42 @@ def run_ladder(ingredients, per_sequence: np.ndarray, *, boots: int = 1000, spli
     even, odd = (normalise(per_sequence[groups == g].mean(0)) for g in (0, 1))
     from_even, from_odd = profiles(means(ingredients, 0), rungs), profiles(means(ingredients, 1), rungs)
 
-    rows, floor = {}, None
+    rows, noise = {}, None
     for combo in rungs:
         name = "best combination: " + " + ".join(combo) if combo == best else label(combo)
-        result = uncertainty.score(inside[combo], per_sequence, B=boots, seed=seed, splits=splits)
+        result = uncertainty.score(inside[combo], per_sequence, B=boots, seed=seed)
         forward, backward = _plain(from_even[combo], odd), _plain(from_odd[combo], even)
         rows[name] = {"switches": list(combo), "profile": inside[combo].tolist(),
                       **{metric: float(getattr(result, _SCORE_NAMES[metric])) for metric in METRICS},
                       "interval": {metric: list(getattr(result, _SCORE_NAMES[metric] + "_interval"))
                                    for metric in METRICS},
+                      "bias_corrected": {metric: getattr(result, _SCORE_NAMES[metric] + "_bias_corrected")
+                                         for metric in METRICS},
                       "ratio": result.ratio, "ratio_interval": list(result.ratio_interval),
+                      "p_value": result.p_value,
                       "out_of_sample": {metric: (forward[metric] + backward[metric]) / 2 for metric in METRICS}}
-        floor = {"median": result.floor, "low": result.floor_interval[0], "high": result.floor_interval[1]}
-    # The bootstrap band of the measured profile (the same seeded resamples as `score` draws first).
-    draws = np.random.default_rng(seed).integers(0, s, size=(boots, s))
-    resampled = normalise(np.stack([per_sequence[row].mean(0) for row in draws]))
-    band = {"low": np.percentile(resampled, 2.5, axis=0), "high": np.percentile(resampled, 97.5, axis=0)}
-    return {"rows": rows, "floor": floor, "all_combinations_w1": {"+".join(c) or "base": w for c, w in all_w1.items()},
-            "measured": measured.tolist(), "band": {key: value.tolist() for key, value in band.items()},
-            "num_sequences": s, "boots": boots, "splits": splits, "seed": seed}
+        noise = {"median": result.noise, "q95": result.noise_q95, "n_eff": result.n_eff}
+    low, high = uncertainty.profile_band(per_sequence, resamples=boots, seed=seed)
+    return {"rows": rows, "noise": noise, "all_combinations_w1": {"+".join(c) or "base": w for c, w in all_w1.items()},
+            "measured": measured.tolist(), "band": {"low": low.tolist(), "high": high.tolist()},
+            "num_sequences": s, "boots": boots, "seed": seed}
 
 
 def markdown(ladders: dict, *, metric: str = "wasserstein") -> str:
-    """One table per metric: rungs down, models across; cells ``score [interval]; out of sample``.
+    """One table per metric: rungs down, models across.
 
-    The W1 table adds the random-split floor (median [95 % of splits]) and
-    the best rung's ratio to it [bootstrap interval].
+    ``metric="ratio"``: cells ``W1 / noise [interval], p = ...``, then the
+    noise of the mean and the effective number of sequences; otherwise
+    cells ``score [interval]; out of sample``.
     """
     names = list(ladders)
-    title = {"wasserstein": "W1/(N-1), lower is better", "spearman": "Spearman, higher is better",
+    title = {"ratio": "W1 / noise of the mean, about 1 for a perfect prediction [95 % interval], one-sided p-value "
+                      "of 'the sequences were drawn around this profile'",
+             "wasserstein": "W1/(N-1), lower is better", "spearman": "Spearman, higher is better",
              "kl": "KL(measured || predicted), nats, lower is better"}[metric]
     fmt = (lambda v: f"{v:+.3f}") if metric == "spearman" else (lambda v: f"{v:.4f}")
-    lines = [f"**{title}** (in-sample [95 % bootstrap interval]; out of sample)", "",
-             "| rung | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    note = "" if metric == "ratio" else " (in-sample [95 % bootstrap interval]; out of sample)"
+    lines = [f"**{title}**{note}", "", "| rung | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     generic = {}
     for name in names:
         for rung, row in ladders[name]["rows"].items():
@@ -145,20 +148,19 @@ def markdown(ladders: dict, *, metric: str = "wasserstein") -> str:
             if row is None:
                 out.append("")
                 continue
-            low, high = row["interval"][metric]
             extra = f" ({'+'.join(row['switches'])})" if key == "best combination" else ""
+            if metric == "ratio":
+                low, high = row["ratio_interval"]
+                out.append(f"{row['ratio']:.2f} [{low:.2f}, {high:.2f}], p = {row['p_value']:.3f}{extra}")
+                continue
+            low, high = row["interval"][metric]
             out.append(f"{fmt(row[metric])} [{fmt(low)}, {fmt(high)}]; {fmt(row['out_of_sample'][metric])}{extra}")
         lines.append(f"| {key} | " + " | ".join(out) + " |")
-    if metric == "wasserstein":
-        floors = [f"{fmt(ladders[n]['floor']['median'])} [{fmt(ladders[n]['floor']['low'])}, "
-                  f"{fmt(ladders[n]['floor']['high'])}]" for n in names]
-        lines.append("| random-split floor, median [95 % of splits] | " + " | ".join(floors) + " |")
-        ratios = []
-        for name in names:
-            best = min(ladders[name]["rows"].values(), key=lambda row: row["wasserstein"])
-            low, high = best["ratio_interval"]
-            ratios.append(f"{best['ratio']:.1f}x [{low:.1f}, {high:.1f}] ({'+'.join(best['switches']) or 'base'})")
-        lines.append("| best rung / median floor [bootstrap] | " + " | ".join(ratios) + " |")
+    if metric == "ratio":
+        lines.append("| noise of the mean: median W1(m*, m) [95 % quantile] | " + " | ".join(
+            f"{ladders[n]['noise']['median']:.4f} [{ladders[n]['noise']['q95']:.4f}]" for n in names) + " |")
+        lines.append("| effective sequences n_eff / S | " + " | ".join(
+            f"{ladders[n]['noise']['n_eff']:.1f} / {ladders[n]['num_sequences']}" for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,14 +176,14 @@ def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
     axis.plot(positions, measured, color="black", linewidth=1.8, label="measured influence")
     for colour, (rung, row) in enumerate(ladder["rows"].items()):
         axis.plot(positions, row["profile"], linewidth=1.0, color=f"C{colour}",
-                  label=f"{rung} (W1 {row['wasserstein']:.4f})")
+                  label=f"{rung} (W1 {row['wasserstein']:.4f}, {row['ratio']:.1f}x noise, p {row['p_value']:.2g})")
     for colour, (rung, profile) in enumerate((extra or {}).items(), start=len(ladder["rows"])):
         axis.plot(positions, profile, linewidth=1.0, linestyle="--", color=f"C{colour}", label=rung)
-    floor = ladder["floor"]["median"]
+    noise = ladder["noise"]["median"]
     axis.set_yscale("log")
     axis.set_ylim(max(1e-6, float(np.min(ladder["band"]["low"])) / 30), 1.5)
     axis.set_title(f"{name}: refined rollouts vs measured influence "
-                   f"(S = {ladder['num_sequences']}, floor W1 {floor:.4f})", fontsize=9)
+                   f"(S = {ladder['num_sequences']}, noise of the mean W1 {noise:.4f})", fontsize=9)
     axis.set_xlabel("input position j", fontsize=8)
     axis.set_ylabel("influence on the last position", fontsize=8)
     axis.tick_params(labelsize=7)

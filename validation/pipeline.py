@@ -436,18 +436,18 @@ def scores(profiles: dict[str, np.ndarray], measured_profile: np.ndarray) -> dic
                    "kl": float(uncertainty.kl(q, p))} for name, p in profiles.items()}
 
 
-def split_half_floor(per_sequence_influence: np.ndarray, *, splits: int = 1000, seed: int = 0) -> dict[str, float]:
-    """The measurement's own noise: the median W1 between two random halves of the sequences.
+def noise_of_the_mean(per_sequence_influence: np.ndarray, *, boots: int = 1000, seed: int = 0) -> dict[str, float]:
+    """The measurement's own noise: the median bootstrap W1 between a resampled mean and the mean.
 
-    `jaxroll.measure.uncertainty.split_half_floor` over `splits` random splits
-    (one split is not an estimate); ``wasserstein`` is the median, ``low`` /
-    ``high`` the 2.5 / 97.5 % quantiles over splits.
+    `jaxroll.measure.uncertainty.score`'s ``noise`` (``wasserstein``) and
+    ``noise_q95`` (``q95``): a perfect prediction scores W1 about ``noise``.
     """
     from jaxroll.measure import uncertainty
 
-    values = uncertainty.split_half_floor(per_sequence_influence, splits=splits, seed=seed)
-    return {"wasserstein": float(np.median(values)), "low": float(np.quantile(values, 0.025)),
-            "high": float(np.quantile(values, 0.975))}
+    rows = np.asarray(per_sequence_influence, dtype=np.float64)
+    measured = rows.sum(axis=0) / rows.sum()
+    result = uncertainty.score(measured, rows, B=boots, seed=seed)
+    return {"wasserstein": result.noise, "q95": result.noise_q95, "n_eff": result.n_eff}
 
 
 def check_profile(p: np.ndarray, *, tolerance: float = 1e-6) -> None:
@@ -474,7 +474,7 @@ def format_rows(name: str, result: dict) -> str:
              f"influence {result['crosscheck']['influence']:.2e}"]
     for variant, row in result["scores"].items():
         lines.append(f"  {variant:34s} W1 {row['wasserstein']:.4f}  rho {row['spearman']:+.3f}  KL {row['kl']:.4f}")
-    lines.append(f"  {'random-split floor (median W1)':34s} W1 {result['floor']['wasserstein']:.4f}")
+    lines.append(f"  {'noise of the mean (median W1)':34s} W1 {result['noise']['wasserstein']:.4f}")
     return "\n".join(lines)
 
 
@@ -486,10 +486,10 @@ def markdown_table(results: dict) -> str:
     for metric, title in METRICS:
         lines = [f"**{title}**", "", "| variant | " + " | ".join(names) + " |",
                  "|---|" + "---:|" * len(names)]
-        for variant in variants + ["random-split floor (median)"]:
+        for variant in variants + ["noise of the mean (median W1)"]:
             cells = []
             for name in names:
-                row = results[name]["floor"] if variant.startswith("random") else results[name]["scores"].get(variant)
+                row = results[name]["noise"] if variant.startswith("noise") else results[name]["scores"].get(variant)
                 cells.append("" if row is None or metric not in row else f"{row[metric]:.4f}" if metric != "spearman"
                              else f"{row[metric]:+.3f}")
             lines.append(f"| {variant} | " + " | ".join(cells) + " |")
@@ -503,7 +503,7 @@ def markdown_table(results: dict) -> str:
 
 
 def write_csv(results: dict, path: Path) -> Path:
-    """``model,variant,wasserstein,spearman,kl`` (the random-split floor's median W1 as variant ``random-split floor``)."""
+    """``model,variant,wasserstein,spearman,kl`` (the noise of the mean as variant ``noise of the mean``)."""
     import csv
 
     with open(path, "w", newline="") as handle:
@@ -512,7 +512,7 @@ def write_csv(results: dict, path: Path) -> Path:
         for name, result in results.items():
             for variant, row in result["scores"].items():
                 writer.writerow([name, variant, row["wasserstein"], row["spearman"], row["kl"]])
-            writer.writerow([name, "random-split floor", result["floor"]["wasserstein"], "", ""])
+            writer.writerow([name, "noise of the mean", result["noise"]["wasserstein"], "", ""])
     return path
 
 

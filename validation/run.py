@@ -15,8 +15,9 @@ Steps (all offline, seeded; see `pipeline.py` for each formula):
    their W1 / Spearman / KL against the measured influence;
 4. the ladder of rollout refinements (`ladder.py`): the refinement
    ingredients measured on the same sequences (even and odd halves kept
-   apart), every rung's W1 / Spearman / KL with bootstrap intervals, the
-   random-split floor and the out-of-sample scores; a figure per model
+   apart), every rung's W1 / noise of the mean with its p-value, W1 / Spearman
+   / KL with bias-corrected estimates and bootstrap intervals, and the
+   out-of-sample scores; a figure per model
    (``ladder-<model>.png`` next to ``--figure``);
 5. write ``table.md``, ``ladder.md``, ``table.csv``, ``results.json``, ``losses.csv`` into
    ``--out`` and the figure to ``--figure``.
@@ -65,7 +66,6 @@ def parse(argv=None):
     parser.add_argument("--samples", type=int, default=64, help="held-out sequences measured")
     parser.add_argument("--fit-steps", type=int, default=200)
     parser.add_argument("--boots", type=int, default=1000, help="bootstrap resamples of the sequences")
-    parser.add_argument("--splits", type=int, default=1000, help="random halvings for the floor")
     parser.add_argument("--timing-sequences", type=int, default=8,
                         help="sequences on which each refinement ingredient's measurement is timed")
     parser.add_argument("--seed", type=int, default=0)
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
             results[name] = {
                 "ladder": ladder_result, "ingredient_seconds_per_sequence": timing,
                 "scores": pipeline.scores(profiles, target),
-                "floor": pipeline.split_half_floor(check["influence"], splits=arguments.splits, seed=arguments.seed),
+                "noise": pipeline.noise_of_the_mean(check["influence"], boots=arguments.boots, seed=arguments.seed),
                 "crosscheck": pipeline.crosscheck_differences(measured, check),
                 "lambdas": measured["lambdas"].tolist(),
                 "fitted_lambdas": details["fitted_lambdas"].tolist(),
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                 "measured": target.tolist(),
             }
             print(pipeline.format_rows(name, results[name]))
-            print(ladder.markdown({name: ladder_result}), flush=True)
+            print(ladder.markdown({name: ladder_result}, metric="ratio"), flush=True)
             print(f"  ingredient seconds per sequence: {timing}  (load {os.getloadavg()})", flush=True)
     seconds = time.perf_counter() - started
     summary = {"geometry": vars(arguments) | {"out": str(out), "figure": str(arguments.figure)},
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     table = pipeline.markdown_table(results)
     (out / "table.md").write_text(table)
     pipeline.write_csv(results, out / "table.csv")
-    ladder_tables = "\n".join(ladder.markdown(ladders, metric=m) for m in ("wasserstein", "spearman", "kl"))
+    ladder_tables = "\n".join(ladder.markdown(ladders, metric=m) for m in ("ratio", "wasserstein", "spearman", "kl"))
     (out / "ladder.md").write_text(ladder_tables)
     print(ladder_tables)
     print(timing_table(results))
@@ -198,8 +198,7 @@ def run_ladder(model_dir, measured, check, arguments):
     ingredients = measure_refinements(model, ids, groups=np.arange(ids.shape[0]) % 2)
     timing = time_ingredients(model, ids[: arguments.timing_sequences])
     del model
-    return ladder.run_ladder(ingredients, check["influence"], boots=arguments.boots, splits=arguments.splits,
-                             seed=arguments.seed), timing
+    return ladder.run_ladder(ingredients, check["influence"], boots=arguments.boots, seed=arguments.seed), timing
 
 
 def timing_table(results: dict) -> str:

@@ -96,5 +96,8 @@ def _plot_lambdas(path: Path, measurement: Measurement) -> Path:
 
 def _plot_influence(path: Path, measurement: Measurement) -> Path:
     from ..plot import plot_measured_influence
+    from .uncertainty import profile_band
 
-    return plot_measured_influence(path, measurement.influence, title=_title(measurement))
+    rows = measurement.influence_per_sequence
+    band = profile_band(rows) if rows is not None and rows.shape[0] >= 2 else None
+    return plot_measured_influence(path, measurement.influence, title=_title(measurement), band=band)
