@@ -114,7 +114,7 @@ def train(out: Path, budget: float, train_length: int, layers: int, hidden: int,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         step += 1
-        if step % 50 == 0:
+        if step % 20 == 0:
             log.append({"step": step, "seconds": round(time.time() - start, 1), "loss": float(loss)})
             print(f"step {step}: weighted loss {float(loss):.3f} ({time.time() - start:.0f} s)", flush=True)
     directory = out / "model"
