@@ -105,9 +105,9 @@ def _run_task(arguments) -> None:
     world = distributed.from_environment()
     tasks, lengths, depths = _grid(arguments)
     plan = loading.inspect_model(arguments.model)
-    if plan.max_length is not None and max(lengths) + 64 > plan.max_length:
+    if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
         raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
-                          "minus the answer")
+                          "minus 8 answer tokens")
     builder = Builder(texts.load_tokenizer(arguments.model))
     for task in tasks:  # every refusal the grid can cause, before the weights load
         for length in lengths:
@@ -141,7 +141,9 @@ def _run_task(arguments) -> None:
         error = distributed.broadcast_error(world, error)  # also a barrier: rank 0 has folded and written
         if error is not None:
             raise ConfigError(error)
-        model = loading.load_model(arguments.model, dtype=arguments.dtype, device=device)
+        # The architecture's default attention (sdpa where it has one): the path a user's generation takes;
+        # eager Falcon would add its ALiBi twice (jaxroll.measure's falcon_alibi).
+        model = loading.load_model(arguments.model, dtype=arguments.dtype, device=device, attn_implementation=None)
         progress = _progress(arguments, world, tasks, lengths, depths)
         try:
             rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
