@@ -157,8 +157,30 @@ def evaluate(out: Path, lengths, depths: int, samples: int, measure_samples: int
                  "--out", out / "measure", "--quiet", "--force"])
     for task in ("kv", "passkey", "copy"):
         for length in lengths:
-            _call(main, ["compare-task", out / "task", "--measured", out / "measure", "--task", task,
-                         "--length", length, "--out", out / f"compare-{task}-{length}", "--force"])
+            for score, suffix in (("exact", ""), ("logprob", "-logprob")):
+                _call(main, ["compare-task", out / "task", "--measured", out / "measure", "--task", task,
+                             "--length", length, "--score", score, "--out", out / f"compare-{task}-{length}{suffix}",
+                             "--force"])
+    print(table(out))
+
+
+def table(out: Path) -> str:
+    """A Markdown table of every comparison in `out` (also written to ``out/table.md``)."""
+    lines = ["| task | L | score | Spearman [95% CI] | depth effect / noise | explained (in sample, left out) |",
+             "|---|---|---|---|---|---|"]
+    for path in sorted(out.glob("compare-*/compare.json")):
+        r = json.loads(path.read_text(encoding="utf-8"))
+        low, high = r["spearman_interval"]
+        lines.append(f"| {r['task']} | {r['length']} | {r['score']} | {r['spearman']:.2f} [{low:.2f}, {high:.2f}] | "
+                     f"{r['depth_effect_to_noise']:.2f} | {_share(r['explained_in_sample'])}, "
+                     f"{_share(r['explained_leave_one_depth_out'])} |")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def _share(value) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.0f}%"
 
 
 def _call(main, argv) -> None:

@@ -33,7 +33,9 @@ from .scoring import score_cases
 __all__ = ["grid_cases", "run_grid", "read_rows", "CASES_FILE", "SETTINGS_FILE"]
 
 CASES_FILE = "cases.jsonl"
+"""One scored case per line (`jaxroll.task.scoring.case_row`)."""
 SETTINGS_FILE = "task.json"
+"""The model, tokenizer size, seed and grid of a run: a ``--resume`` must match the first three."""
 
 
 def grid_cases(builder: Builder, tasks, lengths, depths, samples: int, seed: int, skip=frozenset()) -> list:

@@ -134,7 +134,7 @@ def plot_task(table, task: str, path, *, title: str = "") -> Path:
     left.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     left.set_yticks(range(len(fractions)), [f"{f:.2g}" for f in fractions])
     left.set_xlabel("prompt length (tokens)")
-    left.set_ylabel("record depth (fraction of the prompt)")
+    left.set_ylabel("record depth fraction (0: first, 1: last)")
     for (i, j), value in np.ndenumerate(grid):
         if np.isfinite(value):
             left.text(j, i, f"{value:.2f}", ha="center", va="center", color="w" if value < 0.6 else "k", fontsize=8)
@@ -150,7 +150,7 @@ def plot_task(table, task: str, path, *, title: str = "") -> Path:
                        label=f"L = {length}")
     right.axhline(THRESHOLD, color="0.6", linestyle=":", linewidth=1)
     right.set_ylim(-0.03, 1.03)
-    right.set_xlabel("record depth (fraction of the prompt)")
+    right.set_xlabel("record depth fraction (0: right after the instruction, 1: right before the question)")
     right.set_ylabel(f"exact match ({LEVEL:.0%} bootstrap interval)")
     right.set_title("one line per length")
     right.legend(fontsize=8)
