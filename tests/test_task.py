@@ -273,3 +273,40 @@ def test_flat_task_curve_has_no_rank_and_says_so():
     result = bridge.compare_task(rows_with_curve(np.full(6, 0.5))[0], profile)
     assert np.isnan(result.spearman)
     assert any("no curve to rank" in line for line in result.statement())
+
+
+def bpe_tokenizer():
+    """A byte-level BPE (GPT-2 style) trained offline on the templates and numbers, so digits merge unevenly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = np.random.default_rng(0)
+    corpus = [cases._KV_HEADER, cases._PASSKEY_HEADER, cases._COPY_HEADER, cases._FILLER * 3,
+              " The pass key is 12345. Remember it. What is the pass key?", ' "key": "value", Key: "x"'] + [
+        " ".join(str(n) for n in rng.integers(0, 100000, 50)) for _ in range(20)] + [
+        " ".join(rng.choice(WORDS, 40)) for _ in range(20)]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|endoftext|>",
+                                                eos_token="<|endoftext|>")
+
+
+def test_a_bpe_tokenizer_keeps_lengths_and_depths_exact_when_numbers_merge():
+    bpe = cases.Builder(bpe_tokenizer())
+    lengths = set()
+    for sample in range(40):
+        case = bpe.make("passkey", 220, 1.0, sample, 0)
+        number = list(case.answer_ids)
+        lengths.add(len(number))
+        assert len(case.prompt_ids) == 220
+        opening = len(bpe.encode(" The pass key is"))
+        assert find(case.prompt_ids, number) == case.depth + opening
+        # f = 1: the record ends right where the question starts
+        query = bpe.pieces["passkey"][4]
+        assert case.depth + case.record_length == 220 - len(query)
+    assert len(lengths) > 1  # the numbers did take different numbers of tokens
+    for task in ("kv", "copy"):
+        case = bpe.make(task, 220, 0.5, 0, 0)
+        assert len(case.prompt_ids) == 220 and find(case.prompt_ids, case.answer_ids) is not None

@@ -206,10 +206,15 @@ class Builder:
             raise ConfigError(f"--tasks: got {task!r}; allowed: a comma-separated subset of {','.join(TASKS)}")
         if not 0.0 <= float(depth_fraction) <= 1.0:
             raise ConfigError(f"--depths: got {depth_fraction}; allowed: fractions in [0, 1]")
-        first, last = self.depth_range(task, length)
-        depth = token_depth(depth_fraction, first, last)
+        first, _ = self.depth_range(task, length)
         rng = np.random.default_rng([seed, TASKS.index(task), length, int(round(depth_fraction * 1e6)), sample])
         record, query, answer, unit = self._record_and_answer(task, rng)
+        # The case's own record: a number may take more tokens than the nominal one (BPE merges digits).
+        last = length - len(query) - len(record)
+        if last < first:
+            raise ConfigError(f"--lengths {length}: too short for this {task} case; allowed: >= "
+                              f"{first + len(record) + len(query)} tokens with this tokenizer")
+        depth = token_depth(depth_fraction, first, last)
         header = self.pieces[task][0]
         before = _stream(unit, depth - first)
         after = _stream(unit, length - len(query) - depth - len(record), head=True)
