@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-SYLLABLES = ["ba", "ko", "mi", "tu", "re", "sa", "no", "li", "pe", "du", "ga", "fo", "vi", "ze", "ru", "ha"]
+SYLLABLES = ["ba", "ko", "mi", "tu", "re", "sa", "no", "li"]
 TEMPLATE_WORDS = ("Extract the value corresponding to specified key in JSON object below data Key Corresponding "
                   "There is an important info hidden inside a lot of irrelevant text Find it and memorize I will "
                   "quiz you about information there The grass green sky blue sun yellow Here we go back again "
@@ -39,7 +39,7 @@ PUNCTUATION = ['"', ":", ",", "{", "}", ".", "?", ";"]
 
 
 def build_tokenizer():
-    """Word level: [UNK], template words, 256 two-syllable words, digits, punctuation; digits split one by one."""
+    """Word level: [UNK], template words, 64 two-syllable words, digits, punctuation; digits split one by one."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -196,10 +196,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/task-example"))
     parser.add_argument("--stage", choices=("all", "train", "evaluate"), default="all")
     parser.add_argument("--budget", type=float, default=780.0, help="training seconds (default 780)")
-    parser.add_argument("--train-length", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--hidden", type=int, default=96)
-    parser.add_argument("--lengths", default="64,128,256")
+    parser.add_argument("--train-length", type=int, default=112)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--lengths", default="64,112,160,224")
     parser.add_argument("--depths", type=int, default=11, help="depth fractions 0, 1/(D-1), ..., 1")
     parser.add_argument("--samples", type=int, default=40, help="cases per (task, length, depth)")
     parser.add_argument("--measure-samples", type=int, default=48)

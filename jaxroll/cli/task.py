@@ -199,7 +199,11 @@ def _write_summary(rows, out: Path, tasks) -> None:
 def _run_compare(arguments) -> None:
     import dataclasses
 
+    import jax
     import numpy as np
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
 
     from .. import io
     from ..rollout import influence
