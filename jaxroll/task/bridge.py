@@ -165,6 +165,11 @@ def compare_task(rows, profile, *, task: str | None = None, length: int | None =
     """
     if score not in SCORES:
         raise ConfigError(f"--score: got {score!r}; allowed: one of {', '.join(SCORES)}")
+    try:
+        from scipy.optimize import isotonic_regression  # noqa: F401  (scipy >= 1.12)
+    except ImportError:
+        raise ConfigError("compare-task: needs scipy >= 1.12 (scipy.optimize.isotonic_regression); install "
+                          "jaxroll[measure]") from None
     task, length, mine = select_rows(rows, task, length)
     profile = np.asarray(profile, dtype=np.float64)
     if profile.shape != (length,):
