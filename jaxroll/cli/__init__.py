@@ -12,7 +12,7 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import cache, fit, kinetic, measure, rollout, sweep, theory, uncertainty
+from . import cache, fit, kinetic, measure, rollout, sweep, task, theory, uncertainty
 
 __all__ = ["main"]
 
@@ -23,7 +23,7 @@ def _build_parser():
         "transformers (arXiv 2602.16837)."))
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
-    for command in (rollout, measure, theory, fit, sweep, kinetic, uncertainty, cache):
+    for command in (rollout, measure, theory, fit, sweep, kinetic, uncertainty, cache, task):
         command.add_parser(commands)
     return parser
 

@@ -1,0 +1,258 @@
+"""``jaxroll task`` (task accuracy by depth and length) and ``jaxroll compare-task`` (the bridge).
+
+``task`` checks the model's config, the tokenizer and the grid (every
+length long enough for every task) before the weights load and before
+``--out`` is touched. Under torchrun (``WORLD_SIZE > 1``) each rank scores
+its block of the pending cases and rank 0 writes (`jaxroll.task.grid`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+from . import _common
+
+
+def add_parser(commands) -> None:
+    task = commands.add_parser(
+        "task", help="task accuracy by record depth and prompt length (kv, passkey, copy), teacher-forced",
+        description="Build seeded cases of kv (key-value retrieval, Liu et al. 2023's JSON format with keys from "
+                    "the model's vocabulary), passkey and copy with the tokenizer in MODEL_DIR, the relevant record "
+                    "at each requested depth, score them teacher-forced (gold log-probability in nats, greedy exact "
+                    "match; no generation) and write cases.jsonl, summary.csv, summary.json and TASK.png into --out. "
+                    "Resumable (--resume skips cases already in cases.jsonl); data parallel under torchrun. "
+                    "Needs jaxroll[measure].")
+    task.add_argument("model", type=Path, metavar="MODEL_DIR", help="directory written by save_pretrained")
+    task.add_argument("--out", type=Path, required=True, help="output directory")
+    task.add_argument("--tasks", default="kv,passkey,copy", help="comma-separated subset of kv,passkey,copy "
+                                                                "(default all three)")
+    task.add_argument("--lengths", default="256,512,1024", help="comma-separated prompt lengths in tokens "
+                                                                "(default 256,512,1024)")
+    task.add_argument("--depths", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+                      help="comma-separated depth fractions in [0, 1]: 0 puts the record right after the "
+                           "instruction, 1 right before the question (default 0,0.1,...,1)")
+    task.add_argument("--samples", type=_common.positive_int, default=20, help="cases per (task, length, depth)")
+    task.add_argument("--seed", type=_common.non_negative_int, default=0, help="case seed (default 0)")
+    task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
+    task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
+    task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    task.add_argument("--quiet", action="store_true", help="no progress line")
+    task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
+    task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")
+    task.set_defaults(run=_run_task, uses_jax=False)
+
+    compare = commands.add_parser(
+        "compare-task", help="a task curve beside the influence the rollout predicts at the same positions",
+        description="Read TASK_DIR/cases.jsonl (from jaxroll task), take one task at one length, and compare its "
+                    "score by depth with the predicted influence of the record: from a measurement (--measured "
+                    "DIR, its config.yaml), a rollout CONFIG, --preset or --published. Prints and writes Spearman "
+                    "with a bootstrap interval, a monotone (isotonic) link and the share of the depth effect it "
+                    "explains, and what can and cannot be concluded; writes compare.csv, compare.json, "
+                    "compare.txt and compare.png.")
+    compare.add_argument("task_dir", type=Path, metavar="TASK_DIR", help="the --out of jaxroll task")
+    _common.add_model_arguments(compare)
+    compare.add_argument("--measured", type=Path, default=None, metavar="DIR",
+                         help="the --out of jaxroll measure on the same model (its config.yaml)")
+    compare.add_argument("--task", default=None, help="which task (default: the only one in cases.jsonl)")
+    compare.add_argument("--score", choices=("exact", "logprob", "correct"), default="exact",
+                         help="exact match (default), gold log-probability, or fraction of answer tokens right")
+    compare.add_argument("--resamples", type=_common.positive_int, default=2000, help="bootstrap resamples")
+    _common.add_output_arguments(compare)
+    compare.set_defaults(run=_run_compare)
+
+
+def _parse_list(text: str, flag: str, kind):
+    try:
+        values = [kind(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: got {text!r}; allowed: a comma-separated list of numbers") from None
+    if not values:
+        raise ConfigError(f"{flag}: got {text!r}; allowed: a non-empty comma-separated list")
+    return list(dict.fromkeys(values))
+
+
+def _grid(arguments):
+    from ..task.cases import TASKS
+
+    tasks = _parse_list(arguments.tasks, "--tasks", str)
+    unknown = [item for item in tasks if item not in TASKS]
+    if unknown:
+        raise ConfigError(f"--tasks: got {unknown[0]!r}; allowed: a comma-separated subset of {','.join(TASKS)}")
+    lengths = _parse_list(arguments.lengths, "--lengths", int)
+    if min(lengths) < 1:
+        raise ConfigError(f"--lengths: got {min(lengths)}; allowed: positive integers")
+    depths = _parse_list(arguments.depths, "--depths", float)
+    bad = [value for value in depths if not 0.0 <= value <= 1.0]
+    if bad:
+        raise ConfigError(f"--depths: got {bad[0]}; allowed: fractions in [0, 1]")
+    return tasks, sorted(lengths), sorted(depths)
+
+
+def _run_task(arguments) -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("task: needs torch and transformers; install jaxroll[measure]") from None
+    from .. import io
+    from ..measure import distributed, loading, texts
+    from ..task import grid, summary
+    from ..task.cases import Builder
+
+    world = distributed.from_environment()
+    tasks, lengths, depths = _grid(arguments)
+    plan = loading.inspect_model(arguments.model)
+    if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
+        raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
+                          "minus 8 answer tokens")
+    builder = Builder(texts.load_tokenizer(arguments.model))
+    for task in tasks:  # every refusal the grid can cause, before the weights load
+        for length in lengths:
+            builder.depth_range(task, length)
+        if task == "passkey":
+            builder.make(task, lengths[0], 0.0, 0, arguments.seed)
+    if arguments.resume and not (arguments.out / grid.CASES_FILE).is_file():
+        raise ConfigError(f"--resume: no {grid.CASES_FILE} in {arguments.out}; allowed: the --out of an earlier "
+                          "jaxroll task run")
+    device = loading.resolve_device(arguments.device)
+    if world.distributed and device == "cuda":
+        device = f"cuda:{world.local_rank}"
+    settings = {"model": str(arguments.model.resolve()), "model_type": plan.config.model_type,
+                "vocabulary": len(builder.tokenizer), "seed": arguments.seed, "tasks": tasks, "lengths": lengths,
+                "depths": depths, "samples": arguments.samples, "dtype": arguments.dtype,
+                "threshold": summary.THRESHOLD}
+    distributed.init(world, device)
+    try:
+        error = None
+        if world.is_main:
+            try:
+                if not arguments.resume:
+                    io.prepare_output_dir(arguments.out, force=arguments.force)
+                    for name in (grid.CASES_FILE, *(p.name for p in arguments.out.glob("cases.rank*.jsonl"))):
+                        (arguments.out / name).unlink(missing_ok=True)  # --force restarts the grid
+                else:
+                    grid.fold_rank_files(arguments.out)
+                grid.check_settings(arguments.out, settings, arguments.resume)
+            except ConfigError as refused:
+                error = str(refused)
+        error = distributed.broadcast_error(world, error)  # also a barrier: rank 0 has folded and written
+        if error is not None:
+            raise ConfigError(error)
+        # The architecture's default attention (sdpa where it has one): the path a user's generation takes;
+        # eager Falcon would add its ALiBi twice (jaxroll.measure's falcon_alibi).
+        model = loading.load_model(arguments.model, dtype=arguments.dtype, device=device, attn_implementation=None)
+        progress = _progress(arguments, world, tasks, lengths, depths)
+        try:
+            rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
+                                 samples=arguments.samples, seed=arguments.seed, batch_size=arguments.batch_size,
+                                 world=world, progress=progress)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"the scored cases are in {arguments.out}/{grid.CASES_FILE}; rerun with "
+                                    "--resume to continue") from None
+        if rows is not None:
+            _write_summary(rows, arguments.out, tasks)
+    finally:
+        distributed.finalize(world)
+
+
+def _progress(arguments, world, tasks, lengths, depths):
+    """A line on stderr every 30 s: cases scored by this rank (rank 0 only; none with --quiet)."""
+    import time
+
+    if arguments.quiet or not world.is_main:
+        return None
+    total = len(tasks) * len(lengths) * len(depths) * arguments.samples // world.size
+    state = {"done": 0, "shown": time.monotonic()}
+
+    def update(count: int) -> None:
+        state["done"] += count
+        if time.monotonic() - state["shown"] >= 30:
+            state["shown"] = time.monotonic()
+            print(f"jaxroll task: {state['done']} cases scored (of at most {total} on this process)", file=sys.stderr)
+
+    return update
+
+
+def _write_summary(rows, out: Path, tasks) -> None:
+    from ..task import summary
+
+    table = summary.cells(rows)
+    summary.write_summary(table, out / "summary.csv")
+    report = {"threshold": summary.THRESHOLD, "tasks": {}}
+    print(f"jaxroll task: {len(rows)} cases in {out}/cases.jsonl")
+    for task in tasks:
+        averages = summary.depth_average(table, task)
+        effective = summary.effective_length(table, task)
+        report["tasks"][task] = {"depth_averaged_exact": {str(k): v for k, v in averages.items()},
+                                 "effective_length": effective}
+        summary.plot_task(table, task, out / f"{task}.png", title=f"jaxroll task {task}: exact match by depth")
+        shown = ", ".join(f"L={length}: {value:.2f}" for length, value in averages.items())
+        print(f"  {task}: depth-averaged exact match {shown}; effective length "
+              f"{effective if effective is not None else 'none'} (>= {summary.THRESHOLD})")
+    (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"  wrote {out}/summary.csv, summary.json, " + ", ".join(f"{task}.png" for task in tasks))
+
+
+def _run_compare(arguments) -> None:
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+
+    from .. import io
+    from ..rollout import influence
+    from ..task import bridge, grid
+
+    rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
+    if not rows:
+        raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
+                          "--out of jaxroll task")
+    task, length, _ = bridge.select_rows(rows, arguments.task, arguments.length)
+    if arguments.measured is not None:
+        if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
+            raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
+        arguments.config = arguments.measured / "config.yaml"
+        if not arguments.config.is_file():
+            raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
+                              "measure with lambda measured")
+    arguments.length = length
+    model, source = _common.model_from_arguments(arguments)
+    model = dataclasses.replace(model, sequence_length=length)
+    if arguments.measured is not None:
+        source = f"measured {arguments.measured}"
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    profile = np.asarray(influence(model, length), dtype=np.float64)
+    result = bridge.compare_task(rows, profile, task=task, length=length, score=arguments.score,
+                                 resamples=arguments.resamples, source=source)
+    _write_compare(result, arguments.out)
+
+
+def _write_compare(result, out: Path) -> None:
+    import csv
+
+    from ..task import bridge
+
+    table = result.table()
+    with open(out / "compare.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    summary = {"task": result.task, "length": result.length, "score": result.score, "source": result.source,
+               "spearman": result.spearman, "spearman_interval": [result.spearman_low, result.spearman_high],
+               "explained_in_sample": result.explained, "explained_leave_one_depth_out": result.explained_out_of_sample,
+               "depth_effect_to_noise": result.depth_effect_to_noise, "cells": table}
+    (out / "compare.json").write_text(json.dumps(summary, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    lines = result.statement()
+    (out / "compare.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bridge.plot_comparison(result, out / "compare.png")
+    print("jaxroll compare-task:")
+    for line in lines:
+        print(f"  {line}")
+    print(f"  wrote {out}/compare.csv, compare.json, compare.txt, compare.png")
+    sys.stdout.flush()

@@ -1,0 +1,44 @@
+"""Task-level lost in the middle: cases, teacher-forced scores, and the bridge to predicted influence.
+
+``jaxroll task MODEL_DIR`` builds seeded cases of three tasks with the
+model's own tokenizer (`jaxroll.task.cases`: ``kv``, key-value retrieval
+in the format of Liu et al. 2023; ``passkey``; ``copy``), the relevant record
+at a requested token depth, scores them teacher-forced
+(`jaxroll.task.scoring`: the gold answer's log-probability and greedy exact
+match, no generation loop) over a depth x length grid
+(`jaxroll.task.grid`: batched, resumable, data parallel like ``measure``),
+and summarises accuracy by depth and the effective context length
+(`jaxroll.task.summary`). ``jaxroll compare-task`` sets a task curve beside
+the influence the rollout predicts at the same positions
+(`jaxroll.task.bridge`).
+
+The scoring needs torch and transformers (``jaxroll[measure]``); the
+summaries and the bridge read ``cases.jsonl`` with NumPy, SciPy and JAX
+alone. Names load lazily.
+"""
+
+import importlib
+
+_NAMES = {
+    "TASKS": "cases", "Case": "cases", "Builder": "cases", "make_case": "cases", "vocabulary_pool": "cases",
+    "score_cases": "scoring", "score_batch": "scoring",
+    "grid_cases": "grid", "run_grid": "grid", "read_rows": "grid",
+    "Cell": "summary", "cells": "summary", "effective_length": "summary", "depth_average": "summary",
+    "bootstrap_interval": "summary", "write_summary": "summary", "plot_task": "summary", "THRESHOLD": "summary",
+    "TaskComparison": "bridge", "compare_task": "bridge", "plot_comparison": "bridge", "record_influence": "bridge",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxroll.task' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

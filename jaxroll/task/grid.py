@@ -1,0 +1,154 @@
+"""A depth x length grid of cases: scored in batches, resumable, data parallel.
+
+The grid is every (task, length, depth fraction, sample) with its own
+seeded case (`jaxroll.task.cases`). Rows go to ``cases.jsonl`` in the
+output directory as they are scored (one JSON object per line, see
+`jaxroll.task.scoring.case_row`); a case whose ``key`` is already there is
+skipped, so an interrupted run continues by running it again (``--resume``),
+and a grid can be extended with more lengths, depths or samples.
+``task.json`` records the model, the tokenizer's size and the seed; a
+resumed run must match them.
+
+Data parallel as `jaxroll measure` (`jaxroll.measure.distributed`): under
+torchrun, rank r of K scores the contiguous block r of
+``numpy.array_split(pending, K)``, appends its rows to
+``cases.rank{r}-of-{K}.jsonl``, and at the end `gather_to_rank0` brings the
+rows to rank 0, which appends them to ``cases.jsonl`` and removes the rank
+files. A later ``--resume`` first folds leftover rank files of an
+interrupted run into ``cases.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from .cases import Builder, case_key
+from .scoring import score_cases
+
+__all__ = ["grid_cases", "run_grid", "read_rows", "CASES_FILE", "SETTINGS_FILE"]
+
+CASES_FILE = "cases.jsonl"
+"""One scored case per line (`jaxroll.task.scoring.case_row`)."""
+SETTINGS_FILE = "task.json"
+"""The model, tokenizer size, seed and grid of a run: a ``--resume`` must match the first three."""
+
+
+def grid_cases(builder: Builder, tasks, lengths, depths, samples: int, seed: int, skip=frozenset()) -> list:
+    """Every case of the grid whose key is not in `skip`, in (task, length, depth, sample) order."""
+    cases = []
+    for task in tasks:
+        for length in lengths:
+            builder.depth_range(task, length)  # a too-short length is refused before any case is built
+            for fraction in depths:
+                for sample in range(samples):
+                    if case_key(task, length, fraction, sample) not in skip:
+                        cases.append(builder.make(task, length, fraction, sample, seed))
+    return cases
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a ``cases.jsonl`` (a torn last line from a killed run is dropped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ConfigError(f"{path}: line {number} is not JSON; allowed: the cases.jsonl of jaxroll task") from None
+    return rows
+
+
+def _append(path: Path, rows) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _rank_file(world) -> str:
+    return f"cases.rank{world.rank}-of-{world.size}.jsonl"
+
+
+def fold_rank_files(out: Path) -> None:
+    """Append the rows of leftover ``cases.rank*.jsonl`` files to ``cases.jsonl`` (once each) and remove them."""
+    done = {row["key"] for row in read_rows(out / CASES_FILE)}
+    for part in sorted(out.glob("cases.rank*-of-*.jsonl")):
+        fresh = [row for row in read_rows(part) if row["key"] not in done]
+        _append(out / CASES_FILE, fresh)
+        done.update(row["key"] for row in fresh)
+        part.unlink()
+
+
+def check_settings(out: Path, settings: dict, resume: bool) -> None:
+    """Write ``task.json``, or on `resume` refuse one whose model, tokenizer or seed differ."""
+    path = out / SETTINGS_FILE
+    if resume and path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for name in ("model", "vocabulary", "seed"):
+            if old.get(name) != settings.get(name):
+                raise ConfigError(f"--resume: {name} {settings.get(name)!r} differs from {old.get(name)!r} in "
+                                  f"{path}; allowed: the same model and --seed as the run being continued")
+        settings = {**old, **settings, "lengths": sorted(set(old.get("lengths", [])) | set(settings["lengths"])),
+                    "depths": sorted(set(old.get("depths", [])) | set(settings["depths"])),
+                    "tasks": list(dict.fromkeys([*old.get("tasks", []), *settings["tasks"]]))}
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+class _Rows:
+    """Scored rows in the shape `jaxroll.measure.distributed.gather_to_rank0` merges (state, merge)."""
+
+    def __init__(self, rows):
+        self.rows = list(rows)
+
+    def state(self):
+        return self.rows
+
+    def merge(self, others):
+        return _Rows([*self.rows, *(row for other in others for row in other)])
+
+
+def run_grid(model, builder: Builder, out, *, tasks, lengths, depths, samples: int, seed: int = 0,
+             batch_size: int = 8, world=None, progress=None) -> list[dict] | None:
+    """Score the grid's pending cases and append them to ``out/cases.jsonl``.
+
+    Returns every row of the grid (old and new) on rank 0, None on other ranks.
+    `out` must exist (and hold ``task.json``); `progress(count)` is called with
+    the number of cases of each finished batch.
+    """
+    from ..measure import distributed
+
+    world = world or distributed.World()
+    out = Path(out)
+    done = {row["key"] for row in read_rows(out / CASES_FILE)}
+    pending = grid_cases(builder, tasks, lengths, depths, samples, seed, skip=done)
+    mine = [pending[i] for i in np.array_split(np.arange(len(pending)), world.size)[world.rank]]
+    target = out / (_rank_file(world) if world.distributed else CASES_FILE)
+
+    def keep(rows):
+        _append(target, rows)
+        if progress is not None:
+            progress(len(rows))
+
+    rows = score_cases(model, mine, batch_size=batch_size, on_batch=keep)
+    if world.distributed:
+        merged = distributed.gather_to_rank0(world, _Rows(rows))
+        if merged is None:
+            return None
+        _append(out / CASES_FILE, [row for row in merged.rows if row["key"] not in done])
+        for rank in range(world.size):
+            (out / _rank_file(distributed.World(rank, world.size))).unlink(missing_ok=True)
+    wanted = {case_key(t, n, f, s) for t in tasks for n in lengths for f in depths for s in range(samples)}
+    return [row for row in read_rows(out / CASES_FILE) if row["key"] in wanted]
