@@ -4,6 +4,11 @@ It follows design.md literally: dense per-head score matrices, a masked row
 softmax, the head-weighted average, ``R_t = (1 - lambda_t) I + lambda_t A_t``
 and the full matrix product ``P_T = R_T ... R_1`` layer by layer. It shares no
 code with jaxroll, and reads configurations with PyYAML itself.
+
+`influence_by_correlation` is a second route for causal ALiBi models at
+N = 2048, where the dense kernels cost minutes per file: each head's row
+product as a direct correlation with running-sum normalisers
+(tests/test_published_2048.py checks it against the dense route first).
 """
 
 import numpy as np
