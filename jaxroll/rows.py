@@ -11,13 +11,10 @@ The measured counterpart is the gradient influence ``||d f_i / d e_j||`` of
 every input embedding on the top next-token probability at query position i
 (`jaxroll.measure.rows.influence_rows`), per sequence ``(S, K, N)``.
 
-By distance ``r = i - j`` (Brändel et al., arXiv 2606.29139): the mean and
-median over query positions i of the row-normalised influence at ``j = i - r``,
-
-    d(r) = median_{k : q_k >= r} P[q_k, q_k - r] / sum_j P[q_k, j],
-
-the curve Brändel et al. fit with ``gamma + beta (r + 1)^-p``
-(`jaxroll.theory.baselines` fits it).
+By distance ``r = i - j`` (Brändel et al., arXiv 2606.29139), the rows of
+either kind go to `jaxroll.theory.baselines.by_distance` (the mean or median
+over query positions) and `jaxroll.theory.baselines.fit_power_law`
+(``gamma + beta (r + 1)^-p``).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import numpy as np
 from .errors import ConfigError
 from .model import KernelRolloutModel, RolloutModel
 
-__all__ = ["query_positions", "predicted_rows", "normalised_rows", "by_distance"]
+__all__ = ["query_positions", "predicted_rows", "normalised_rows"]
 
 
 def query_positions(length: int, queries) -> np.ndarray:
@@ -98,29 +95,3 @@ def normalised_rows(rows_per_sequence) -> np.ndarray:
     if np.any(totals <= 0):
         raise ConfigError("rows: a query row has total mass 0; allowed: rows with some influence")
     return means / totals
-
-
-def by_distance(rows, queries, statistic: str = "median") -> np.ndarray:
-    """Influence by distance ``d(r)``, ``r = 0 .. max(q)``, over the rows whose query reaches r.
-
-    Args:
-        rows: ``(K, N)``, each row a profile (sums to 1) with zeros after its query.
-        queries: the query positions ``(K,)``.
-        statistic: ``"median"`` or ``"mean"`` over the query positions.
-
-    Returns:
-        ``(max(q) + 1,)`` float64: ``d[r]`` the median (or mean) of
-        ``rows[k, q_k - r]`` over the k with ``q_k >= r``.
-    """
-    if statistic not in ("median", "mean"):
-        raise ConfigError(f"statistic: got {statistic!r}; allowed: median, mean")
-    rows = np.asarray(rows, dtype=np.float64)
-    queries = np.asarray(queries, dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[0] != queries.size:
-        raise ConfigError(f"rows: shape {rows.shape} for {queries.size} queries; allowed: (K, N) with K = {queries.size}")
-    reach = int(queries.max()) + 1
-    distances = np.arange(reach)
-    columns = queries[:, None] - distances[None, :]  # (K, R): j = q_k - r
-    values = np.where(columns >= 0, np.take_along_axis(rows, np.clip(columns, 0, None), axis=1), np.nan)
-    reduce = np.nanmedian if statistic == "median" else np.nanmean
-    return reduce(values, axis=0)

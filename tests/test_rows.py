@@ -5,7 +5,7 @@ import pytest
 
 import jaxroll
 from jaxroll import ConfigError
-from jaxroll.rows import by_distance, normalised_rows, predicted_rows, query_positions
+from jaxroll.rows import normalised_rows, predicted_rows, query_positions
 
 import oracle
 
@@ -51,19 +51,6 @@ def test_predicted_rows_equal_the_dense_numpy_rollout(x64):
     with jax.enable_x64(True):
         np.testing.assert_allclose(rows[0, : positions[0] + 1], np.asarray(jaxroll.influence(short)), atol=1e-12)
     assert np.all(rows[0, positions[0] + 1:] == 0)
-
-
-def test_by_distance_equals_a_plain_loop():
-    rng = np.random.default_rng(0)
-    queries = np.array([3, 5, 9])
-    rows = np.zeros((3, 10))
-    for k, q in enumerate(queries):
-        rows[k, : q + 1] = rng.random(q + 1)
-    for statistic, reduce in (("median", np.median), ("mean", np.mean)):
-        expected = [reduce([rows[k, q - r] for k, q in enumerate(queries) if q >= r]) for r in range(10)]
-        np.testing.assert_allclose(by_distance(rows, queries, statistic), expected, rtol=0, atol=0)
-    with pytest.raises(ConfigError, match="statistic"):
-        by_distance(rows, queries, "mode")
 
 
 def test_normalised_rows_weigh_sequences_by_gradient_mass():

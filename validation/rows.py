@@ -19,7 +19,7 @@ out). For each, on held-out sequences (float64):
   perfect prediction);
 - by distance ``r = i - j``: the median over query positions of the
   row-normalised influence, measured and predicted, each fitted by
-  Brändel et al.'s ``gamma + beta (r + 1)^-p`` on ``r >= 1``.
+  Brändel et al.'s ``gamma + beta (r + 1)^-p`` on ``r >= 1`` (95 % intervals).
 
 Writes ``table.md``, ``results.json`` and ``rows.png`` into ``--out``.
 """
@@ -73,20 +73,15 @@ def row_noise(rows_k: np.ndarray, boots: int, rng) -> np.ndarray:
     return np.median(wasserstein(resampled, measured[None]), axis=0)
 
 
-def power_law(r, gamma, beta, p):
-    return gamma + beta * (r + 1.0) ** (-p)
-
-
-def fit_power_law(distance_profile: np.ndarray) -> dict:
-    """``gamma + beta (r + 1)^-p`` on ``r >= 1`` by least squares (scipy), with one-sigma errors."""
-    from scipy.optimize import curve_fit
+def fit(distance_profile: np.ndarray) -> dict:
+    """Brändel et al.'s ``gamma + beta (r + 1)^-p`` on ``r >= 1`` (`jaxroll.theory.baselines.fit_power_law`)."""
+    from jaxroll.theory.baselines import fit_power_law
 
     r = np.arange(1, distance_profile.size, dtype=np.float64)
-    y = distance_profile[1:]
-    (gamma, beta, p), covariance = curve_fit(power_law, r, y, p0=(float(y.min()), float(y[0] - y.min()) * 2, 0.8),
-                                             maxfev=20000)
-    errors = np.sqrt(np.diag(covariance))
-    return {"gamma": gamma, "beta": beta, "p": p, "p_error": float(errors[2])}
+    result = fit_power_law(r, distance_profile[1:])
+    gamma, beta, p = (float(x) for x in result.parameters)
+    low, high = (float(x) for x in result.interval[2])
+    return {"gamma": gamma, "beta": beta, "p": p, "p_interval": [low, high], "at_bound": bool(result.at_bound)}
 
 
 def analyse(model, token_ids, arguments, rng) -> dict:
@@ -95,7 +90,8 @@ def analyse(model, token_ids, arguments, rng) -> dict:
     from jaxroll.measure import measure
     from jaxroll.measure.rows import influence_rows
     from jaxroll.measure.uncertainty import wasserstein
-    from jaxroll.rows import by_distance, normalised_rows, predicted_rows
+    from jaxroll.rows import normalised_rows, predicted_rows
+    from jaxroll.theory.baselines import by_distance
 
     measurement = measure(model, token_ids, stats=("lambda", "content", "influence"))
     rows, queries = influence_rows(model, token_ids, arguments.queries, batch_size=8)
@@ -110,8 +106,9 @@ def analyse(model, token_ids, arguments, rng) -> dict:
         noise = float(row_noise(rows[:, k: k + 1, span], arguments.boots, rng)[0])
         noise_all.append(noise)
         per_row.append({"query": int(q), "w1": w1, "noise": noise, "ratio": w1 / noise})
-    distance = {"measured": by_distance(measured, queries), "predicted": by_distance(predicted, queries)}
-    fits = {name: fit_power_law(profile) for name, profile in distance.items()}
+    distance = {"measured": by_distance(measured, queries, "median")[1],
+                "predicted": by_distance(predicted, queries, "median")[1]}
+    fits = {name: fit(profile) for name, profile in distance.items()}
     ratios = np.array([row["ratio"] for row in per_row])
     return {"rows": per_row, "queries": queries.tolist(), "measured_rows": measured, "predicted_rows": predicted,
             "distance": distance, "power_law": fits, "last_row": measurement.influence,
@@ -145,10 +142,11 @@ def plot(results: dict, path: Path, title: str) -> Path:
     for name, style in (("measured", "-"), ("predicted", "--")):
         profile = base["distance"][name]
         r = np.arange(1, profile.size)
-        fit = base["power_law"][name]
+        fitted = base["power_law"][name]
+        low, high = fitted["p_interval"]
         axes[2].plot(r, profile[1:], style, color="C0" if name == "measured" else "C3",
-                     label=f"{name}: p = {fit['p']:.2f} +- {fit['p_error']:.2f}")
-        axes[2].plot(r, power_law(r, fit["gamma"], fit["beta"], fit["p"]), ":", color="0.3", lw=0.8)
+                     label=f"{name}: p = {fitted['p']:.2f} [{low:.2f}, {high:.2f}]")
+        axes[2].plot(r, fitted["gamma"] + fitted["beta"] * (r + 1.0) ** -fitted["p"], ":", color="0.3", lw=0.8)
     axes[2].set(xscale="log", yscale="log", xlabel="distance r = i - j (r >= 1)",
                 ylabel="median over i of row-normalised influence",
                 title="By distance; dotted: gamma + beta (r+1)^-p")
@@ -157,6 +155,11 @@ def plot(results: dict, path: Path, title: str) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def _p(fitted: dict) -> str:
+    low, high = fitted["p_interval"]
+    return f"{fitted['p']:.2f} [{low:.2f}, {high:.2f}]" + (" (at a bound)" if fitted["at_bound"] else "")
 
 
 def table(results: dict, training: dict) -> str:
@@ -170,8 +173,7 @@ def table(results: dict, training: dict) -> str:
         lines.append(f"| {variant} | {training[variant]['steps']} | {training[variant]['final_held_out_loss']:.3f} | "
                      f"{len(rows)} | {result['ratio_mean']:.2f} | {result['ratio_median']:.2f} | "
                      f"{best['query']}, {best['ratio']:.2f} | {worst['query']}, {worst['ratio']:.2f} | "
-                     f"{fits['measured']['p']:.2f} +- {fits['measured']['p_error']:.2f} | "
-                     f"{fits['predicted']['p']:.2f} +- {fits['predicted']['p_error']:.2f} |")
+                     f"{_p(fits['measured'])} | {_p(fits['predicted'])} |")
     return "\n".join(lines) + "\n"
 
 
