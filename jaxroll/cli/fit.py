@@ -160,7 +160,7 @@ def _run_fit(arguments) -> None:
     print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
           f"Spearman after {result.metrics.spearman:.6g}")
     for name, value in result.schedule_parameters.items():
-        print(f"  {name} = {value:.6g}")
+        print(f"  {name} = {value:.8g}")  # 8 digits: 0.99999955 at a bound, not 1
     if result.identifiability is None:
         print(f"  identifiability: not computed (more than {IDENTIFIABILITY_MAX_PARAMETERS} free parameters)")
     for line in identifiability_lines:

@@ -65,7 +65,7 @@ def add_parser(commands) -> None:
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
                          help="no progress (default: a bar on a terminal, a line every 5%% or 30 s on stderr "
-                              "otherwise)")
+                              "otherwise; nothing in the first 2 s but a closing line)")
     measure.add_argument("--resume", action="store_true", help="continue from the checkpoint(s) in --out")
     measure.add_argument("--force", action="store_true", help="write into a non-empty --out")
     measure.set_defaults(run=_run_measure)
