@@ -229,9 +229,12 @@ def conclusions(result: TaskComparison) -> list[str]:
         else:
             lines.append("Cannot conclude an agreement or a disagreement: the interval includes 0.")
     ratio = result.depth_effect_to_noise
-    lines.append(f"Depth effect / noise = {ratio:.2f} (about 1 when depth changes nothing); a monotone link "
-                 f"explains {_percent(result.explained)} of it in sample, {_percent(result.explained_out_of_sample)} "
-                 "leaving each depth out.")
+    if not np.isfinite(ratio):
+        lines.append("Every case scored the same: there is no depth effect to explain.")
+    else:
+        lines.append(f"Depth effect / noise = {ratio:.2f} (about 1 when depth changes nothing); a monotone link "
+                     f"explains {_percent(result.explained)} of it in sample, "
+                     f"{_percent(result.explained_out_of_sample)} leaving each depth out.")
     if np.isfinite(ratio) and ratio < 2:
         lines.append("The depth effect is within a few times its noise: any link fitted to it is mostly noise.")
     lines.append("Cannot conclude: that influence causes the task score. Influence is a property of a position "
