@@ -256,7 +256,7 @@ def plot_comparison(result: TaskComparison, path, *, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, left = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    figure, left = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
     error = np.clip(np.stack([result.task_curve - result.task_low, result.task_high - result.task_curve]), 0, None)
     label = {"exact": "exact match", "logprob": "gold log-prob (nats)", "correct": "answer tokens right"}
     left.errorbar(result.depths, result.task_curve, yerr=error, marker="o", capsize=3, color="C0",
@@ -274,7 +274,7 @@ def plot_comparison(result: TaskComparison, path, *, title: str = "") -> Path:
         right.set_yscale("log")
     right.set_ylabel("predicted influence on the last prompt token", color="C3")
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    left.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
+    figure.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="outside lower center", ncols=2)
     rho = f"Spearman {result.spearman:.2f} [{result.spearman_low:.2f}, {result.spearman_high:.2f}]"
     left.set_title(title or f"{result.task}, L = {result.length}: task curve vs rollout prediction ({rho})",
                    fontsize=10)
