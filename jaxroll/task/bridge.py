@@ -155,9 +155,12 @@ def compare_task(rows, profile, *, task: str | None = None, length: int | None =
         rows: scored cases (`jaxroll.task.read_rows`).
         profile: the predicted influence ``p`` over the prompt's positions, shape ``(length,)``
             (e.g. ``jaxroll.influence(model, length)``).
-        task, length: which curve (defaults: the only task, the longest length).
+        task: which task (default: the only one in `rows`).
+        length: which prompt length (default: the longest).
         score: ``exact``, ``logprob`` or ``correct``.
-        resamples, seed: the bootstrap over cases.
+        resamples: bootstrap resamples over cases.
+        seed: the bootstrap's seed.
+        source: where the profile came from, for the statement.
 
     Raises:
         ConfigError: an unknown score or task, a length not in the rows, a profile of another length,
