@@ -13,7 +13,7 @@
 
 Run (about 15 minutes on two shared cores)::
 
-    nice python validation/task_example.py --out results/task-example --budget 780
+    OMP_NUM_THREADS=1 nice python validation/task_example.py --out results/task-example
 
 Then read ``results/task-example/compare-*/compare.txt`` and the figures.
 ``--stage evaluate`` reuses a trained model. ``--tiny`` is the test size.
@@ -168,8 +168,8 @@ def table(out: Path) -> str:
     """A Markdown table of every comparison in `out` (also written to ``out/table.md``)."""
     lines = ["| task | L | score | Spearman [95% CI] | depth effect / noise | explained (in sample, left out) |",
              "|---|---|---|---|---|---|"]
-    for path in sorted(out.glob("compare-*/compare.json")):
-        r = json.loads(path.read_text(encoding="utf-8"))
+    results = [json.loads(path.read_text(encoding="utf-8")) for path in out.glob("compare-*/compare.json")]
+    for r in sorted(results, key=lambda r: (r["task"], r["length"], r["score"])):
         low, high = r["spearman_interval"]
         lines.append(f"| {r['task']} | {r['length']} | {r['score']} | {r['spearman']:.2f} [{low:.2f}, {high:.2f}] | "
                      f"{r['depth_effect_to_noise']:.2f} | {_share(r['explained_in_sample'])}, "
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/task-example"))
     parser.add_argument("--stage", choices=("all", "train", "evaluate"), default="all")
-    parser.add_argument("--budget", type=float, default=780.0, help="training seconds (default 780)")
+    parser.add_argument("--budget", type=float, default=840.0, help="training seconds (default 840)")
     parser.add_argument("--train-length", type=int, default=112)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64)

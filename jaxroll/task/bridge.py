@@ -155,9 +155,12 @@ def compare_task(rows, profile, *, task: str | None = None, length: int | None =
         rows: scored cases (`jaxroll.task.read_rows`).
         profile: the predicted influence ``p`` over the prompt's positions, shape ``(length,)``
             (e.g. ``jaxroll.influence(model, length)``).
-        task, length: which curve (defaults: the only task, the longest length).
+        task: which task (default: the only one in `rows`).
+        length: which prompt length (default: the longest).
         score: ``exact``, ``logprob`` or ``correct``.
-        resamples, seed: the bootstrap over cases.
+        resamples: bootstrap resamples over cases.
+        seed: the bootstrap's seed.
+        source: where the profile came from, for the statement.
 
     Raises:
         ConfigError: an unknown score or task, a length not in the rows, a profile of another length,
@@ -229,9 +232,12 @@ def conclusions(result: TaskComparison) -> list[str]:
         else:
             lines.append("Cannot conclude an agreement or a disagreement: the interval includes 0.")
     ratio = result.depth_effect_to_noise
-    lines.append(f"Depth effect / noise = {ratio:.2f} (about 1 when depth changes nothing); a monotone link "
-                 f"explains {_percent(result.explained)} of it in sample, {_percent(result.explained_out_of_sample)} "
-                 "leaving each depth out.")
+    if not np.isfinite(ratio):
+        lines.append("Every case scored the same: there is no depth effect to explain.")
+    else:
+        lines.append(f"Depth effect / noise = {ratio:.2f} (about 1 when depth changes nothing); a monotone link "
+                     f"explains {_percent(result.explained)} of it in sample, "
+                     f"{_percent(result.explained_out_of_sample)} leaving each depth out.")
     if np.isfinite(ratio) and ratio < 2:
         lines.append("The depth effect is within a few times its noise: any link fitted to it is mostly noise.")
     lines.append("Cannot conclude: that influence causes the task score. Influence is a property of a position "
@@ -253,7 +259,7 @@ def plot_comparison(result: TaskComparison, path, *, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, left = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    figure, left = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
     error = np.clip(np.stack([result.task_curve - result.task_low, result.task_high - result.task_curve]), 0, None)
     label = {"exact": "exact match", "logprob": "gold log-prob (nats)", "correct": "answer tokens right"}
     left.errorbar(result.depths, result.task_curve, yerr=error, marker="o", capsize=3, color="C0",
@@ -271,7 +277,7 @@ def plot_comparison(result: TaskComparison, path, *, title: str = "") -> Path:
         right.set_yscale("log")
     right.set_ylabel("predicted influence on the last prompt token", color="C3")
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    left.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
+    figure.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="outside lower center", ncols=2)
     rho = f"Spearman {result.spearman:.2f} [{result.spearman_low:.2f}, {result.spearman_high:.2f}]"
     left.set_title(title or f"{result.task}, L = {result.length}: task curve vs rollout prediction ({rho})",
                    fontsize=10)

@@ -150,7 +150,7 @@ def plot_task(table, task: str, path, *, title: str = "") -> Path:
                        label=f"L = {length}")
     right.axhline(THRESHOLD, color="0.6", linestyle=":", linewidth=1)
     right.set_ylim(-0.03, 1.03)
-    right.set_xlabel("record depth fraction (0: right after the instruction, 1: right before the question)")
+    right.set_xlabel("record depth fraction\n(0: right after the instruction, 1: right before the question)")
     right.set_ylabel(f"exact match ({LEVEL:.0%} bootstrap interval)")
     right.set_title("one line per length")
     right.legend(fontsize=8)
