@@ -115,8 +115,8 @@ def train(out: Path, budget: float, train_length: int, layers: int, hidden: int,
         optimiser.step()
         step += 1
         if step % 20 == 0:
-            log.append({"step": step, "seconds": round(time.time() - start, 1), "loss": float(loss)})
-            print(f"step {step}: weighted loss {float(loss):.3f} ({time.time() - start:.0f} s)", flush=True)
+            log.append({"step": step, "seconds": round(time.time() - start, 1), "loss": loss.item()})
+            print(f"step {step}: weighted loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
     directory = out / "model"
     model.cpu().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
