@@ -166,11 +166,14 @@ def markdown(ladders: dict, *, metric: str = "wasserstein") -> str:
 
 def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
     """Measured profile with its bootstrap band, and every rung, on a log scale."""
-    from jaxroll.plot import plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     measured = np.asarray(ladder["measured"])
     positions = np.arange(measured.size)
-    figure, axis = plt.subplots(figsize=(9.0, 3.8), constrained_layout=True)
+    figure = Figure(figsize=(9.0, 3.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axis = figure.subplots()
     axis.fill_between(positions, ladder["band"]["low"], ladder["band"]["high"], color="0.75",
                       label="measured, 95 % bootstrap band")
     axis.plot(positions, measured, color="black", linewidth=1.8, label="measured influence")
@@ -189,7 +192,6 @@ def plot(name: str, ladder: dict, path, *, extra: dict | None = None):
     axis.tick_params(labelsize=7)
     axis.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path
 
 

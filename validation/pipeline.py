@@ -486,7 +486,8 @@ def markdown_table(results: dict) -> str:
     for metric, title in METRICS:
         lines = [f"**{title}**", "", "| variant | " + " | ".join(names) + " |",
                  "|---|" + "---:|" * len(names)]
-        for variant in variants + ["noise of the mean (median W1)"]:
+        # The noise of the mean is a W1: it has no Spearman or KL row.
+        for variant in variants + (["noise of the mean (median W1)"] if metric == "wasserstein" else []):
             cells = []
             for name in names:
                 row = results[name]["noise"] if variant.startswith("noise") else results[name]["scores"].get(variant)
@@ -536,11 +537,14 @@ SHOWN = ("attention-only", "residual, no content", "residual, measured content",
 
 def plot(results: dict, curves: dict, path: Path) -> Path:
     """Measured and predicted profiles of each model (log scale), and the loss curves."""
-    from jaxroll.plot import plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     names = list(results)
     columns = len(names) + 1
-    figure, axes = plt.subplots(1, columns, figsize=(3.2 * columns, 3.0), constrained_layout=True)
+    figure = Figure(figsize=(3.2 * columns, 3.0), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, columns)
     for axis, name in zip(axes, names):
         measured = np.asarray(results[name]["measured"])
         positions = np.arange(measured.size)
@@ -567,5 +571,4 @@ def plot(results: dict, curves: dict, path: Path) -> Path:
     axes[-1].legend(fontsize=6)
     axes[-1].tick_params(labelsize=7)
     figure.savefig(path, dpi=90)
-    plt.close(figure)
     return path

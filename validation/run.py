@@ -69,12 +69,14 @@ def parse(argv=None):
     parser.add_argument("--timing-sequences", type=int, default=8,
                         help="sequences on which each refinement ingredient's measurement is timed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", action="store_true",
+                        help="skip training: measure and score the models (and losses.csv) already in --out")
     return parser.parse_args(argv)
 
 
 def check_outputs(arguments) -> None:
     out, figure = arguments.out, arguments.figure
-    if out.exists() and any(out.iterdir()) and not arguments.force:
+    if out.exists() and any(out.iterdir()) and not (arguments.force or arguments.reuse):
         raise ConfigError(f"--out {out}: directory is not empty; pass --force to overwrite")
     if figure.exists() and not arguments.force:
         raise ConfigError(f"--figure {figure}: exists; pass --force to overwrite")
@@ -104,37 +106,11 @@ def main(argv=None) -> int:
     train_texts, held_texts = pipeline.split_corpus(files)
     print(f"corpus: {len(files)} files ({len(train_texts)} train, {len(held_texts)} held out), "
           f"{sum(map(len, train_texts)) / 1e6:.1f} M characters of training text")
-    tokenizer = pipeline.train_tokenizer(train_texts, arguments.vocab, out / "tokenizer",
-                                         max_characters=arguments.tokenizer_characters)
-    train_stream = pipeline.token_stream(tokenizer, train_texts)
-    held_stream = pipeline.token_stream(tokenizer, held_texts)
-    texts = pipeline.write_texts(held_texts, out / "held_out.jsonl")
-    print(f"tokens: {train_stream.size} train, {held_stream.size} held out (vocabulary {len(tokenizer)})")
-
-    curves, training = {}, {}
-    for family in pipeline.FAMILIES:
-        model = pipeline.build_model(family, geometry, len(tokenizer), arguments.seed)
-        model.save_pretrained(out / f"{family}-init")
-        tokenizer.save_pretrained(str(out / f"{family}-init"))
-        print(f"training {family}: {sum(p.numel() for p in model.parameters())} parameters")
-        curve = pipeline.train(model, train_stream, held_stream, steps=arguments.steps, length=arguments.length,
-                               batch_size=arguments.batch, seed=arguments.seed, eval_every=arguments.eval_every,
-                               max_seconds=60 * arguments.minutes)
-        model.save_pretrained(out / f"{family}-trained")
-        tokenizer.save_pretrained(str(out / f"{family}-trained"))
-        curves[family] = curve
-        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
-                            "initial_held_out_loss": curve[0]["held_out_loss"],
-                            "final_held_out_loss": curve[-1]["held_out_loss"],
-                            "final_train_loss": curve[-1]["train_loss"],
-                            "parameters": sum(p.numel() for p in model.parameters())}
-        del model
-    with open(out / "losses.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["family", "step", "train_loss", "held_out_loss", "seconds"])
-        for family, curve in curves.items():
-            for row in curve:
-                writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
+    if arguments.reuse:
+        texts = out / "held_out.jsonl"
+        curves, training = read_training(out)
+    else:
+        texts, curves, training = train_models(arguments, geometry, train_texts, held_texts)
 
     results, ladders = {}, {}
     for family in pipeline.FAMILIES:
@@ -187,6 +163,64 @@ def main(argv=None) -> int:
     print(pipeline.training_summary(training))
     print(f"total {seconds / 60:.1f} min")
     return 0
+
+
+def train_models(arguments, geometry, train_texts, held_texts):
+    """Train the tokenizer and both families (saving each initialisation and trained model) and write losses.csv."""
+    out = arguments.out
+    tokenizer = pipeline.train_tokenizer(train_texts, arguments.vocab, out / "tokenizer",
+                                         max_characters=arguments.tokenizer_characters)
+    train_stream = pipeline.token_stream(tokenizer, train_texts)
+    held_stream = pipeline.token_stream(tokenizer, held_texts)
+    texts = pipeline.write_texts(held_texts, out / "held_out.jsonl")
+    print(f"tokens: {train_stream.size} train, {held_stream.size} held out (vocabulary {len(tokenizer)})")
+
+    curves, training = {}, {}
+    for family in pipeline.FAMILIES:
+        model = pipeline.build_model(family, geometry, len(tokenizer), arguments.seed)
+        model.save_pretrained(out / f"{family}-init")
+        tokenizer.save_pretrained(str(out / f"{family}-init"))
+        print(f"training {family}: {sum(p.numel() for p in model.parameters())} parameters")
+        curve = pipeline.train(model, train_stream, held_stream, steps=arguments.steps, length=arguments.length,
+                               batch_size=arguments.batch, seed=arguments.seed, eval_every=arguments.eval_every,
+                               max_seconds=60 * arguments.minutes)
+        model.save_pretrained(out / f"{family}-trained")
+        tokenizer.save_pretrained(str(out / f"{family}-trained"))
+        curves[family] = curve
+        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
+                            "initial_held_out_loss": curve[0]["held_out_loss"],
+                            "final_held_out_loss": curve[-1]["held_out_loss"],
+                            "final_train_loss": curve[-1]["train_loss"],
+                            "parameters": sum(p.numel() for p in model.parameters())}
+        del model
+    with open(out / "losses.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["family", "step", "train_loss", "held_out_loss", "seconds"])
+        for family, curve in curves.items():
+            for row in curve:
+                writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
+
+    return texts, curves, training
+
+
+def read_training(out: Path):
+    """The curves and training summary of a previous run in `out` (from losses.csv and the saved models)."""
+    curves = {}
+    with open(out / "losses.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            curves.setdefault(row["family"], []).append(
+                {key: (int(row[key]) if key == "step" else float(row[key]))
+                 for key in ("step", "train_loss", "held_out_loss", "seconds")})
+    training = {}
+    for family, curve in curves.items():
+        model = pipeline.load_float64(out / f"{family}-trained")
+        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
+                            "initial_held_out_loss": curve[0]["held_out_loss"],
+                            "final_held_out_loss": curve[-1]["held_out_loss"],
+                            "final_train_loss": curve[-1]["train_loss"],
+                            "parameters": sum(p.numel() for p in model.parameters())}
+        del model
+    return curves, training
 
 
 def run_ladder(model_dir, measured, check, arguments):
