@@ -196,7 +196,7 @@ def test_a_shard_resumes_from_its_own_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.rank1-of-2.npz"
     with pytest.raises(KeyboardInterrupt):
         measure(model, ids, stats=("lambda", "influence"), shard=(1, 2), checkpoint_path=path,
-                reduce=lambda sums: sums)
+                reduce=lambda sums: sums, batch_size=1)
     handle.remove()
     resumed = measure(model, ids, stats=("lambda", "influence"), shard=(1, 2), checkpoint_path=path, resume=True,
                       reduce=lambda sums: sums)

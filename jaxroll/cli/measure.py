@@ -53,6 +53,9 @@ def add_parser(commands) -> None:
                          help="Falcon's ALiBi: once (intended, default) or doubled (its eager path)")
     measure.add_argument("--positions", type=_common.positive_int, default=1,
                          help="keep qk_mean at every K-th position (with --stats ...,qk)")
+    measure.add_argument("--batch-size", type=_common.positive_int, default=None,
+                         help="sequences per forward and backward pass (default: as many as the device's free "
+                              "memory holds, at most 64); results do not depend on it")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
@@ -139,7 +142,7 @@ def _run_measure(arguments) -> None:
             result = measure.measure(
                 model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
                 checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
-                resume=arguments.resume, source=str(arguments.model),
+                resume=arguments.resume, source=str(arguments.model), batch_size=arguments.batch_size,
                 shard=(world.rank, world.size) if world.distributed else None,
                 reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
         except KeyboardInterrupt:

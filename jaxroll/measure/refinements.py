@@ -95,8 +95,8 @@ def _module(root, path):
 
 
 def _values(name, output, num_heads, head_dim):
-    # -> (N, H, d) float64 value vectors of the first (only) batch row.
-    output = output[0].double()
+    # (N, D') projection output of one batch row -> (N, H, d) float64 value vectors.
+    output = output.double()
     n = output.shape[0]
     if name == "bloom":  # fused (H, 3, d): q, k, v interleaved per head
         return output.view(n, num_heads, 3, head_dim)[:, :, 2, :]
@@ -115,7 +115,7 @@ def _output_matrix(module, num_heads, head_dim):
 
 
 def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
-    """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value)``.
+    """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value, row=b)``.
 
     Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
     m (N,)`` norms, ``value_norms (H, N)`` = ``||W_O^h v_h(j)||``,
@@ -123,6 +123,7 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
     (N, D)``. Forward hooks deliver only while `recording()` (activation
     checkpointing runs a block's forward again during the backward); the
     gradient hooks are registered in the recorded forward and fire once.
+    A batch of B sequences delivers each row b separately (``row=b``).
     Returns the handles.
     """
     name = resolved.layer_map.name
@@ -139,7 +140,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
             p = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if p is None:
                 raise ConfigError("attention: no probabilities; allowed: a model loaded with attn_implementation='eager'")
-            deliver("alpha", layer, p[0].detach().double().cpu())
+            for row in range(p.shape[0]):
+                deliver("alpha", layer, p[row].detach().double().cpu(), row=row)
         return hook
 
     def norms(kind, layer, pre=False):
@@ -151,23 +153,29 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
                 tensor = args[0] if args else kwargs["hidden_states"]
             else:  # forward hook: (args, output)
                 tensor = hook_args[1]
-            deliver(kind, layer, tensor[0].detach().double().norm(dim=-1).cpu())
+            norms = tensor.detach().double().norm(dim=-1).cpu()
+            for row in range(norms.shape[0]):
+                deliver(kind, layer, norms[row], row=row)
         return hook
 
     def value_norms(layer, w_out):
         def hook(module, args, output):
             if recording():
-                values = _values(name, output.detach(), heads, head_dim)
-                # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
-                deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu())
+                for row in range(output.shape[0]):
+                    values = _values(name, output[row].detach(), heads, head_dim)
+                    # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
+                    deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu(),
+                            row=row)
         return hook
 
     def head_outputs(layer, w_out):
         def hook(module, args):
             if recording():
-                context = args[0][0].detach().double()
-                context = context.reshape(context.shape[0], heads, head_dim)
-                deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu())
+                for row in range(args[0].shape[0]):
+                    context = args[0][row].detach().double()
+                    context = context.reshape(context.shape[0], heads, head_dim)
+                    deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu(),
+                            row=row)
         return hook
 
     def gradient(kind, layer, pre=False):
@@ -180,8 +188,14 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
             else:
                 tensor = hook_args[1]
             if tensor.requires_grad:
-                tensor.register_hook(lambda grad: deliver(kind, layer, grad[0].detach().double().cpu()))
+                tensor.register_hook(rows_of(kind, layer))
         return hook
+
+    def rows_of(kind, layer):
+        def on_gradient(grad):
+            for row in range(grad.shape[0]):
+                deliver(kind, layer, grad[row].detach().double().cpu(), row=row)
+        return on_gradient
 
     try:
         for layer, block in enumerate(resolved.blocks):
@@ -316,7 +330,8 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     layers = len(resolved.blocks)
     seen = {}
     switches = ("attention", *ingredients)
-    handles = _attach(resolved, switches, lambda kind, layer, value: seen.__setitem__((kind, layer), value))
+    # One sequence per pass here: every delivery is row 0.
+    handles = _attach(resolved, switches, lambda kind, layer, value, row=0: seen.__setitem__((kind, layer), value))
     sums = {}
     backward = "gradient" in ingredients
     flags = [parameter.requires_grad for parameter in model.parameters()]
