@@ -101,3 +101,34 @@ def choose_batch_size(model, length: int, stats, remaining: int, *, checkpointin
     # The weights are loaded: the free memory already excludes them.
     fits = int(SAFETY * free // max(per, 1))
     return max(1, min(fits, remaining, MAX_BATCH))
+
+
+def weight_bytes(config, itemsize: int) -> int:
+    """Bytes of the model's parameters, counted on the meta device (no memory, no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return int(sum(parameter.numel() for parameter in model.parameters())) * itemsize
+    except Exception:  # noqa: BLE001 - an estimate from the sizes when the class cannot be built
+        sizes = model_sizes(config)
+        hidden, layers = sizes["hidden"], sizes["layers"]
+        return int(2 * sizes["vocab"] * hidden + layers * (4 * hidden**2 + 3 * hidden * sizes["intermediate"])) * itemsize
+
+
+def largest_fitting(limit: int, cost, start: int, upper: int = 1 << 24) -> int:
+    """The largest ``x`` in ``[1, upper]`` with ``cost(x) <= limit`` (0 if none); `cost` non-decreasing."""
+    low, high = 0, min(upper, max(1, start))
+    while high < upper and cost(high) <= limit:
+        low, high = high, min(upper, 2 * high)
+    if cost(high) <= limit:
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if cost(middle) <= limit:
+            low = middle
+        else:
+            high = middle
+    return low
