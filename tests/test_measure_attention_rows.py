@@ -64,3 +64,20 @@ def test_recomputed_rows_equal_the_eager_probabilities(family, falcon_alibi, ext
         np.testing.assert_allclose(chunks.numpy(), whole.numpy(), rtol=0, atol=1e-15)
         np.testing.assert_allclose(whole.sum(-1).numpy(), 1.0, rtol=0, atol=1e-12)
         np.testing.assert_allclose(whole.numpy(), seen[("p", layer)].numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "falcon", "mistral"])
+def test_sinks_and_attention_on_sdpa_equal_the_eager_measurement(family):
+    from jaxroll.measure import measure
+
+    ids = token_ids(5, 12, seed=8)
+    stats = ("lambda", "influence", "sinks", "attention")
+    extra = {"sliding_window": 5} if family == "mistral" else {}
+    eager = measure(tiny(family, **extra), ids, stats=stats, batch_size=1)
+    sdpa = measure(tiny(family, implementation="sdpa", **extra), ids, stats=stats, batch_size=2)
+    assert sdpa.metadata["attention_rows"] and not eager.metadata["attention_rows"]
+    for name in ("sink_received", "sink_first_share", "sink_rate_first_per_sequence"):
+        # eager softmax in float32: 1e-6
+        np.testing.assert_allclose(sdpa.extra[name], eager.extra[name], rtol=0, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(sdpa.attention_mean, eager.attention_mean, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sdpa.lambdas_per_sequence, eager.lambdas_per_sequence, rtol=1e-6)

@@ -52,7 +52,9 @@ def test_attention_implementation_is_sdpa_unless_probabilities_are_read():
     llama, bloom, gpt2 = (tiny(name).config for name in ("llama", "bloom", "gpt2"))
     assert attention_implementation(llama, ("lambda", "influence")) == "sdpa"
     assert attention_implementation(gpt2, ("lambda", "content", "influence", "qk")) == "sdpa"
-    for stats in (("lambda", "sinks"), ("attention",), ("attention_heads",), ("norm_kernels",)):
+    # attention and sinks recompute their rows from q, k (attention_rows); these read eager probabilities.
+    assert attention_implementation(llama, ("lambda", "sinks", "attention")) == "sdpa"
+    for stats in (("attention_heads",), ("norm_kernels",), ("lambda", "sinks", "norm_kernels")):
         assert attention_implementation(llama, stats) == "eager", stats
     assert attention_implementation(bloom, ("lambda",)) == "eager"  # no SDPA path in transformers
     falcon = tiny("falcon").config
@@ -107,11 +109,15 @@ def test_a_batch_that_cannot_fit_is_refused_naming_the_largest_that_fits(saved, 
     assert weights + batch * per + sums <= FREE < weights + (batch + 1) * per + sums
 
 
-def test_default_statistics_run_on_sdpa_and_sinks_on_eager(saved, tmp_path, capsys):
+def test_default_statistics_and_sinks_run_on_sdpa_and_attention_heads_on_eager(saved, tmp_path, capsys):
     code, out = _measure(saved, "llama", tmp_path, "--length", "12", "--batch-size", "2")
     assert code == 0, capsys.readouterr().err
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["attn_implementation"] == "sdpa" and metadata["batch_size"] == 2
     code, out = _measure(saved, "llama", tmp_path / "sinks", "--length", "12", "--stats", "lambda,sinks")
+    assert code == 0, capsys.readouterr().err
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["attn_implementation"] == "sdpa" and metadata["attention_rows"]
+    code, out = _measure(saved, "llama", tmp_path / "heads", "--length", "12", "--stats", "lambda,attention_heads")
     assert code == 0, capsys.readouterr().err
     assert json.loads((out / "metadata.json").read_text())["attn_implementation"] == "eager"

@@ -367,5 +367,6 @@ def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_meas
     config = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                       hidden_size=8, intermediate_size=16, vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    with pytest.raises(ConfigError, match="sinks read the attention probabilities"):
-        measure(model, token_ids(1, 4), stats=("lambda", "sinks"))
+    # sinks recompute their rows from q, k (attention_rows); norm_kernels reads the eager probabilities.
+    with pytest.raises(ConfigError, match="norm_kernels read the attention probabilities"):
+        measure(model, token_ids(1, 4), stats=("lambda", "sinks", "norm_kernels"))

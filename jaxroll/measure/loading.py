@@ -90,8 +90,11 @@ def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
     projections and the gradient, never the probabilities, so the model's
     efficient attention (``F.scaled_dot_product_attention``: no ``(N, N)``
     tensor per head on the flash and memory-efficient kernels) serves them.
-    ``"eager"`` for ``attention``, ``sinks`` and the registered statistics that
-    read probabilities (``needs_eager``), for Falcon's ``doubled`` ALiBi (its
+    ``attention`` and ``sinks`` recompute their rows in chunks from q and k
+    (`jaxroll.measure.attention_rows`), so they too run on ``"sdpa"``.
+    ``"eager"`` for the registered statistics that read probabilities
+    through hooks of their own (``needs_eager`` without ``observe_rows``:
+    attention_heads, norm_kernels), for Falcon's ``doubled`` ALiBi (its
     eager path), and for architectures whose transformers class has no SDPA
     path (BLOOM and MPT build their ALiBi scores themselves).
     """
@@ -99,7 +102,8 @@ def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
 
     from .registry import registered
 
-    reading = any(name == "attention" or (name in registered() and registered()[name].needs_eager)
+    # attention and statistics with `observe_rows` get their rows recomputed from q, k.
+    reading = any(name in registered() and registered()[name].needs_eager and registered()[name].observe_rows is None
                   for name in stats)
     if reading or (getattr(config, "model_type", None) == "falcon" and falcon_alibi == "doubled"):
         return "eager"

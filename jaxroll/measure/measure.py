@@ -45,6 +45,7 @@ index.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import time
@@ -118,8 +119,11 @@ def measure(
         model: a Hugging Face ``*ForCausalLM`` (eval mode is set for the run
             and restored after), on any device or spread over several
             (``device_map``); inputs go to its embedding's device and every
-            sum is accumulated in float64 on the CPU. ``"attention"`` and
-            ``"sinks"`` need ``attn_implementation="eager"``.
+            sum is accumulated in float64 on the CPU. Under an efficient
+            attention (``sdpa``) ``"attention"`` and ``"sinks"`` recompute
+            their rows in chunks from the hooked q and k
+            (`jaxroll.measure.attention_rows`); ``attention_heads`` and
+            ``norm_kernels`` need ``attn_implementation="eager"``.
         sequences: token ids ``(S, N)`` (array or list of equal-length
             lists), or texts (a list of str) with `tokenizer` and `length`:
             documents in order, those with at least N tokens, their first N.
@@ -192,6 +196,11 @@ def measure(
     extra = {name: statistic for name, statistic in registered().items() if name in stats}
     reading = [name for name in stats if name == "attention" or (
         name in extra and (extra[name].needs_eager or "probabilities" in extra[name].hooks))]
+    # Under an efficient attention, attention and statistics with observe_rows get
+    # their rows recomputed in chunks from q and k (attention_rows); the rest need eager.
+    recompute = bool(reading) and implementation != "eager"
+    if recompute:
+        reading = [name for name in reading if name != "attention" and extra[name].observe_rows is None]
     if reading and implementation != "eager":
         raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
                           f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
@@ -254,13 +263,23 @@ def measure(
 
     grid = np.arange(0, length, positions)
     step = _Step(stats, num_layers, length, grid)
+    rotary = None
+    if recompute:
+        from .attention_rows import RotaryCapture, key_bias, sliding_window
+
+        rotary = RotaryCapture(model, resolved) if layer_map.position == "rope" else None
+        step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, length, falcon_alibi),
+                     "window": sliding_window(config, layer_map.name), "rotary": rotary}
+    metadata["attention_rows"] = "recomputed from q, k in chunks" if recompute else None
     wants = {kind: any(kind in statistic.hooks for statistic in extra.values()) for kind in HOOK_KINDS}
     hooks = Hooks(
         resolved, config,
         on_block_input=step.block_input if ("lambda" in stats or wants["block_input"]) else None,
         on_attention_output=step.attention_output if ("lambda" in stats or wants["attention_output"]) else None,
-        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]) else None,
-        on_probabilities=step.probabilities if ("attention" in stats or wants["probabilities"]) else None,
+        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]
+                                        or recompute) else None,
+        on_probabilities=step.probabilities if not recompute and ("attention" in stats or wants["probabilities"])
+        else None,
         zero_falcon_alibi=zero_falcon_alibi,
         checkpointing=checkpointing and "influence" in stats,
     )
@@ -282,7 +301,7 @@ def measure(
         # them save no activations for their own gradients.
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        with hooks:
+        with hooks, (rotary if rotary is not None else contextlib.nullcontext()):
             for statistic in step.registered:
                 if statistic.attach is not None:
                     attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording)
@@ -359,6 +378,7 @@ class _Step:
         self.stats = stats
         self.grid = torch.as_tensor(grid)
         self.registered = [registered()[name] for name in stats if name in registered()]
+        self.rows = None  # {scale, bias, window, rotary}: recompute attention rows from q, k
         self.reset(1)
 
     def reset(self, batch):
@@ -405,7 +425,27 @@ class _Step:
             if "qk" in self.stats:
                 grid = self.grid.to(q64.device)
                 self.qk[layer] = (q64[:, :, grid] @ k64[:, :, grid].transpose(-1, -2)).sum(0)
+        if self.rows is not None:
+            self._recomputed_rows(layer, q, k)
         self._observe("query_key", layer, q, k)
+
+    def _recomputed_rows(self, layer, q, k):
+        from .attention_rows import rotate, row_chunks
+
+        rows = self.rows
+        if rows["rotary"] is not None:  # the rotation the attention applies after the projections
+            cos, sin = rows["rotary"].cos, rows["rotary"].sin
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
+        n = q.shape[1]
+        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["window"]):
+            if "attention" in self.stats:
+                if layer not in self.attention:
+                    self.attention[layer] = chunk.new_zeros((n, n))
+                self.attention[layer][start:start + chunk.shape[2]] += chunk.mean(1).sum(0)
+            for statistic in watching:
+                for row, state in enumerate(self.states):
+                    statistic.observe_rows(state[statistic.name], layer, start, chunk[row:row + 1])
 
     def probabilities(self, layer, p):
         if "attention" in self.stats:

@@ -69,6 +69,12 @@ class Statistic:
             *tensors)`` (-> `observe`) and check ``recording()`` in forward hooks.
         requires: other statistics it needs in the same run (e.g. the
             influence backward pass).
+        observe_rows: ``(state, layer, start, rows)``, optional: the
+            probabilities of one sequence's query rows ``start ..``,
+            ``(1, H, c, N)`` float64, chunk by chunk in order, recomputed from
+            q and k (`jaxroll.measure.attention_rows`) when the model runs an
+            efficient attention. A statistic that reads probabilities and has
+            it runs without eager attention.
     """
 
     name: str
@@ -84,6 +90,7 @@ class Statistic:
     summary: Callable | None = None
     attach: Callable | None = None
     requires: tuple = ()
+    observe_rows: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
