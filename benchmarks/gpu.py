@@ -191,8 +191,8 @@ def run_measure_rows(sizes, device, budget, dtypes):
         samples = max(2, sizes["tokens"] // length)
         key = (family, dtype)
         previous = seconds_at.get(key)
-        predicted = None if previous is None else previous[1] * (length / previous[0]) ** 2 * (
-            samples * length) / (previous[2] * previous[0])
+        # The worst case: time grows as S N^2 (the attention), from the last row that ran.
+        predicted = None if previous is None else previous[1] * samples * length**2 / (previous[2] * previous[0]**2)
         if key not in models:
             models.clear()
             if str(device).startswith("cuda"):
@@ -212,7 +212,7 @@ def run_measure_rows(sizes, device, budget, dtypes):
     length, dtype = sizes["longest"], dtypes[-1]
     left = budget - (time.perf_counter() - started)
     previous = seconds_at.get(("llama", dtype))
-    predicted = None if previous is None else previous[1] * (length / previous[0]) ** 2 / previous[2]
+    predicted = None if previous is None else previous[1] * length**2 / (previous[2] * previous[0]**2)
     model = build("llama", sizes, dtype, device)
     row = measure_row(model, "llama", dtype, length, 1, device, sizes["vocab"], left, predicted)
     row["note"] = ("longest N; " + row.get("note", "")).strip("; ")

@@ -28,7 +28,7 @@ SAFETY = 0.5
 MAX_BATCH = 64
 """At most this many sequences per pass: a checkpoint (and a progress update) at least every 64 sequences."""
 
-_PROBABILITY_STATS = ("attention", "sinks", "attention_heads", "norm_kernels")
+_PROBABILITY_STATS = ("attention", "sinks", "attention_heads", "norm_kernels", "attention_offsets")
 
 
 def free_bytes(device) -> int:

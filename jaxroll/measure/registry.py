@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 
-STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements")
+STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
