@@ -14,6 +14,8 @@ same run, on the same batches:
   -> its gradient with respect to the embeddings, no hooks, no statistics,
   the same activation checkpointing of each block as `measure` (without it
   the bare pass does not fit at long N);
+- both after one untimed bare batch at the row's shape (kernel choice,
+  allocator growth);
 - ``ratio = measure_s / bare_s`` (target <= 1.3) and the peak device memory
   of each (``torch.cuda.max_memory_allocated``; ratio target <= 1.5);
 - the bfloat16 / float32 time ratio per family and N (target <= 1.0);
@@ -158,6 +160,7 @@ def measure_row(model, family, dtype, length, samples, device, vocab, budget_lef
     batch = choose_batch_size(model, length, stats, samples)
     batches = [ids[first:first + batch] for first in range(0, samples, batch)]
     try:
+        bare(model, batches[:1], device)  # warm-up at this shape (kernel choice, allocator), not timed
         _reset_peak(device)
         bare_seconds = bare(model, batches, device)
         bare_peak = _peak_gib(device)
