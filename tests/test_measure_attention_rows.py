@@ -81,3 +81,16 @@ def test_sinks_and_attention_on_sdpa_equal_the_eager_measurement(family):
         np.testing.assert_allclose(sdpa.extra[name], eager.extra[name], rtol=0, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(sdpa.attention_mean, eager.attention_mean, rtol=0, atol=1e-6)
     np.testing.assert_allclose(sdpa.lambdas_per_sequence, eager.lambdas_per_sequence, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_refinement_kernels_on_sdpa_equal_the_eager_measurement(family):
+    from jaxroll.measure import measure
+
+    ids = token_ids(3, 10, seed=9)
+    stats = ("lambda", "attention_heads", "norm_kernels", "head_norms")
+    eager = measure(tiny(family), ids, stats=stats, batch_size=1)
+    sdpa = measure(tiny(family, implementation="sdpa"), ids, stats=stats, batch_size=2)
+    assert sdpa.metadata["attention_rows"]
+    for name in ("attention_heads", "norm_kernels", "head_norms"):
+        np.testing.assert_allclose(sdpa.extra[name], eager.extra[name], rtol=1e-6, atol=1e-6, err_msg=name)

@@ -52,10 +52,9 @@ def test_attention_implementation_is_sdpa_unless_probabilities_are_read():
     llama, bloom, gpt2 = (tiny(name).config for name in ("llama", "bloom", "gpt2"))
     assert attention_implementation(llama, ("lambda", "influence")) == "sdpa"
     assert attention_implementation(gpt2, ("lambda", "content", "influence", "qk")) == "sdpa"
-    # attention and sinks recompute their rows from q, k (attention_rows); these read eager probabilities.
-    assert attention_implementation(llama, ("lambda", "sinks", "attention")) == "sdpa"
-    for stats in (("attention_heads",), ("norm_kernels",), ("lambda", "sinks", "norm_kernels")):
-        assert attention_implementation(llama, stats) == "eager", stats
+    # Every shipped statistic that reads probabilities recomputes its rows from q, k (attention_rows).
+    assert attention_implementation(llama, ("lambda", "sinks", "attention", "attention_offsets",
+                                            "attention_heads", "norm_kernels")) == "sdpa"
     assert attention_implementation(bloom, ("lambda",)) == "eager"  # no SDPA path in transformers
     falcon = tiny("falcon").config
     assert attention_implementation(falcon, ("lambda",)) == "sdpa"
@@ -109,7 +108,7 @@ def test_a_batch_that_cannot_fit_is_refused_naming_the_largest_that_fits(saved, 
     assert weights + batch * per + sums <= FREE < weights + (batch + 1) * per + sums
 
 
-def test_default_statistics_and_sinks_run_on_sdpa_and_attention_heads_on_eager(saved, tmp_path, capsys):
+def test_default_statistics_and_those_reading_rows_run_on_sdpa(saved, tmp_path, capsys):
     code, out = _measure(saved, "llama", tmp_path, "--length", "12", "--batch-size", "2")
     assert code == 0, capsys.readouterr().err
     metadata = json.loads((out / "metadata.json").read_text())
@@ -118,6 +117,7 @@ def test_default_statistics_and_sinks_run_on_sdpa_and_attention_heads_on_eager(s
     assert code == 0, capsys.readouterr().err
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["attn_implementation"] == "sdpa" and metadata["attention_rows"]
-    code, out = _measure(saved, "llama", tmp_path / "heads", "--length", "12", "--stats", "lambda,attention_heads")
+    code, out = _measure(saved, "bloom", tmp_path / "bloom", "--length", "12", "--stats", "lambda,attention_heads")
     assert code == 0, capsys.readouterr().err
+    # BLOOM: transformers has only its eager attention.
     assert json.loads((out / "metadata.json").read_text())["attn_implementation"] == "eager"

@@ -362,11 +362,16 @@ def test_device_cuda_without_cuda_is_refused_before_loading(saved, tmp_path, cap
     assert code == 2 and "no CUDA device" in stderr and not out.exists()
 
 
-def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_measuring():
+def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_measuring(monkeypatch):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                       hidden_size=8, intermediate_size=16, vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    # sinks recompute their rows from q, k (attention_rows); norm_kernels reads the eager probabilities.
-    with pytest.raises(ConfigError, match="norm_kernels read the attention probabilities"):
-        measure(model, token_ids(1, 4), stats=("lambda", "sinks", "norm_kernels"))
+    # The shipped statistics recompute their rows from q, k (attention_rows); one that only
+    # hooks the probabilities (no observe_rows) needs eager attention.
+    statistic = registry.Statistic(name="raw_p", hooks=("probabilities",), allocate=lambda shape: {},
+                                   observe=lambda *a: None, accumulate=lambda *a: None, finish=lambda *a: {},
+                                   needs_eager=True)
+    monkeypatch.setitem(registry.registered(), "raw_p", statistic)
+    with pytest.raises(ConfigError, match="raw_p read the attention probabilities"):
+        measure(model, token_ids(1, 4), stats=("lambda", "sinks", "norm_kernels", "raw_p"))

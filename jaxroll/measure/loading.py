@@ -90,11 +90,11 @@ def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
     projections and the gradient, never the probabilities, so the model's
     efficient attention (``F.scaled_dot_product_attention``: no ``(N, N)``
     tensor per head on the flash and memory-efficient kernels) serves them.
-    ``attention`` and ``sinks`` recompute their rows in chunks from q and k
+    ``attention``, ``sinks``, ``attention_offsets``, ``attention_heads`` and
+    ``norm_kernels`` recompute their rows in chunks from q and k
     (`jaxroll.measure.attention_rows`), so they too run on ``"sdpa"``.
-    ``"eager"`` for the registered statistics that read probabilities
-    through hooks of their own (``needs_eager`` without ``observe_rows``:
-    attention_heads, norm_kernels), for Falcon's ``doubled`` ALiBi (its
+    ``"eager"`` for registered statistics that read probabilities without
+    ``observe_rows``, for Falcon's ``doubled`` ALiBi (its
     eager path), and for architectures whose transformers class has no SDPA
     path (BLOOM and MPT build their ALiBi scores themselves).
     """

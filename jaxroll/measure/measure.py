@@ -122,8 +122,9 @@ def measure(
             sum is accumulated in float64 on the CPU. Under an efficient
             attention (``sdpa``) ``"attention"`` and ``"sinks"`` recompute
             their rows in chunks from the hooked q and k
-            (`jaxroll.measure.attention_rows`); ``attention_heads`` and
-            ``norm_kernels`` need ``attn_implementation="eager"``.
+            (`jaxroll.measure.attention_rows`), as do the registered
+            statistics with ``observe_rows`` (attention_heads, norm_kernels,
+            attention_offsets).
         sequences: token ids ``(S, N)`` (array or list of equal-length
             lists), or texts (a list of str) with `tokenizer` and `length`:
             documents in order, those with at least N tokens, their first N.
@@ -304,7 +305,10 @@ def measure(
         with hooks, (rotary if rotary is not None else contextlib.nullcontext()):
             for statistic in step.registered:
                 if statistic.attach is not None:
-                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording)
+                    # Under recomputed rows its alpha comes from observe_rows, not from a hook.
+                    keywords = {"recomputed": True} if recompute and statistic.observe_rows is not None else {}
+                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording,
+                                                 **keywords)
             for first in range(sums.count, own, batch_size):
                 rows = [int(index) for index in sums.indices[first:first + batch_size]]
                 step.reset(len(rows))

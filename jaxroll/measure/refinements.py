@@ -114,7 +114,7 @@ def _output_matrix(module, num_heads, head_dim):
     return weight.reshape(weight.shape[0], num_heads, head_dim)
 
 
-def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
+def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bool = True) -> list:
     """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value, row=b)``.
 
     Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
@@ -124,6 +124,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
     checkpointing runs a block's forward again during the backward); the
     gradient hooks are registered in the recorded forward and fire once.
     A batch of B sequences delivers each row b separately (``row=b``).
+    ``alpha_hooks=False``: alpha comes from rows recomputed from q and k
+    (`_alpha_rows`), so no hook reads the model's probabilities.
     Returns the handles.
     """
     name = resolved.layer_map.name
@@ -200,7 +202,7 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
     try:
         for layer, block in enumerate(resolved.blocks):
             projection = resolved.output_projections[layer]
-            if {"attention", "norm"} & set(switches):
+            if {"attention", "norm"} & set(switches) and alpha_hooks:
                 handles.append(resolved.attentions[layer].register_forward_hook(probabilities(layer)))
             if need_a:
                 handles.append(block.register_forward_pre_hook(norms("x", layer, pre=True), with_kwargs=True))
@@ -383,6 +385,16 @@ def time_ingredients(model, token_ids, *, repeats: int = 1) -> dict[str, float]:
 # ----------------------------------------------------------------------------- jaxroll measure --stats
 
 
+def _alpha_rows(state, layer, start, rows):
+    # Chunks of one sequence's recomputed rows (1, H, c, N) -> alpha (H, N, N) once complete.
+    rows = rows[0]
+    heads, count, n = rows.shape
+    buffer = state.setdefault(("alpha_rows", layer), rows.new_zeros((heads, n, n)))
+    buffer[:, start:start + count] = rows
+    if start + count == n:
+        state[("alpha", layer)] = state.pop(("alpha_rows", layer)).cpu()
+
+
 def _statistic(stat: str) -> Statistic:
     switch = _SWITCH_OF_STAT[stat]
     output = _OUTPUT[switch]
@@ -394,8 +406,8 @@ def _statistic(stat: str) -> Statistic:
                 "head_norms": (shape.heads,), "lambda_gradient": ()}[output]
         return {f"{output}_sum": np.zeros((shape.layers, *size))}
 
-    def attach(resolved, deliver, recording):
-        return _attach(resolved, switches, deliver, recording)
+    def attach(resolved, deliver, recording, recomputed=False):
+        return _attach(resolved, switches, deliver, recording, alpha_hooks=not recomputed)
 
     def observe(state, kind, layer, value):
         state[(kind, layer)] = value
@@ -412,6 +424,7 @@ def _statistic(stat: str) -> Statistic:
 
     return Statistic(name=stat, hooks=(), allocate=allocate, observe=observe, accumulate=accumulate, finish=finish,
                      needs_eager=switch in ("attention", "norm"), memory=memory, attach=attach,
+                     observe_rows=_alpha_rows if switch in ("attention", "norm") else None,
                      requires=("influence",) if switch == "gradient" else ())
 
 

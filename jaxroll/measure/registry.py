@@ -74,7 +74,8 @@ class Statistic:
             ``(1, H, c, N)`` float64, chunk by chunk in order, recomputed from
             q and k (`jaxroll.measure.attention_rows`) when the model runs an
             efficient attention. A statistic that reads probabilities and has
-            it runs without eager attention.
+            it runs without eager attention; its `attach`, if any, is then
+            called with ``recomputed=True`` and must not hook probabilities.
     """
 
     name: str
