@@ -107,3 +107,14 @@ def test_batch_size_from_free_memory_is_within_bounds_and_refuses_bad_values():
     for bad in (0, -1, 1.5):
         with pytest.raises(ConfigError, match="batch_size"):
             measure(model, token_ids(2, 4), batch_size=bad)
+
+
+def test_float16_model_runs_in_float16_and_agrees_with_float32_to_its_precision():
+    ids = token_ids(3, 10, seed=11)
+    reference = measure(tiny("llama").float(), ids, stats=("lambda", "influence"), batch_size=3)
+    half = measure(tiny("llama").half(), ids, stats=("lambda", "influence"), batch_size=3)
+    assert half.metadata["dtype"] == "float16"
+    # float16 keeps 11 bits: 1e-2 relative covers two layers of rounding.
+    np.testing.assert_allclose(half.lambdas_per_sequence, reference.lambdas_per_sequence, rtol=1e-2)
+    np.testing.assert_allclose(half.influence, reference.influence, rtol=5e-2, atol=1e-3)
+    assert abs(half.influence.sum() - 1) < 1e-12  # normalised in float64
