@@ -35,6 +35,7 @@ def add_parser(commands) -> None:
     measure.add_argument("--out", type=Path, required=True, help="output directory")
     measure.add_argument("--stats", default=None,
                          help="comma-separated subset of lambda,content,influence,attention,qk,sinks,"
+                              "attention_offsets,"
                               f"{','.join(_names.REFINEMENT_STATS)} "
                               "(default: what the architecture supports of lambda,content,influence: "
                               "lambda,influence for rotary models)")

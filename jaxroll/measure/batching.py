@@ -13,8 +13,9 @@ bytes per element), is estimated as
   or once (checkpointing); an efficient implementation (``sdpa``) holds
   ``O(N)`` per head, counted in the block term;
 - the statistics' float64 transients: ``4 N max(D, H d) 8`` (q, k, the
-  running key sum, norms) and, for ``attention`` or probabilities read row by
-  row, ``H N^2 8`` (the float64 copy).
+  running key sum, norms) and, for statistics that read probabilities,
+  ``H N^2 8`` (a float64 copy), plus ``L N^2 8`` for ``attention`` (each
+  layer's sum, held on the device until the batch ends).
 
 `choose_batch_size` divides a share (`SAFETY`) of the free memory by this
 estimate. The estimate is deliberately simple; `benchmarks/gpu.py` and
@@ -67,6 +68,8 @@ def sequence_bytes(*, layers: int, hidden: int, heads: int, intermediate: int, l
     transient = 4 * n * hidden * 8
     if any(name in _PROBABILITY_STATS for name in stats):
         transient += heads * n * n * 8
+    if "attention" in stats:  # the (N, N) float64 sum of every layer, on the device until the batch ends
+        transient += layers * n * n * 8
     return int(graph + transient)
 
 
