@@ -21,11 +21,17 @@ Three tables, each printed and written as CSV into --out:
    logit units (scaled, jaxroll's default) and raw ``q.k`` (the authors'
    convention).
 
-4. ``measure_overhead.csv``: seconds per sequence of today's `measure`
-   (per-sequence influence kept, progress lines on, written to a buffer as
-   on a non-terminal) against the loop before them (``_baseline_measure.py``,
-   jaxroll commit 0d814fc), interleaved repetitions in one process, the
-   median of each; target ratio <= 1.05.
+4. ``measure_targets.csv`` and ``measure_peak.csv`` (issue 29's CPU rows):
+   `measure` (lambda, content, influence; batched, checkpointed, and the
+   variants without checkpointing and at batch size 1) against the bare
+   forward + backward of the same model on the same batches (no hooks, no
+   checkpointing), tiny BLOOM, N = 512, S = 16, interleaved repetitions,
+   medians; target ratio <= 1.5. The peak resident memory growth of one
+   sequence at N = 4096, default statistics against the bare pass, each in a
+   fresh subprocess (BLOOM: eager, its only path; Llama: sdpa); target
+   <= 1.5. (The overhead table against the loop of commit 0d814fc, kept as
+   ``benchmarks/_baseline_measure.py`` until wave 4, is in docs/cluster.md;
+   ``git show fc8427a:benchmarks/_baseline_measure.py`` restores it.)
 5. ``measure_parallel.csv``: one process (``python -m jaxroll measure``)
    against two (``torchrun --nproc-per-node 2 -m jaxroll measure``, gloo on
    the CPU), each with one thread, on a tiny saved BLOOM: seconds per
@@ -37,7 +43,7 @@ Correctness first: each family's influence is checked to sum to 1 and the
 checkpointed run to equal the plain one before anything is timed.
 
     python3 benchmarks/measure.py [--length 128] [--samples 8] [--out benchmarks/results]
-                                  [--tables cost,memory,falcon,overhead,parallel]
+                                  [--tables cost,memory,falcon,targets,parallel]
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ import numpy as np
 HIDDEN, HEADS, VOCAB = 64, 4, 256
 
 
-def tiny(family, layers=2, seed=0, **extra):
+def tiny(family, layers=2, seed=0, implementation="eager", **extra):
     import torch
     import transformers as T
 
@@ -72,7 +78,7 @@ def tiny(family, layers=2, seed=0, **extra):
                                        hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB, **extra),
     }
     torch.manual_seed(seed)
-    return T.AutoModelForCausalLM.from_config(configs[family](), attn_implementation="eager").eval()
+    return T.AutoModelForCausalLM.from_config(configs[family](), attn_implementation=implementation).eval()
 
 
 def bare_forward_backward(model, ids):
@@ -201,49 +207,99 @@ def falcon_table(length, samples):
     return rows
 
 
-def overhead_table(length, samples, repeats):
-    import io
-    import tempfile
-
+def bare_batches(model, batches, checkpointing=False):
+    """The model's own cost: forward + backward of sum_b f_b on each batch, no hooks, no statistics."""
     import torch
 
-    import _baseline_measure
+    from jaxroll.measure.hooks import Hooks
+    from jaxroll.measure.layer_maps import resolve
+
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    with Hooks(resolve(model), model.config, checkpointing=checkpointing):
+        for ids in batches:
+            embeddings = model.get_input_embeddings()(torch.as_tensor(ids)).detach().requires_grad_(True)
+            logits = model(inputs_embeds=embeddings, use_cache=False, logits_to_keep=1).logits[:, -1]
+            torch.autograd.grad(torch.softmax(logits.float(), -1).max(-1).values.sum(), embeddings)
+
+
+def targets_table(length, samples, repeats):
+    """Issue 29's CPU time row: measure (lambda, content, influence) / bare forward+backward, same batches."""
+    import torch
+
     from jaxroll.measure import measure
-    from jaxroll.measure.progress import Progress
 
     torch.set_num_threads(1)
     ids = np.random.default_rng(0).integers(0, VOCAB, (samples, length))
+    model = tiny("bloom")
+    stats = ("lambda", "content", "influence")
+    batch = measure(model, ids[:2], stats=stats).metadata["batch_size"]  # warm-up; the chosen batch size
+    batch = min(samples, measure(model, ids, stats=stats).metadata["batch_size"])
+    batches = [ids[first:first + batch] for first in range(0, samples, batch)]
+    runs = {"bare": lambda: bare_batches(model, batches),
+            "bare_ckpt": lambda: bare_batches(model, batches, checkpointing=True),
+            "measure": lambda: measure(model, ids, stats=stats, batch_size=batch),
+            "measure_no_ckpt": lambda: measure(model, ids, stats=stats, batch_size=batch, checkpointing=False),
+            "measure_batch1": lambda: measure(model, ids, stats=stats, batch_size=1)}
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for repeat in range(repeats):  # interleaved and rotated: the machine's load hits all alike
+        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    median = {name: float(np.median(values)) for name, values in times.items()}
+    return [{"model": f"bloom L=2 D={HIDDEN} H={HEADS}", "length": length, "samples": samples, "batch": batch,
+             "repeats": repeats, "bare_s": median["bare"], "bare_ckpt_s": median["bare_ckpt"],
+             "measure_s": median["measure"], "measure_no_ckpt_s": median["measure_no_ckpt"],
+             "measure_batch1_s": median["measure_batch1"], "ratio": median["measure"] / median["bare"],
+             "ratio_no_ckpt": median["measure_no_ckpt"] / median["bare"],
+             "ratio_batch1": median["measure_batch1"] / median["bare"]}]
+
+
+PEAK_CHILD = r"""
+import json, sys, numpy as np, torch
+sys.path.insert(0, {bench!r})
+from measure import tiny, bare_batches
+from jaxroll.measure import measure
+from jaxroll.measure.loading import attention_implementation
+torch.set_num_threads(1)
+family, what, length = {family!r}, {what!r}, {length}
+stats = ("lambda", "content", "influence") if family == "bloom" else ("lambda", "influence")
+model = tiny(family, implementation=attention_implementation(tiny(family).config, stats))
+ids = np.random.default_rng(0).integers(0, 256, (1, length))
+measure(model, ids[:, :8], stats=stats, batch_size=1)  # import and allocator warm-up
+bare_batches(model, [ids[:, :8]])
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+with open("/proc/self/clear_refs", "w") as handle:
+    handle.write("5")  # reset the peak RSS
+before = rss("VmRSS:")
+if what == "bare":
+    bare_batches(model, [ids])
+else:
+    measure(model, ids, stats=stats, batch_size=1)
+print(json.dumps({{"peak_growth_bytes": rss("VmHWM:") - before,
+                   "attention": model.config._attn_implementation}}))
+"""
+
+
+def peak_table(length):
+    """Issue 29's CPU memory row: peak RSS growth of measure (default stats) against the bare pass, N = `length`."""
     rows = []
-    for family, stats in (("bloom", ("lambda", "content", "influence")), ("llama", ("lambda", "influence"))):
-        model = tiny(family)
-        old = _baseline_measure.measure(model, ids, stats=stats)
-        new = measure(model, ids, stats=stats, progress=Progress(samples, stream=io.StringIO()))
-        assert np.array_equal(old.influence, new.influence) and np.array_equal(old.lambdas, new.lambdas)
-        assert np.allclose(new.influence_per_sequence.mean(0), new.influence_raw, rtol=1e-12)
-        timings = {"before": [], "now": [], "now_quiet": []}
-        cpu = {name: [] for name in timings}
-        names = list(timings)
-        with tempfile.TemporaryDirectory() as directory:
-            # As the command runs it: a checkpoint written after every sequence (now with the (S, N) rows).
-            checkpoint = Path(directory) / "checkpoint.npz"
-            for repeat in range(repeats):  # interleaved and rotated, so that the machine's load hits all alike
-                for name in names[repeat % 3:] + names[: repeat % 3]:
-                    start, start_cpu = time.perf_counter(), time.process_time()
-                    if name == "before":
-                        _baseline_measure.measure(model, ids, stats=stats, checkpoint_path=checkpoint)
-                    else:
-                        progress = Progress(samples, stream=io.StringIO()) if name == "now" else False
-                        measure(model, ids, stats=stats, progress=progress, checkpoint_path=checkpoint)
-                    timings[name].append((time.perf_counter() - start) / samples)
-                    # CPU seconds of this process: what other processes on a shared machine disturb least.
-                    cpu[name].append((time.process_time() - start_cpu) / samples)
-        before, now, quiet = (float(np.median(timings[name])) for name in ("before", "now", "now_quiet"))
-        cpu_before, cpu_now = (float(np.median(cpu[name])) for name in ("before", "now"))
-        rows.append({"family": family, "length": length, "samples": samples, "repeats": repeats,
-                     "stats": "+".join(stats), "before_ms": 1e3 * before, "now_ms": 1e3 * now,
-                     "now_quiet_ms": 1e3 * quiet, "ratio_now_before": now / before,
-                     "ratio_quiet_before": quiet / before, "cpu_before_ms": 1e3 * cpu_before,
-                     "cpu_now_ms": 1e3 * cpu_now, "cpu_ratio_now_before": cpu_now / cpu_before})
+    bench = str(Path(__file__).resolve().parent)
+    for family in ("bloom", "llama"):
+        report = {}
+        for what in ("bare", "measure"):
+            code = PEAK_CHILD.format(bench=bench, family=family, what=what, length=length)
+            output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            report[what] = json.loads(output.stdout.strip().splitlines()[-1])
+        rows.append({"family": family, "length": length, "attention": report["measure"]["attention"],
+                     "bare_MiB": report["bare"]["peak_growth_bytes"] / 2**20,
+                     "measure_MiB": report["measure"]["peak_growth_bytes"] / 2**20,
+                     "ratio": report["measure"]["peak_growth_bytes"] / report["bare"]["peak_growth_bytes"]})
     return rows
 
 
@@ -317,11 +373,14 @@ def main():
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--memory-length", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of the overhead table")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of the targets table")
+    parser.add_argument("--target-length", type=int, default=512)
+    parser.add_argument("--target-samples", type=int, default=16)
+    parser.add_argument("--peak-length", type=int, default=4096)
     parser.add_argument("--parallel-samples", type=int, default=16)
     parser.add_argument("--parallel-length", type=int, default=256)
     parser.add_argument("--parallel-repeats", type=int, default=3)
-    parser.add_argument("--tables", default="cost,memory,falcon,overhead,parallel")
+    parser.add_argument("--tables", default="cost,memory,falcon,targets,parallel")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     arguments = parser.parse_args()
     arguments.out.mkdir(parents=True, exist_ok=True)
@@ -336,11 +395,15 @@ def main():
         show(f"tiny Falcon (4 layers, initializer_range 0.2, float64, N = {arguments.length}, "
              f"S = {arguments.samples})",
              falcon_table(arguments.length, arguments.samples), arguments.out / "measure_falcon.csv")
-    if "overhead" in tables:
-        show(f"overhead of per-sequence influence + progress lines against the loop before them "
-             f"(N = {arguments.length}, S = {arguments.samples}, float32, 1 thread, median of {arguments.repeats})",
-             overhead_table(arguments.length, arguments.samples, arguments.repeats),
-             arguments.out / "measure_overhead.csv")
+    if "targets" in tables:
+        show(f"issue 29, time: measure (lambda, content, influence) against the bare forward + backward on the "
+             f"same batches (N = {arguments.target_length}, S = {arguments.target_samples}, float32, 1 thread, "
+             f"median of {arguments.repeats})",
+             targets_table(arguments.target_length, arguments.target_samples, arguments.repeats),
+             arguments.out / "measure_targets.csv")
+        show(f"issue 29, memory: peak RSS growth, default statistics against the bare forward + backward "
+             f"(N = {arguments.peak_length}, one sequence, float32)",
+             peak_table(arguments.peak_length), arguments.out / "measure_peak.csv")
     if "parallel" in tables:
         show(f"1 process against torchrun --nproc-per-node 2 (gloo, 1 thread each, float64, "
              f"N = {arguments.parallel_length}, S = {arguments.parallel_samples}, median of {arguments.parallel_repeats})",

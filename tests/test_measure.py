@@ -460,8 +460,8 @@ def test_resume_continues_from_the_last_completed_sequence(tmp_path):
             raise KeyboardInterrupt
     handle = model.register_forward_pre_hook(crash, with_kwargs=True)
     path = tmp_path / "checkpoint.npz"
-    with pytest.raises(KeyboardInterrupt):
-        measure(model, ids, stats=stats, checkpoint_path=path)
+    with pytest.raises(KeyboardInterrupt):  # one sequence per pass: a checkpoint after each
+        measure(model, ids, stats=stats, checkpoint_path=path, batch_size=1)
     handle.remove()
     with np.load(path) as saved:
         assert int(saved["count"]) == 2

@@ -131,7 +131,8 @@ def test_resume_after_interruption(saved, texts, tmp_path, capsys, monkeypatch):
 
     out = tmp_path / "out"
     full = tmp_path / "full"
-    arguments = ["--texts", texts, "--length", 16, "--samples", 4, "--stats", "lambda,content,influence"]
+    arguments = ["--texts", texts, "--length", 16, "--samples", 4, "--stats", "lambda,content,influence",
+                 "--batch-size", 1]  # a checkpoint after every sequence
     assert _run(["measure", saved["bloom"], *arguments, "--out", full], capsys)[0] == 0
 
     original = measure_module._forward_backward

@@ -196,7 +196,7 @@ def test_a_shard_resumes_from_its_own_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.rank1-of-2.npz"
     with pytest.raises(KeyboardInterrupt):
         measure(model, ids, stats=("lambda", "influence"), shard=(1, 2), checkpoint_path=path,
-                reduce=lambda sums: sums)
+                reduce=lambda sums: sums, batch_size=1)
     handle.remove()
     resumed = measure(model, ids, stats=("lambda", "influence"), shard=(1, 2), checkpoint_path=path, resume=True,
                       reduce=lambda sums: sums)
@@ -362,10 +362,16 @@ def test_device_cuda_without_cuda_is_refused_before_loading(saved, tmp_path, cap
     assert code == 2 and "no CUDA device" in stderr and not out.exists()
 
 
-def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_measuring():
+def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_measuring(monkeypatch):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                       hidden_size=8, intermediate_size=16, vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    with pytest.raises(ConfigError, match="sinks read the attention probabilities"):
-        measure(model, token_ids(1, 4), stats=("lambda", "sinks"))
+    # The shipped statistics recompute their rows from q, k (attention_rows); one that only
+    # hooks the probabilities (no observe_rows) needs eager attention.
+    statistic = registry.Statistic(name="raw_p", hooks=("probabilities",), allocate=lambda shape: {},
+                                   observe=lambda *a: None, accumulate=lambda *a: None, finish=lambda *a: {},
+                                   needs_eager=True)
+    monkeypatch.setitem(registry.registered(), "raw_p", statistic)
+    with pytest.raises(ConfigError, match="raw_p read the attention probabilities"):
+        measure(model, token_ids(1, 4), stats=("lambda", "sinks", "norm_kernels", "raw_p"))

@@ -38,6 +38,7 @@ def add_parser(commands) -> None:
     measure.add_argument("--out", type=Path, required=True, help="output directory")
     measure.add_argument("--stats", default=None,
                          help="comma-separated subset of lambda,content,influence,attention,qk,sinks,"
+                              "attention_offsets,"
                               f"{','.join(_names.REFINEMENT_STATS)} "
                               "(default: what the architecture supports of lambda,content,influence: "
                               "lambda,influence for rotary models)")
@@ -50,7 +51,7 @@ def add_parser(commands) -> None:
                               "is N-1) or on the listed positions: rows of P_T, written to measurement.npz as "
                               "influence_rows (K, N), influence_rows_per_sequence (S, K, N) and query_positions "
                               "(docs/rows.md)")
-    measure.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32",
+    measure.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "float64"), default="float32",
                          help="model dtype (default float32); statistics accumulate in float64 whatever it is")
     measure.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                          help="where the model runs (default cpu; auto: cuda when available; under torchrun "
@@ -61,6 +62,9 @@ def add_parser(commands) -> None:
                          help="Falcon's ALiBi: once (intended, default) or doubled (its eager path)")
     measure.add_argument("--positions", type=_common.positive_int, default=1,
                          help="keep qk_mean at every K-th position (with --stats ...,qk)")
+    measure.add_argument("--batch-size", type=_common.positive_int, default=None,
+                         help="sequences per forward and backward pass (default: as many as the device's free "
+                              "memory holds, at most 64); results do not depend on it")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
@@ -144,7 +148,9 @@ def _run_measure(arguments) -> None:
             raise ConfigError(error)
         out = arguments.out
         model = measure.load_model(arguments.model, dtype=arguments.dtype, device=device,
-                                   device_map=arguments.device_map)
+                                   device_map=arguments.device_map,
+                                   attn_implementation=loading.attention_implementation(
+                                       plan.config, stats, arguments.falcon_alibi))
         progress = False
         if not arguments.quiet and world.is_main:
             from ..measure.progress import Progress
@@ -157,7 +163,7 @@ def _run_measure(arguments) -> None:
             result = measure.measure(
                 model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
                 checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
-                resume=arguments.resume, source=str(arguments.model),
+                resume=arguments.resume, source=str(arguments.model), batch_size=arguments.batch_size,
                 shard=(world.rank, world.size) if world.distributed else None,
                 reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
         except KeyboardInterrupt:
@@ -265,18 +271,66 @@ def _write(result, indices, documents, arguments, out, world, measure) -> None:
 
 
 def _check_measure_memory(plan, stats, arguments) -> None:
-    """Refuse statistics whose float64 sums cannot fit, e.g. attention (L, N, N) or qk (L, H, n, n)."""
+    """Refuse, before loading, a run whose statistics, weights or passes cannot fit.
+
+    Three checks, all from ``config.json``: the float64 sums of `stats` in
+    RAM (e.g. attention ``(L, N, N)``, qk ``(L, H, n, n)``); the weights plus
+    one pass of ``--batch-size`` sequences (1 when it is chosen from free
+    memory) on the device (`jaxroll.measure.batching`: free GPU memory on
+    CUDA, available RAM on the CPU, where the sums count too). The refusal
+    names the largest N (at batch 1) or the largest batch that fits.
+    """
     from .. import memory
     from ..measure import stats_bytes
+    from ..measure.batching import free_bytes, largest_fitting, model_sizes, sequence_bytes, weight_bytes
+    from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
-    shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, arguments.length)
+    length = arguments.length
+    shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, length)
     needed = stats_bytes(stats, shape, arguments.positions)
     queries = getattr(arguments, "query_positions", None)
     if queries is not None:  # the per-sequence rows (S, K, N) and their mean, float64
-        needed += 8 * (arguments.samples + 1) * len(queries) * arguments.length
-    memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {arguments.length}", allowed=(
-        "a shorter --length, fewer --stats (or --positions K for qk)"))
+        needed += 8 * (arguments.samples + 1) * len(queries) * length
+    memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {length}",
+                      allowed="a shorter --length, fewer --stats (or --positions K for qk)")
+    if arguments.device_map is not None:
+        return  # spread over several devices: each holds a part, not estimated here
+    device = resolve_device(arguments.device)
+    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}[arguments.dtype]
+    eager = attention_implementation(plan.config, stats, arguments.falcon_alibi) == "eager"
+    sizes = model_sizes(plan.config)
+    checkpointing = "influence" in stats and not arguments.no_checkpointing
+
+    def per_sequence(n):
+        return sequence_bytes(layers=sizes["layers"], hidden=sizes["hidden"], heads=sizes["heads"],
+                              intermediate=sizes["intermediate"], length=n, itemsize=itemsize, eager=eager,
+                              checkpointing=checkpointing, stats=stats)
+
+    weights = weight_bytes(plan.config, itemsize)
+    free = free_bytes(device)
+
+    def total(n, batch):
+        # On the CPU the float64 sums share the RAM with the weights and the pass.
+        held = stats_bytes(stats, Shapes(arguments.samples, plan.num_layers, plan.num_heads, n),
+                           arguments.positions) if device == "cpu" else 0
+        return weights + batch * per_sequence(n) + held
+
+    batch = arguments.batch_size or 1
+    needed = total(length, batch)
+    if needed <= free:
+        return
+    where = "the GPU has" if device != "cpu" else "this machine has"
+    what = (f"measure at N = {length}, batch {batch} ({arguments.dtype}, "
+            f"{'eager' if eager else 'sdpa'} attention): needs about {memory.format_size(needed)} "
+            f"(weights {memory.format_size(weights)}); {where} {memory.format_size(free)} free")
+    if batch > 1 and total(length, 1) <= free:
+        fits = largest_fitting(free, lambda b: total(length, b), 1, upper=batch)
+        raise ConfigError(f"{what}; allowed: --batch-size {fits} or less (or none: chosen from free memory)")
+    longest = largest_fitting(free, lambda n: total(n, 1), 1, upper=length)
+    allowed = (f"--length {longest} or less" if longest >= 1
+               else "a smaller model or dtype (the weights alone do not fit)")
+    raise ConfigError(f"{what}; allowed: {allowed}")
 
 
 def _print_measure_summary(result, out, written) -> None:

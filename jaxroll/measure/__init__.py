@@ -27,6 +27,7 @@ _NAMES = {
     "read_measurement": "outputs", "write_measurement": "outputs",
     "load_tokenizer": "texts", "read_texts": "texts", "select_sequences": "texts",
     "load_model": "loading", "inspect_model": "loading", "ModelPlan": "loading",
+    "attention_implementation": "loading", "offset_rollout_model": "offsets",
     "score": "uncertainty", "Score": "uncertainty",
     "Progress": "progress",
 }

@@ -163,6 +163,10 @@ class LayerMap:
         key_bias: ``(model, H, N, dtype) -> (H, N)``, the model's own additive
             bias per key position j, before any Falcon scaling.
         formula: the logit, as text, for the metadata.
+        rotary: rotary families: the module, from the ``*ForCausalLM``,
+            whose forward returns ``(cos, sin)`` ``(B, N, d)`` for every layer
+            (`jaxroll.measure.attention_rows` rotates the hooked q and k
+            with them).
     """
 
     name: str
@@ -178,6 +182,7 @@ class LayerMap:
     slopes: Callable | None = None
     key_bias: Callable | None = None
     formula: str = ""
+    rotary: str | None = None
 
 
 LAYER_MAPS: dict[str, LayerMap] = {
@@ -206,7 +211,7 @@ LAYER_MAPS: dict[str, LayerMap] = {
         name: LayerMap(
             name, "model.layers", "self_attn", "self_attn.o_proj", ("self_attn.q_proj", "self_attn.k_proj"),
             _split_separate, "num_attention_heads", "hidden_size", "rope", _inverse_sqrt_head_dim,
-            formula="z = (R_i q_i) . (R_j k_j) / sqrt(d)  (rotary)",
+            formula="z = (R_i q_i) . (R_j k_j) / sqrt(d)  (rotary)", rotary="model.rotary_emb",
         )
         for name in ("llama", "mistral", "qwen2")
     },

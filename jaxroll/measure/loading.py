@@ -8,9 +8,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from .layer_maps import layer_map_for
 
-__all__ = ["load_model", "inspect_model", "ModelPlan", "DTYPES", "DEVICES"]
+__all__ = ["load_model", "inspect_model", "ModelPlan", "DTYPES", "DEVICES", "attention_implementation"]
 
-DTYPES = ("bfloat16", "float32", "float64")
+DTYPES = ("bfloat16", "float16", "float32", "float64")
 """The dtypes `load_model` loads a model in (``--dtype``)."""
 DEVICES = ("cpu", "cuda", "auto")
 """Where `load_model` puts the model (``--device``): the CPU, a CUDA device, or the best available."""
@@ -83,6 +83,37 @@ def inspect_model(directory) -> ModelPlan:
                      max_length=max_length)
 
 
+def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
+    """``"sdpa"`` unless a statistic in `stats` reads the attention probabilities: then ``"eager"``.
+
+    lambda, content, qk and influence read the residual stream, the
+    projections and the gradient, never the probabilities, so the model's
+    efficient attention (``F.scaled_dot_product_attention``: no ``(N, N)``
+    tensor per head on the flash and memory-efficient kernels) serves them.
+    ``attention``, ``sinks``, ``attention_offsets``, ``attention_heads`` and
+    ``norm_kernels`` recompute their rows in chunks from q and k
+    (`jaxroll.measure.attention_rows`), so they too run on ``"sdpa"``.
+    ``"eager"`` for registered statistics that read probabilities without
+    ``observe_rows``, for Falcon's ``doubled`` ALiBi (its
+    eager path), and for architectures whose transformers class has no SDPA
+    path (BLOOM and MPT build their ALiBi scores themselves).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .registry import registered
+
+    # attention and statistics with `observe_rows` get their rows recomputed from q, k.
+    reading = any(name in registered() and registered()[name].needs_eager and registered()[name].observe_rows is None
+                  for name in stats)
+    if reading or (getattr(config, "model_type", None) == "falcon" and falcon_alibi == "doubled"):
+        return "eager"
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return "eager"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
+
+
 def resolve_device(device: str) -> str:
     """``cpu``, ``cuda`` or ``auto`` (cuda when available) as a torch device string."""
     import torch
@@ -100,9 +131,11 @@ def load_model(directory, *, dtype: str = "float32", attn_implementation: str = 
                device_map: str | None = None):
     """``AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)``.
 
-    `dtype` is one of ``bfloat16, float32, float64``. Eager attention by
-    default: it returns the attention probabilities and is the path on which
-    Falcon's bias variant can be chosen (see `jaxroll.measure.measure`).
+    `dtype` is one of ``bfloat16, float16, float32, float64``. Eager
+    attention by default: it returns the attention probabilities and is the
+    path on which Falcon's bias variant can be chosen (see
+    `jaxroll.measure.measure`); `attention_implementation` says when
+    ``"sdpa"`` serves the requested statistics (``jaxroll measure`` asks it).
     `device` is ``cpu``, ``cuda`` or ``auto``; ``device_map="auto"`` spreads
     a model that does not fit one device over every device (and the CPU)
     with Hugging Face accelerate (``pip install accelerate``; `device` is

@@ -1,4 +1,4 @@
-"""One forward and one backward pass per sequence: lambda_t, content, influence.
+"""One forward and one backward pass per micro-batch: lambda_t, content, influence.
 
 For a causal LM with L blocks, H heads, head dimension d and sequences of N
 tokens (the measurements of arXiv 2602.16837):
@@ -25,6 +25,18 @@ tokens (the measurements of arXiv 2602.16837):
 - further statistics from the registry (`register_statistic`), e.g.
   ``"sinks"`` (`jaxroll.measure.sinks`, attention sinks after Gu et al. 2024).
 
+Batches: B sequences go through one forward and one backward pass. The
+sequences are independent (no padding: all have N tokens; no family in the
+layer maps normalises across the batch; the causal mask and the position
+bias are per row), so the gradient of the sum of the per-sequence targets
+``sum_b f_b`` with respect to the embeddings of sequence b is ``df_b / de``
+of that sequence alone: per-sequence results equal one-at-a-time ones up to
+floating-point summation order. Hooks deliver ``(B, N, ...)`` tensors; the
+built-in statistics are computed per row on the device, registered ones see
+one row at a time (``(1, ...)``, as before). The batch size is `batch_size`
+or, by default, what the device's free memory holds
+(`jaxroll.measure.batching`).
+
 Data parallel: `measure` can run on a shard of the sequences (`shard`) and
 hand its partial sums to a `reduce` callable (`jaxroll.measure.distributed`
 gathers them on rank 0); sums and counts merge exactly, per-sequence rows by
@@ -33,6 +45,7 @@ index.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import time
@@ -98,6 +111,7 @@ def measure(
     source: str | None = None,
     shard: tuple[int, int] | None = None,
     reduce: Callable | None = None,
+    batch_size: int | None = None,
 ) -> Measurement | None:
     """Measure lambda_t, content scores, attention and gradient influence.
 
@@ -105,8 +119,12 @@ def measure(
         model: a Hugging Face ``*ForCausalLM`` (eval mode is set for the run
             and restored after), on any device or spread over several
             (``device_map``); inputs go to its embedding's device and every
-            sum is accumulated in float64 on the CPU. ``"attention"`` and
-            ``"sinks"`` need ``attn_implementation="eager"``.
+            sum is accumulated in float64 on the CPU. Under an efficient
+            attention (``sdpa``) ``"attention"`` and ``"sinks"`` recompute
+            their rows in chunks from the hooked q and k
+            (`jaxroll.measure.attention_rows`), as do the registered
+            statistics with ``observe_rows`` (attention_heads, norm_kernels,
+            attention_offsets).
         sequences: token ids ``(S, N)`` (array or list of equal-length
             lists), or texts (a list of str) with `tokenizer` and `length`:
             documents in order, those with at least N tokens, their first N.
@@ -123,12 +141,15 @@ def measure(
             stderr) or a `Progress`-like object with ``update(n)`` and
             ``close()``.
         checkpoint_path: a file for the partial sums, written atomically after
-            every sequence; with `resume`, continue from it.
+            every batch; with `resume`, continue from it.
         shard: ``(rank, world)``: measure only the contiguous block
             ``rank`` of `world` near-equal blocks of the sequences.
         reduce: called with this process's `PartialSums` after the loop;
             returns the merged sums (rank 0) or None (other ranks, for which
             `measure` then returns None).
+        batch_size: sequences per forward and backward pass (None: as many
+            as the device's free memory holds, `batching.choose_batch_size`).
+            Results do not depend on it (see the module docstring).
 
     Returns:
         A `Measurement` (None on a rank whose `reduce` returned None).
@@ -142,6 +163,8 @@ def measure(
         raise ConfigError(f"falcon_alibi: got {falcon_alibi!r}; allowed: one of {', '.join(FALCON_VARIANTS)}")
     if not isinstance(positions, int) or positions < 1:
         raise ConfigError(f"positions: got {positions!r}; allowed: an integer >= 1")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ConfigError(f"batch_size: got {batch_size!r}; allowed: an integer >= 1 (or None: from free memory)")
     resolved = resolve(model, layer_map)
     layer_map = resolved.layer_map
     config = model.config
@@ -174,6 +197,11 @@ def measure(
     extra = {name: statistic for name, statistic in registered().items() if name in stats}
     reading = [name for name in stats if name == "attention" or (
         name in extra and (extra[name].needs_eager or "probabilities" in extra[name].hooks))]
+    # Under an efficient attention, attention and statistics with observe_rows get
+    # their rows recomputed in chunks from q and k (attention_rows); the rest need eager.
+    recompute = bool(reading) and implementation != "eager"
+    if recompute:
+        reading = [name for name in reading if name != "attention" and extra[name].observe_rows is None]
     if reading and implementation != "eager":
         raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
                           f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
@@ -236,13 +264,23 @@ def measure(
 
     grid = np.arange(0, length, positions)
     step = _Step(stats, num_layers, length, grid)
+    rotary = None
+    if recompute:
+        from .attention_rows import RotaryCapture, key_bias, sliding_window
+
+        rotary = RotaryCapture(model, resolved) if layer_map.position == "rope" else None
+        step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, length, falcon_alibi),
+                     "window": sliding_window(config, layer_map.name), "rotary": rotary}
+    metadata["attention_rows"] = "recomputed from q, k in chunks" if recompute else None
     wants = {kind: any(kind in statistic.hooks for statistic in extra.values()) for kind in HOOK_KINDS}
     hooks = Hooks(
         resolved, config,
         on_block_input=step.block_input if ("lambda" in stats or wants["block_input"]) else None,
         on_attention_output=step.attention_output if ("lambda" in stats or wants["attention_output"]) else None,
-        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]) else None,
-        on_probabilities=step.probabilities if ("attention" in stats or wants["probabilities"]) else None,
+        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]
+                                        or recompute) else None,
+        on_probabilities=step.probabilities if not recompute and ("attention" in stats or wants["probabilities"])
+        else None,
         zero_falcon_alibi=zero_falcon_alibi,
         checkpointing=checkpointing and "influence" in stats,
     )
@@ -250,6 +288,11 @@ def measure(
     grad_flags = [parameter.requires_grad for parameter in model.parameters()]
     device = model.get_input_embeddings().weight.device
     own = len(sums.indices)
+    if batch_size is None:
+        from .batching import choose_batch_size
+
+        batch_size = choose_batch_size(model, length, stats, own - sums.count, checkpointing=checkpointing)
+    metadata["batch_size"] = int(batch_size)
     bar = _progress(progress, own, sums.count)
     started = time.perf_counter()
     model.eval()
@@ -259,22 +302,25 @@ def measure(
         # them save no activations for their own gradients.
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        with hooks:
+        with hooks, (rotary if rotary is not None else contextlib.nullcontext()):
             for statistic in step.registered:
                 if statistic.attach is not None:
-                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording)
-            for position in range(sums.count, own):
-                index = int(sums.indices[position])
-                step.reset()
+                    # Under recomputed rows its alpha comes from observe_rows, not from a hook.
+                    keywords = {"recomputed": True} if recompute and statistic.observe_rows is not None else {}
+                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording,
+                                                 **keywords)
+            for first in range(sums.count, own, batch_size):
+                rows = [int(index) for index in sums.indices[first:first + batch_size]]
+                step.reset(len(rows))
                 hooks.recording = True
-                ids = torch.as_tensor(token_ids[index], dtype=torch.long, device=device)[None]
+                ids = torch.as_tensor(token_ids[rows], dtype=torch.long, device=device)
                 result = _forward_backward(model, ids, "influence" in stats, hooks)
-                _accumulate(sums, step, result, index, stats)
-                sums.count = position + 1
+                _accumulate(sums, step, result, rows, stats)
+                sums.count = first + len(rows)
                 if checkpoint_path is not None:
                     sums.save(Path(checkpoint_path), fingerprint)
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(rows))
     finally:
         for handle in attached:
             handle.remove()
@@ -323,66 +369,99 @@ def _versions() -> dict:
 
 
 class _Step:
-    """Per-sequence values the hooks deliver (moved to the CPU in float64)."""
+    """Per-batch values the hooks deliver: built-ins per row on the device, registered ones row by row.
+
+    Hooks hand over ``(B, N, ...)`` tensors. lambda and content are computed
+    for all B rows at once in float64 on the model's device (one transfer
+    per batch, in `_accumulate`); a registered statistic's `observe` gets
+    each row as a ``(1, ...)`` tensor with its own state, as when one
+    sequence ran alone.
+    """
 
     def __init__(self, stats, num_layers, length, grid):
         self.stats = stats
         self.grid = torch.as_tensor(grid)
         self.registered = [registered()[name] for name in stats if name in registered()]
-        self.reset()
+        self.rows = None  # {scale, bias, window, rotary}: recompute attention rows from q, k
+        self.reset(1)
 
-    def reset(self):
+    def reset(self, batch):
+        self.batch = batch
         self.x_norms = {}
         self.lambdas = {}
         self.diagonal = {}
         self.lower = {}
         self.qk = {}
         self.attention = {}
-        self.states = {statistic.name: {} for statistic in self.registered}
+        self.states = [{statistic.name: {} for statistic in self.registered} for _ in range(batch)]
 
     def _observe(self, kind, layer, *tensors):
         for statistic in self.registered:
             if kind in statistic.hooks:
-                statistic.observe(self.states[statistic.name], kind, layer, *tensors)
+                for row, state in enumerate(self.states):
+                    statistic.observe(state[statistic.name], kind, layer, *(t[row:row + 1] for t in tensors))
 
     def block_input(self, layer, x):
         if "lambda" in self.stats:
-            self.x_norms[layer] = x[0].double().norm(dim=-1)
+            self.x_norms[layer] = x.double().norm(dim=-1)  # (B, N)
         self._observe("block_input", layer, x)
 
     def attention_output(self, layer, a):
         if "lambda" in self.stats:
-            a_norm = a[0].double().norm(dim=-1)
+            a_norm = a.double().norm(dim=-1)
             x_norm = self.x_norms.pop(layer).to(a_norm.device)
             denominator = x_norm + a_norm
             # 0/0 (a zero residual stream and a zero update) counts as no mixing.
             ratio = torch.where(denominator > 0, a_norm / torch.where(denominator > 0, denominator, 1.0), 0.0)
-            self.lambdas[layer] = float(ratio.mean())
+            self.lambdas[layer] = ratio.mean(dim=-1)  # (B,), on the device until the batch ends
         self._observe("attention_output", layer, a)
 
     def query_key(self, layer, q, k):
         if "content" in self.stats or "qk" in self.stats:
-            q64 = q[0].double().transpose(0, 1)  # (H, N, d)
-            k64 = k[0].double().transpose(0, 1)
-            n = q64.shape[1]
+            q64 = q.double().transpose(1, 2)  # (B, H, N, d)
+            k64 = k.double().transpose(1, 2)
+            n = q64.shape[2]
             if "content" in self.stats:
-                self.diagonal[layer] = ((q64 * k64).sum(-1).mean(-1)).cpu().numpy()
-                before = torch.cumsum(k64, dim=1) - k64  # sum_{j < i} k_j
-                self.lower[layer] = ((q64 * before).sum((-1, -2)) / (n * (n - 1) / 2)).cpu().numpy()
+                # Sums over the batch's rows: content is a mean over sequences.
+                self.diagonal[layer] = (q64 * k64).sum(-1).mean(-1).sum(0)
+                before = torch.cumsum(k64, dim=2) - k64  # sum_{j < i} k_j
+                self.lower[layer] = (q64 * before).sum((-1, -2)).sum(0) / (n * (n - 1) / 2)
             if "qk" in self.stats:
                 grid = self.grid.to(q64.device)
-                self.qk[layer] = (q64[:, grid] @ k64[:, grid].transpose(-1, -2)).cpu().numpy()
+                self.qk[layer] = (q64[:, :, grid] @ k64[:, :, grid].transpose(-1, -2)).sum(0)
+        if self.rows is not None:
+            self._recomputed_rows(layer, q, k)
         self._observe("query_key", layer, q, k)
+
+    def _recomputed_rows(self, layer, q, k):
+        from .attention_rows import rotate, row_chunks
+
+        rows = self.rows
+        if rows["rotary"] is not None:  # the rotation the attention applies after the projections
+            cos, sin = rows["rotary"].cos, rows["rotary"].sin
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
+        n = q.shape[1]
+        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["window"]):
+            if "attention" in self.stats:
+                if layer not in self.attention:
+                    self.attention[layer] = chunk.new_zeros((n, n))
+                self.attention[layer][start:start + chunk.shape[2]] += chunk.mean(1).sum(0)
+            for statistic in watching:
+                for row, state in enumerate(self.states):
+                    statistic.observe_rows(state[statistic.name], layer, start, chunk[row:row + 1])
 
     def probabilities(self, layer, p):
         if "attention" in self.stats:
-            self.attention[layer] = p[0].double().mean(0).cpu().numpy()
+            self.attention[layer] = p.double().mean(1).sum(0)  # head mean, summed over the batch
         self._observe("probabilities", layer, p)
 
 
 def _deliver(step, statistic):
-    # An attached hook's tensors go to this statistic's state of the current sequence.
-    return lambda kind, layer, *tensors: statistic.observe(step.states[statistic.name], kind, layer, *tensors)
+    # An attached hook's tensors (one row each) go to that row's state of the current batch.
+    def deliver(kind, layer, *tensors, row=0):
+        statistic.observe(step.states[row][statistic.name], kind, layer, *tensors)
+    return deliver
 
 
 def _forward_backward(model, ids, want_influence, hooks):
@@ -392,45 +471,54 @@ def _forward_backward(model, ids, want_influence, hooks):
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         keywords["logits_to_keep"] = 1
     with torch.set_grad_enabled(want_influence):
-        logits = model(inputs_embeds=embeddings, **keywords).logits[0, -1]
+        logits = model(inputs_embeds=embeddings, **keywords).logits[:, -1]
         # float32 at least (bfloat16 logits are upcast), float64 kept.
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         probabilities = torch.softmax(logits.to(dtype), dim=-1)
-        token = int(torch.argmax(probabilities))
-        target = probabilities[token]
+        target, token = probabilities.max(dim=-1)  # (B,): f_b and its token
     hooks.recording = False  # the checkpointed recompute must not count twice
+    out = {"token": token.cpu().numpy(), "probability": target.detach().cpu().numpy()}
     if not want_influence:
-        return {"token": token, "probability": float(target)}
-    (gradient,) = torch.autograd.grad(target, embeddings)
+        return out
+    # Rows are independent: d(sum_b f_b)/de_b = df_b/de_b (module docstring).
+    (gradient,) = torch.autograd.grad(target.sum(), embeddings)
     # The norm in float64 whatever the model dtype (bfloat16 gradients are upcast first).
-    norms = gradient[0].double().norm(dim=-1).cpu().numpy()
-    return {"token": token, "probability": float(target.detach()), "norms": norms}
+    out["norms"] = gradient.double().norm(dim=-1).cpu().numpy()  # (B, N)
+    return out
 
 
-def _accumulate(sums, step, result, index, stats):
+def _stack(values: dict) -> np.ndarray:
+    # {layer: tensor (...)} -> (layers, ...) float64 NumPy, one transfer.
+    return torch.stack([values[t] for t in sorted(values)]).cpu().numpy()
+
+
+def _accumulate(sums, step, result, rows, stats):
     arrays = sums.arrays
     num_layers = arrays["lambdas_per_sequence"].shape[1] if "lambda" in stats else None
     if "lambda" in stats:
         if len(step.lambdas) != num_layers:
             raise ConfigError(f"layer map: hooked {len(step.lambdas)} of {num_layers} attention outputs")
-        arrays["lambdas_per_sequence"][index] = [step.lambdas[t] for t in range(num_layers)]
+        arrays["lambdas_per_sequence"][rows] = _stack(step.lambdas).T
     if "influence" in stats:
         norms = result["norms"]
-        if not np.all(np.isfinite(norms)):
-            raise ConfigError(f"influence: sequence {index} gave a non-finite gradient; allowed: finite models")
-        arrays["influence_sum"] += norms
-        arrays["influence_per_sequence"][index] = norms
-        arrays["target_token"][index] = result["token"]
-        arrays["target_probability"][index] = result["probability"]
+        for row, index in enumerate(rows):
+            if not np.all(np.isfinite(norms[row])):
+                raise ConfigError(f"influence: sequence {index} gave a non-finite gradient; allowed: finite models")
+        for row in norms:  # one row at a time: the same summation order at every batch size
+            arrays["influence_sum"] += row
+        arrays["influence_per_sequence"][rows] = norms
+        arrays["target_token"][rows] = result["token"]
+        arrays["target_probability"][rows] = result["probability"]
     if "content" in stats:
-        arrays["qk_diagonal_sum"] += np.stack([step.diagonal[t] for t in sorted(step.diagonal)])
-        arrays["qk_lower_sum"] += np.stack([step.lower[t] for t in sorted(step.lower)])
+        arrays["qk_diagonal_sum"] += _stack(step.diagonal)
+        arrays["qk_lower_sum"] += _stack(step.lower)
     if "qk" in stats:
-        arrays["qk_sum"] += np.stack([step.qk[t] for t in sorted(step.qk)])
+        arrays["qk_sum"] += _stack(step.qk)
     if "attention" in stats:
-        arrays["attention_sum"] += np.stack([step.attention[t] for t in sorted(step.attention)])
+        arrays["attention_sum"] += _stack(step.attention)
     for statistic in step.registered:
-        statistic.accumulate(arrays, step.states[statistic.name], index)
+        for row, index in enumerate(rows):
+            statistic.accumulate(arrays, step.states[row][statistic.name], index)
 
 
 def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape):

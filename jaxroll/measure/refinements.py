@@ -95,8 +95,8 @@ def _module(root, path):
 
 
 def _values(name, output, num_heads, head_dim):
-    # -> (N, H, d) float64 value vectors of the first (only) batch row.
-    output = output[0].double()
+    # (N, D') projection output of one batch row -> (N, H, d) float64 value vectors.
+    output = output.double()
     n = output.shape[0]
     if name == "bloom":  # fused (H, 3, d): q, k, v interleaved per head
         return output.view(n, num_heads, 3, head_dim)[:, :, 2, :]
@@ -114,8 +114,8 @@ def _output_matrix(module, num_heads, head_dim):
     return weight.reshape(weight.shape[0], num_heads, head_dim)
 
 
-def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
-    """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value)``.
+def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bool = True) -> list:
+    """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value, row=b)``.
 
     Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
     m (N,)`` norms, ``value_norms (H, N)`` = ``||W_O^h v_h(j)||``,
@@ -123,6 +123,9 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
     (N, D)``. Forward hooks deliver only while `recording()` (activation
     checkpointing runs a block's forward again during the backward); the
     gradient hooks are registered in the recorded forward and fire once.
+    A batch of B sequences delivers each row b separately (``row=b``).
+    ``alpha_hooks=False``: alpha comes from rows recomputed from q and k
+    (`_alpha_rows`), so no hook reads the model's probabilities.
     Returns the handles.
     """
     name = resolved.layer_map.name
@@ -139,7 +142,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
             p = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if p is None:
                 raise ConfigError("attention: no probabilities; allowed: a model loaded with attn_implementation='eager'")
-            deliver("alpha", layer, p[0].detach().double().cpu())
+            for row in range(p.shape[0]):
+                deliver("alpha", layer, p[row].detach().double().cpu(), row=row)
         return hook
 
     def norms(kind, layer, pre=False):
@@ -151,23 +155,29 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
                 tensor = args[0] if args else kwargs["hidden_states"]
             else:  # forward hook: (args, output)
                 tensor = hook_args[1]
-            deliver(kind, layer, tensor[0].detach().double().norm(dim=-1).cpu())
+            norms = tensor.detach().double().norm(dim=-1).cpu()
+            for row in range(norms.shape[0]):
+                deliver(kind, layer, norms[row], row=row)
         return hook
 
     def value_norms(layer, w_out):
         def hook(module, args, output):
             if recording():
-                values = _values(name, output.detach(), heads, head_dim)
-                # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
-                deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu())
+                for row in range(output.shape[0]):
+                    values = _values(name, output[row].detach(), heads, head_dim)
+                    # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
+                    deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu(),
+                            row=row)
         return hook
 
     def head_outputs(layer, w_out):
         def hook(module, args):
             if recording():
-                context = args[0][0].detach().double()
-                context = context.reshape(context.shape[0], heads, head_dim)
-                deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu())
+                for row in range(args[0].shape[0]):
+                    context = args[0][row].detach().double()
+                    context = context.reshape(context.shape[0], heads, head_dim)
+                    deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu(),
+                            row=row)
         return hook
 
     def gradient(kind, layer, pre=False):
@@ -180,13 +190,19 @@ def _attach(resolved, switches, deliver, recording=lambda: True) -> list:
             else:
                 tensor = hook_args[1]
             if tensor.requires_grad:
-                tensor.register_hook(lambda grad: deliver(kind, layer, grad[0].detach().double().cpu()))
+                tensor.register_hook(rows_of(kind, layer))
         return hook
+
+    def rows_of(kind, layer):
+        def on_gradient(grad):
+            for row in range(grad.shape[0]):
+                deliver(kind, layer, grad[row].detach().double().cpu(), row=row)
+        return on_gradient
 
     try:
         for layer, block in enumerate(resolved.blocks):
             projection = resolved.output_projections[layer]
-            if {"attention", "norm"} & set(switches):
+            if {"attention", "norm"} & set(switches) and alpha_hooks:
                 handles.append(resolved.attentions[layer].register_forward_hook(probabilities(layer)))
             if need_a:
                 handles.append(block.register_forward_pre_hook(norms("x", layer, pre=True), with_kwargs=True))
@@ -316,7 +332,8 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     layers = len(resolved.blocks)
     seen = {}
     switches = ("attention", *ingredients)
-    handles = _attach(resolved, switches, lambda kind, layer, value: seen.__setitem__((kind, layer), value))
+    # One sequence per pass here: every delivery is row 0.
+    handles = _attach(resolved, switches, lambda kind, layer, value, row=0: seen.__setitem__((kind, layer), value))
     sums = {}
     backward = "gradient" in ingredients
     flags = [parameter.requires_grad for parameter in model.parameters()]
@@ -368,6 +385,16 @@ def time_ingredients(model, token_ids, *, repeats: int = 1) -> dict[str, float]:
 # ----------------------------------------------------------------------------- jaxroll measure --stats
 
 
+def _alpha_rows(state, layer, start, rows):
+    # Chunks of one sequence's recomputed rows (1, H, c, N) -> alpha (H, N, N) once complete.
+    rows = rows[0]
+    heads, count, n = rows.shape
+    buffer = state.setdefault(("alpha_rows", layer), rows.new_zeros((heads, n, n)))
+    buffer[:, start:start + count] = rows
+    if start + count == n:
+        state[("alpha", layer)] = state.pop(("alpha_rows", layer)).cpu()
+
+
 def _statistic(stat: str) -> Statistic:
     switch = _SWITCH_OF_STAT[stat]
     output = _OUTPUT[switch]
@@ -379,8 +406,8 @@ def _statistic(stat: str) -> Statistic:
                 "head_norms": (shape.heads,), "lambda_gradient": ()}[output]
         return {f"{output}_sum": np.zeros((shape.layers, *size))}
 
-    def attach(resolved, deliver, recording):
-        return _attach(resolved, switches, deliver, recording)
+    def attach(resolved, deliver, recording, recomputed=False):
+        return _attach(resolved, switches, deliver, recording, alpha_hooks=not recomputed)
 
     def observe(state, kind, layer, value):
         state[(kind, layer)] = value
@@ -397,6 +424,7 @@ def _statistic(stat: str) -> Statistic:
 
     return Statistic(name=stat, hooks=(), allocate=allocate, observe=observe, accumulate=accumulate, finish=finish,
                      needs_eager=switch in ("attention", "norm"), memory=memory, attach=attach,
+                     observe_rows=_alpha_rows if switch in ("attention", "norm") else None,
                      requires=("influence",) if switch == "gradient" else ())
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 
-STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements")
+STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
@@ -69,6 +69,13 @@ class Statistic:
             *tensors)`` (-> `observe`) and check ``recording()`` in forward hooks.
         requires: other statistics it needs in the same run (e.g. the
             influence backward pass).
+        observe_rows: ``(state, layer, start, rows)``, optional: the
+            probabilities of one sequence's query rows ``start ..``,
+            ``(1, H, c, N)`` float64, chunk by chunk in order, recomputed from
+            q and k (`jaxroll.measure.attention_rows`) when the model runs an
+            efficient attention. A statistic that reads probabilities and has
+            it runs without eager attention; its `attach`, if any, is then
+            called with ``recomputed=True`` and must not hook probabilities.
     """
 
     name: str
@@ -84,6 +91,7 @@ class Statistic:
     summary: Callable | None = None
     attach: Callable | None = None
     requires: tuple = ()
+    observe_rows: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

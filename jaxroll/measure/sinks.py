@@ -17,7 +17,9 @@ causal, N tokens) of every layer l and head h:
   ``sink_first_boost(k) = sink_first_share(k) / u(k)`` with
   ``u(k) = mean_i min(k, i + 1) / (i + 1)`` (row i spreads 1 over i + 1 keys).
 
-Needs the probabilities, so an eager attention implementation.
+Reads the probabilities: from an eager attention (`_observe`), or row chunks
+recomputed from q and k under an efficient one (`_observe_rows`, the same
+sums chunk by chunk).
 """
 
 from __future__ import annotations
@@ -55,6 +57,21 @@ def _observe(state, kind, layer, p):
     state.setdefault("share", {})[layer] = share.cpu().numpy()
 
 
+def _observe_rows(state, layer, start, rows):
+    rows = rows[0]  # (H, c, N): queries start .. start + c - 1
+    n = rows.shape[-1]
+    partial = state.setdefault("partial", {})
+    received, share = partial.get(layer, (0.0, 0.0))
+    received = received + rows.sum(dim=1)  # sum over these queries, per key
+    share = share + rows.cumsum(dim=-1).sum(dim=(0, 1))
+    if start + rows.shape[1] < n:
+        partial[layer] = (received, share)
+        return
+    partial.pop(layer, None)
+    state.setdefault("received", {})[layer] = (received / _queries_seeing(n, received)).cpu().numpy()
+    state.setdefault("share", {})[layer] = (share / (rows.shape[0] * n)).cpu().numpy()
+
+
 def _queries_seeing(n, like):
     import torch
 
@@ -87,6 +104,6 @@ def _summary(outputs: dict) -> str:
 
 register_statistic(Statistic(
     name="sinks", hooks=("probabilities",), allocate=_allocate, observe=_observe, accumulate=_accumulate,
-    finish=_finish, per_sequence=("sink_rate_first_per_sequence",), needs_eager=True,
+    finish=_finish, per_sequence=("sink_rate_first_per_sequence",), needs_eager=True, observe_rows=_observe_rows,
     memory=lambda shape: 8 * (shape.layers * shape.heads * shape.length + shape.length + shape.sequences),
     summary=_summary))
