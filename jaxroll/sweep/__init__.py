@@ -4,8 +4,13 @@ Every point of a sweep is a `RolloutModel` that differs from a base model in a
 few fields; its influence profile is ``p^T = e_{n-1}^T R_T ... R_1`` with
 ``R_t = (1 - lambda_t) I + lambda_t A_t`` (arXiv 2602.16837). The points'
 arrays are stacked along a leading batch axis and evaluated under one
-``jit(vmap(...))``, in chunks sized to a memory budget, the batch axis sharded
-over a `jax.sharding.Mesh` with `NamedSharding`.
+``jit(vmap(...))``, in chunks sized to the device (`chunk_budget`: its free
+memory on an accelerator, a cache-sized working set on the CPU), the batch
+axis sharded over a `jax.sharding.Mesh` with `NamedSharding`. A chunk's
+arrays are built from the checked axis values when it runs, and its shape
+statistics are computed on the device: host memory is O(chunk) plus the
+table, and O(points x N) only for the returned profiles, which
+``stream_to=FILE`` writes to disk chunk by chunk instead.
 
 Two evaluation paths, chosen automatically:
 
@@ -15,7 +20,8 @@ Two evaluation paths, chosen automatically:
   ``prod_t ((1 - lambda_t) + lambda_t x)``. The T + 1 Krylov rows
   ``e^T A^k`` cost T structured products once; a chunk of S schedules is one
   ``(S, T+1) x (T+1, N)`` matmul. The ``c_k`` are non-negative and sum to 1
-  (no cancellation); they are computed in float64 on the host.
+  (no cancellation); they are computed per chunk under `jit` on the device
+  (`device_coefficients`, a scan over T), in the compute dtype.
 - ``"vmap"``: anything else; each point runs its own ``lax.scan`` over layers.
 
 Sequence lengths: under a causal or sliding mask the first n rows of ``P_T``
@@ -37,6 +43,7 @@ profiles are gathered to every process (write files from process 0 only).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -47,11 +54,12 @@ from ..errors import ConfigError
 from ..model import RolloutModel
 from .axes import AXES, KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
-from .evaluate import _Evaluator, polynomial_coefficients
-from .plan import MEMORY_BUDGET, VMAP_WORKING_SET, _plan, make_mesh
+from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
+from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, _plan, chunk_budget, make_mesh
 from .statistics import STATISTICS, _table
 
-__all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "SweepResult", "sweep", "make_mesh",
+__all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
+           "DEVICE_FRACTION", "SweepResult", "sweep", "make_mesh", "chunk_budget", "device_coefficients",
            "polynomial_coefficients"]
 
 
@@ -97,6 +105,7 @@ def sweep(
     mesh=None,
     progress: bool = True,
     checkpoint=None,
+    stream_to=None,
     fraction: float = 0.1,
     **axes,
 ) -> SweepResult:
@@ -119,7 +128,8 @@ def sweep(
         zip: take the axes side by side (all the same length) instead of
             their cartesian product.
         batch_size: points per compiled call (default: what fits
-            `MEMORY_BUDGET`); rounded to a multiple of the mesh's devices.
+            `chunk_budget`: the device's memory, a cache-sized working set on
+            the CPU); rounded to a multiple of the mesh's devices.
         mesh: None (the mesh of ``jax.set_mesh`` if one is set, else every
             device), a device count, or a `jax.sharding.Mesh` built any way
             (``jax.make_mesh((k,), ("batch",))``, whose axes are `Explicit`
@@ -129,6 +139,13 @@ def sweep(
         checkpoint: a directory; every finished chunk is written there
             atomically and chunks already there (of the same sweep) are read
             back instead of recomputed, so an interrupted sweep resumes.
+        stream_to: a new ``.npy`` file: each chunk's profiles ``(S, L, N_max)``
+            are written into it (a memory map) as the chunk finishes, so host
+            memory is O(chunk) however many points; `SweepResult.profiles` is
+            then that file opened read-only (``np.load(..., mmap_mode="r")``),
+            with the usual shape. Process 0 writes it; other processes get
+            ``profiles=None``. The table is computed per chunk on the device
+            either way (O(points) numbers, not profiles).
         fraction: edge fraction of the shape statistics (`jaxroll.metrics`).
         **axes: ``lambdas``, ``lambda_0`` and ``beta``, ``alibi_slopes``,
             ``slope_scale``, ``diagonal_scores``, ``head_weights``,
@@ -151,12 +168,13 @@ def sweep(
     """
     if not 0 < fraction < 0.5:
         raise ConfigError(f"fraction: got {fraction!r}; allowed: 0 < fraction < 0.5")
-    plan = _plan(model, axes, lengths, bool(zip), batch_size, mesh)
+    plan = _plan(model, axes, lengths, bool(zip), batch_size, mesh, stream=stream_to is not None)
+    stream = _open_stream(stream_to, plan) if stream_to is not None else None
     directory = _open_checkpoint(checkpoint, plan) if checkpoint is not None else None
-    evaluator = _Evaluator(plan)
-    count = plan.columns["total_mixing"].shape[0]
+    evaluator = _Evaluator(plan, fraction)
+    count = plan.count
     chunks = -(-count // plan.batch_size)
-    pieces, sharding = [], evaluator.batch
+    pieces, statistics, mixing, sharding = [], [], [], evaluator.batch
 
     from tqdm.auto import tqdm
 
@@ -165,17 +183,44 @@ def sweep(
         for k in range(chunks):
             path = directory / f"chunk_{k:06d}.npy" if directory is not None else None
             if path is not None and path.is_file():
-                piece = _load_chunk(path, k)
+                piece, _, values, total = evaluator.loaded_chunk(k, _load_chunk(path, k))
             else:
-                piece, sharding = evaluator.host_chunk(k)
+                piece, sharding, values, total = evaluator.host_chunk(k)
                 if path is not None and jax.process_index() == 0:
                     _atomic_save(path, piece)
-            pieces.append(piece)
+            end = min(count, (k + 1) * plan.batch_size) - k * plan.batch_size
+            if stream is not None:  # only this chunk is held: O(chunk) host memory
+                stream[k * plan.batch_size: k * plan.batch_size + end] = piece[:end]
+            else:
+                pieces.append(piece[:end])
+            statistics.append({name: value[:end] for name, value in values.items()})
+            mixing.append(total[:end])
             bar.update(1)
-    flat = np.concatenate(pieces)[:count]
-    table = _table(plan, flat, fraction)
-    profiles = flat if lengths is not None else flat[:, 0, :]
-    profiles = profiles.reshape(plan.shape + profiles.shape[1:])
+    table = _table(plan, np.concatenate(mixing),
+                   {name: np.concatenate([values[name] for values in statistics]) for name in STATISTICS})
+    if stream is not None:
+        stream.flush()
+        del stream
+        flat = np.load(stream_to, mmap_mode="r") if jax.process_index() == 0 else None
+    else:
+        flat = np.concatenate(pieces)
+    profiles = None
+    if flat is not None:
+        profiles = flat if lengths is not None else flat[:, 0, :]
+        profiles = profiles.reshape(plan.shape + profiles.shape[1:])
     return SweepResult(profiles, table, {name: list(axes[name]) for name in axes},
                        plan.lengths if lengths is not None else None, plan.method, sharding,
                        plan.batch_size)
+
+
+def _open_stream(path, plan):
+    """The ``.npy`` file the profiles stream into, ``(S, L, N_max)`` in the compute dtype; refused if it exists."""
+    path = Path(path)
+    if path.exists():
+        raise ConfigError(f"stream_to: {path} exists; allowed: a new .npy file (nothing is overwritten)")
+    if not path.parent.is_dir():
+        raise ConfigError(f"stream_to: {path.parent} is not a directory; allowed: a new file in an existing one")
+    if jax.process_index() != 0:
+        return None
+    shape = (plan.count, len(plan.lengths), max(plan.lengths))
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(jax.numpy.result_type(float)), shape=shape)

@@ -16,11 +16,21 @@ from .plan import _Plan
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
+
 def _fingerprint(plan: _Plan) -> str:
     digest = hashlib.sha256()
-    for field in sorted(plan.leaves):
+    # What every point is: the base arrays it may change, each axis' checked values and value
+    # indices, and the table's columns (the power-decay grid's lambda_0 and beta among them).
+    for field in sorted(plan.base_leaves):
         digest.update(field.encode())
-        digest.update(np.ascontiguousarray(plan.leaves[field]).tobytes())
+        digest.update(np.ascontiguousarray(plan.base_leaves[field], np.float64).tobytes())
+    for leaf, values, index in plan.picks:
+        digest.update(leaf.encode())
+        digest.update(np.ascontiguousarray(values, np.float64).tobytes())
+        digest.update(np.ascontiguousarray(index).tobytes())
+    for name in sorted(plan.columns):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(plan.columns[name], np.float64).tobytes())
     if isinstance(plan.base, KernelRolloutModel):  # the fixed kernel arrays are not in the leaves
         for leaf in jax.tree.leaves(plan.base.kernel):
             digest.update(np.ascontiguousarray(np.asarray(leaf, np.float64)).tobytes())

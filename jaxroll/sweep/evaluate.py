@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..model import KernelRolloutModel, RolloutModel
 from ..rollout import rollout_row
 from .plan import _groups, _mesh_context, _Plan
+from .statistics import shape_statistics
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
@@ -118,10 +119,31 @@ def _krylov(layer: RolloutModel, groups, n_max: int, depth: int):
     return jnp.swapaxes(_assemble([jnp.swapaxes(p, 0, 1) for p in parts], groups, n_max), 0, 1)
 
 
+def _coefficients(lambdas):
+    """``c[s, k]`` of ``prod_t ((1 - lambda_t) + lambda_t x)``, ``(S, T) -> (S, T+1)``, traced (on the device).
+
+    One multiplication by ``(1 - lambda_t) + lambda_t x`` per layer: a scan
+    over T of ``c <- (1 - lambda_t) c + lambda_t shift(c)``, O(S T^2) work,
+    each step a convex combination of non-negative numbers (no cancellation).
+    """
+    count, depth = lambdas.shape
+    start = jnp.zeros((count, depth + 1), lambdas.dtype).at[:, 0].set(1.0)
+
+    def step(coefficients, weight):
+        shifted = jnp.pad(coefficients[:, :-1], ((0, 0), (1, 0)))
+        return (1.0 - weight)[:, None] * coefficients + weight[:, None] * shifted, None
+
+    return jax.lax.scan(step, start, lambdas.T)[0]
+
+
+device_coefficients = jax.jit(_coefficients)
+"""`polynomial_coefficients` under `jit`, on the device where `lambdas` live (the dtype of `lambdas`)."""
+
+
 @functools.partial(jax.jit, static_argnames=("sharding",))
-def _combine(coefficients, rows, sharding):
-    """``(S, L, n)``: ``sum_k c[s, k] rows[l, k]``, normalised: one matmul per chunk."""
-    profiles = jnp.einsum("sk,lkn->sln", coefficients, rows)
+def _combine(lambdas, rows, sharding):
+    """``(S, L, n)``: ``sum_k c[s, k] rows[l, k]``, normalised: one matmul per chunk, c computed here."""
+    profiles = jnp.einsum("sk,lkn->sln", _coefficients(lambdas), rows)
     profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
     return jax.lax.with_sharding_constraint(profiles, sharding)
 
@@ -131,12 +153,14 @@ def polynomial_coefficients(lambdas) -> np.ndarray:
 
     ``(S, T) -> (S, T+1)``; every ``c`` is non-negative and each row sums to
     1. With one kernel A in every layer, ``e^T R_T ... R_1 = sum_k c_k e^T A^k``.
+    The host NumPy formula; a sweep computes the same under `jit` on the device
+    (`device_coefficients`).
     """
     lambdas = np.asarray(lambdas, np.float64)
     count, depth = lambdas.shape
     coefficients = np.zeros((count, depth + 1))
     coefficients[:, 0] = 1.0
-    for t in range(depth):  # host NumPy, O(S T^2): no compilation, exact float64
+    for t in range(depth):  # O(S T^2), exact float64
         weight = lambdas[:, t : t + 1]
         shifted = np.concatenate([np.zeros((count, 1)), coefficients[:, :-1]], axis=1)
         coefficients = (1.0 - weight) * coefficients + weight * shifted
@@ -157,10 +181,11 @@ def _gather(array) -> np.ndarray:
 
 
 class _Evaluator:
-    """Evaluates chunks of a plan; the Krylov rows are computed once."""
+    """Evaluates chunks of a plan: profiles and their shape statistics, on the device; the Krylov rows once."""
 
-    def __init__(self, plan: _Plan):
+    def __init__(self, plan: _Plan, fraction: float):
         self.plan = plan
+        self.fraction = fraction
         self.dtype = jnp.result_type(float)
         self.batch = NamedSharding(plan.mesh, PartitionSpec(plan.mesh.axis_names))
         self.replicated = NamedSharding(plan.mesh, PartitionSpec())
@@ -169,7 +194,8 @@ class _Evaluator:
         if plan.method == "krylov":
             with _mesh_context(plan.mesh):
                 self.rows = self._krylov_rows()
-            self.coefficients = polynomial_coefficients(plan.leaves["lambdas"])
+        elif isinstance(plan.base, KernelRolloutModel):
+            self.base = jax.tree.map(lambda x: _global(np.asarray(x, self.dtype), self.replicated), plan.base)
 
     def _krylov_rows(self):
         base = self.plan.base
@@ -181,26 +207,43 @@ class _Evaluator:
             rows = np.asarray(_krylov(layer, self.groups, self.n_max, base.num_layers))
         return _global(rows, self.replicated)
 
-    def chunk(self, k: int):
-        """Profiles of chunk k, ``(batch_size, L, N_max)``, a sharded array."""
-        plan = self.plan
-        count = next(iter(plan.leaves.values())).shape[0]
-        size = plan.batch_size
-        # The last chunk repeats its last point to the full size: one compiled shape.
-        take = np.minimum(np.arange(k * size, (k + 1) * size), count - 1)
-        if plan.method == "krylov":
-            coefficients = _global(self.coefficients[take].astype(self.dtype), self.batch)
-            return _combine(coefficients, self.rows, self.batch)
-        leaves = {field: _global(value[take].astype(self.dtype), self.batch)
-                  for field, value in plan.leaves.items()}
-        if isinstance(plan.base, KernelRolloutModel):
-            base = jax.tree.map(lambda x: _global(np.asarray(x, self.dtype), self.replicated), plan.base)
-            return _vmapped_kernel_profiles(base, leaves, self.groups, self.n_max, self.batch)
-        batched = _batched_model(plan.base, leaves, self.n_max)
-        return _vmapped_profiles(batched, self.groups, self.n_max, self.batch)
+    def take(self, k: int) -> np.ndarray:
+        """The points of chunk k; the last chunk repeats its last point to the full size (one compiled shape)."""
+        size = self.plan.batch_size
+        return np.minimum(np.arange(k * size, (k + 1) * size), self.plan.count - 1)
 
-    def host_chunk(self, k: int) -> tuple[np.ndarray, NamedSharding]:
-        """Chunk k gathered to the host: ``(batch_size, L, N_max)``, and its sharding."""
+    def chunk(self, k: int):
+        """Profiles of chunk k, ``(batch_size, L, N_max)``, a sharded array, and the chunk's lambdas ``(S, T)``."""
+        plan = self.plan
+        leaves = plan.chunk_leaves(self.take(k))
+        if plan.method == "krylov":
+            lambdas = _global(leaves["lambdas"].astype(self.dtype), self.batch)
+            return _combine(lambdas, self.rows, self.batch), leaves["lambdas"]
+        batched = {field: _global(value.astype(self.dtype), self.batch) for field, value in leaves.items()}
+        if isinstance(plan.base, KernelRolloutModel):
+            return (_vmapped_kernel_profiles(self.base, batched, self.groups, self.n_max, self.batch),
+                    leaves["lambdas"])
+        return (_vmapped_profiles(_batched_model(plan.base, batched, self.n_max), self.groups, self.n_max,
+                                  self.batch), leaves["lambdas"])
+
+    def host_chunk(self, k: int) -> tuple:
+        """Chunk k on the host: profiles ``(batch_size, L, N_max)``, their sharding, the statistics
+        ``(batch_size, L)`` (computed on the device before the gather) and ``sum_t lambda_t``."""
         with _mesh_context(self.plan.mesh):
-            profiles = self.chunk(k)
-        return _gather(profiles), profiles.sharding
+            profiles, lambdas = self.chunk(k)
+            values = shape_statistics(profiles, self.plan.lengths, self.fraction)
+            statistics = {name: _gather(value) for name, value in values.items()}
+        return _gather(profiles), profiles.sharding, statistics, lambdas.sum(axis=1)
+
+    def loaded_chunk(self, k: int, profiles: np.ndarray) -> tuple:
+        """`host_chunk` of a chunk read back from a checkpoint."""
+        return (profiles, self.batch, self.statistics(profiles),
+                self.plan.chunk_leaves(self.take(k))["lambdas"].sum(axis=1))
+
+    def statistics(self, profiles) -> dict[str, np.ndarray]:
+        """The shape statistics of a chunk's profiles (device or host array), ``(batch_size, L)`` each, on the host."""
+        with _mesh_context(self.plan.mesh):
+            if isinstance(profiles, np.ndarray):
+                profiles = _global(profiles.astype(self.dtype), self.batch)
+            values = shape_statistics(profiles, self.plan.lengths, self.fraction)
+        return {name: _gather(value) for name, value in values.items()}

@@ -20,14 +20,52 @@ from .axes import _LAMBDA_AXES, _SCALAR_AXES, _axis_values, _base_fields, _check
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
 MEMORY_BUDGET = 2**30
-"""Bytes of intermediate arrays one chunk may hold (an estimate), when ``batch_size`` is None."""
+"""Bytes of intermediate arrays one chunk may hold per device (an estimate), when ``batch_size``
+is None, on an accelerator that does not report its memory (`chunk_budget`)."""
+
+
+DEVICE_FRACTION = 0.25
+"""Share of an accelerator's free memory (``Device.memory_stats()``) one chunk may hold."""
+
+
+def chunk_budget(method: str, mesh: Mesh) -> int:
+    """Bytes of intermediates one chunk may hold on each device of `mesh`.
+
+    On an accelerator that reports its memory (``Device.memory_stats()``:
+    GPUs, TPUs), `DEVICE_FRACTION` of the free memory of its smallest
+    device, on either path. On the CPU, or a device that reports nothing,
+    `MEMORY_BUDGET` for the Krylov path and the cache-sized
+    `VMAP_WORKING_SET` for the vmap path (the cache heuristic applies only on
+    the CPU: on a 141 GiB GPU it gave chunks of 40 points).
+    """
+    devices = list(mesh.devices.flat)
+    if devices[0].platform != "cpu":
+        free = []
+        for device in devices:
+            try:
+                stats = device.memory_stats() or {}
+            except Exception:  # a platform without the query
+                stats = {}
+            if "bytes_limit" in stats:
+                free.append(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        if free and len(free) == len(devices):
+            return max(1, int(DEVICE_FRACTION * min(free)) * len(devices))
+        return MEMORY_BUDGET * len(devices)
+    return KRYLOV_WORKING_SET if method == "krylov" else VMAP_WORKING_SET
+
+
+KRYLOV_WORKING_SET = 12 * 2**20
+"""Bytes of intermediates per chunk on the CPU's Krylov path, when ``batch_size`` is None: the
+chunk's coefficients and profiles stay in cache. On the 2-core CPU, BLOOM-176B geometry at
+N = 256 (float32, 100,489 points, load ~11): 4,096 points per chunk (12 MiB) ran 54,557 points/s,
+one chunk of all of them 13,435."""
 
 
 VMAP_WORKING_SET = 4 * 2**20
 """Bytes of intermediates per chunk on the vmap path, when ``batch_size`` is None. Each
 profile there is compute-bound and larger chunks fall out of cache: on the 2-core
 CPU, MPT-7B geometry at N = 2048, 4 points per call ran 1.9x a loop of `influence`
-and 32 points 0.9x. On an accelerator pass a larger ``batch_size``."""
+and 32 points 0.9x. Used on the CPU only (see `chunk_budget`)."""
 
 
 _BATCH = "batch"
@@ -93,12 +131,34 @@ class _Plan(NamedTuple):
 
     base: RolloutModel
     shape: tuple[int, ...]          # the points' grid, (*axes) or (K,)
-    leaves: dict[str, np.ndarray]   # batched model arrays, (S, ...)
+    base_leaves: dict[str, np.ndarray]  # the model arrays a point may change, unbatched
+    picks: tuple                    # ((leaf, checked values (V, ...), value index per point (S,)), ...)
     columns: dict[str, np.ndarray]  # per-point table columns, (S,)
     lengths: tuple[int, ...]        # lengths evaluated (at least one)
     method: str
     batch_size: int
     mesh: Mesh
+    count: int                      # S, the points
+
+    def chunk_leaves(self, take: np.ndarray) -> dict[str, np.ndarray]:
+        """The batched model arrays of the points `take`, float64 ``(len(take), ...)``.
+
+        Built per chunk, so host memory is O(chunk), not O(points): the
+        checked values of each axis are stored once and indexed here.
+        """
+        size = len(take)
+        leaves = {field: np.broadcast_to(value, (size,) + np.shape(value)) for field, value in self.base_leaves.items()}
+        for leaf, values, index in self.picks:
+            leaves[leaf] = values[index[take]]
+        if "lambda_0" in self.columns and "lambda_0_index" in self.columns:
+            # The same float64 formula as schedules.power_decay; in [0, 1] (lambda_0 <= 1, beta >= 0, checked).
+            layers = np.arange(self.base.num_layers, dtype=np.float64)
+            lambda_0, beta = self.columns["lambda_0"][take, None], self.columns["beta"][take, None]
+            leaves["lambdas"] = lambda_0 / (layers + 1.0) ** beta
+        if "slope_scale" in self.columns:
+            slopes = "kernel.slopes" if isinstance(self.base, KernelRolloutModel) else "alibi_slopes"
+            leaves[slopes] = leaves[slopes] * self.columns["slope_scale"][take, None, None]
+        return leaves
 
 
 def _points(sizes: list[int], names: list[str], zipped: bool) -> tuple[tuple[int, ...], list[np.ndarray]]:
@@ -138,7 +198,7 @@ def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
     return rows * (6 * min(base.num_heads, 16) + 4)
 
 
-def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
+def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bool = False) -> _Plan:
     if not isinstance(model, (RolloutModel, KernelRolloutModel)):
         raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel or "
                           "jaxroll.KernelRolloutModel")
@@ -176,35 +236,26 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
         base_leaves = {field: value for field, value in _base_fields(model).items()
                        if field in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores",
                                     "head_weights", "temperature")}
-    leaves = {field: np.broadcast_to(value, (count,) + np.shape(value)).copy()
-              for field, value in base_leaves.items()}
+    if "lambda_0" in names:
+        base_leaves.pop("lambdas")  # every point's own schedule (Plan.chunk_leaves)
+    picks = []
     columns = {f"{name}_index": index[name] for name in names}
     for name in names:
-        picked = checked[name][index[name]]
         if isinstance(model, KernelRolloutModel):
             if name in ("slopes", "exponents", "diagonal_scores", "head_weights"):
-                leaves[f"kernel.{name}"] = picked
+                picks.append((f"kernel.{name}", checked[name], index[name]))
             elif name == "lambdas":
-                leaves[name] = picked
+                picks.append((name, checked[name], index[name]))
         elif name in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
-            leaves[name] = picked
+            picks.append((name, checked[name], index[name]))
         if name in _SCALAR_AXES:
-            columns[name] = picked
+            columns[name] = checked[name][index[name]]
         elif all(np.ndim(v) == 0 and not isinstance(v, dict) for v in values[name]):  # np.ndim(dict) is 0
             columns[name] = np.asarray(values[name], np.float64)[index[name]]
         elif name == "lambdas" and all(isinstance(v, (tuple, dict)) for v in values[name]):
             pairs = np.asarray([(v["lambda_0"], v["beta"]) if isinstance(v, dict) else v
                                 for v in values[name]], np.float64)
             columns["lambda_0"], columns["beta"] = pairs[index[name], 0], pairs[index[name], 1]
-    if "lambda_0" in names:
-        # The same float64 formula as schedules.power_decay, for every point at once.
-        layers = np.arange(model.num_layers, dtype=np.float64)
-        lambda_0, beta = columns["lambda_0"][:, None], columns["beta"][:, None]
-        leaves["lambdas"] = lambda_0 / (layers + 1.0) ** beta  # in [0, 1]: lambda_0 <= 1, beta >= 0 (checked)
-    if "slope_scale" in names:
-        slopes = "kernel.slopes" if isinstance(model, KernelRolloutModel) else "alibi_slopes"
-        leaves[slopes] = leaves[slopes] * columns["slope_scale"][:, None, None]
-    columns["total_mixing"] = leaves["lambdas"].sum(axis=1)
 
     # One point gains nothing from T + 1 Krylov rows over its own T products.
     method = "krylov" if count > 1 and set(names) <= _LAMBDA_AXES and _equal_layers(model) else "vmap"
@@ -212,17 +263,16 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh) -> _Plan:
     devices = mesh.devices.size
     if batch_size is None:
         per_point = _per_point_bytes(method, model, evaluated, max(evaluated))
-        budget = MEMORY_BUDGET if method == "krylov" else VMAP_WORKING_SET
-        batch_size = max(1, budget // per_point)
-    # The gathered profiles live on the host (and a float64 copy per length for the table).
-    itemsize = jnp.dtype(jnp.result_type(float)).itemsize
-    needed = count * len(evaluated) * max(evaluated) * (2 * itemsize + 8)
-    memory.check_fits(needed, f"sweep: {count} points x {len(evaluated)} lengths x N = {max(evaluated)}",
-                      allowed="fewer points or shorter lengths")
+        batch_size = max(1, chunk_budget(method, mesh) // per_point)
+    if not stream:  # the gathered profiles live on the host; streamed, only one chunk at a time
+        itemsize = jnp.dtype(jnp.result_type(float)).itemsize
+        needed = count * len(evaluated) * max(evaluated) * itemsize
+        memory.check_fits(needed, f"sweep: {count} points x {len(evaluated)} lengths x N = {max(evaluated)}",
+                          allowed="fewer points, shorter lengths or stream_to=FILE")
     # Whole multiples of the mesh, and never (much) more than the sweep needs.
     batch_size = min(batch_size, -(-count // devices) * devices)
     batch_size = max(devices, batch_size // devices * devices)
-    return _Plan(model, shape, leaves, columns, evaluated, method, batch_size, mesh)
+    return _Plan(model, shape, base_leaves, tuple(picks), columns, evaluated, method, batch_size, mesh, count)
 
 
 def _groups(lengths: tuple[int, ...], mask: str) -> tuple:
