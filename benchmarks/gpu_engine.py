@@ -30,6 +30,7 @@ run alone it prints them as a table::
 
     python3 benchmarks/gpu_engine.py --budget 200          # on the GPU
     python3 benchmarks/gpu_engine.py --quick --budget 60    # small sizes, any machine
+    python3 benchmarks/gpu_engine.py --cpu-targets          # issue 33's CPU target rows (minutes)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ if str(ROOT) not in sys.path:  # the checkout's jaxroll, run from anywhere
 import jaxroll  # noqa: E402
 
 COLUMNS = ["section", "case", "N", "dtype", "points", "seconds", "compile_seconds", "rate", "ratio", "note"]
-SHARES = {"forward": 0.15, "published": 0.08, "grad/forward": 0.17, "krylov sweep": 0.2, "torch": 0.25,
+SHARES = {"forward": 0.15, "published": 0.15, "grad/forward": 0.17, "krylov sweep": 0.18, "torch": 0.2,
           "vmap sweep": 0.15}
 """Each section's share of the budget, in the order they run."""
 
@@ -83,17 +84,32 @@ def _block(value):
     return jax.block_until_ready(value)
 
 
-def timed(function, *, repeats: int = 5, most: float = 2.0) -> tuple[float, float]:
-    """(median warm seconds, first-call seconds); stops repeating after `most` seconds of warm calls."""
+def timed(function, *, repeats: int = 5, most: float = 2.0, reduce=statistics.median) -> tuple[float, float]:
+    """(`reduce` (median) of the warm seconds, first-call seconds); stops repeating after `most` seconds."""
     start = time.perf_counter()
     _block(function())
     first = time.perf_counter() - start
     times = []
+    repeats = 1 if first > most else repeats  # a slow case: one warm call
     while len(times) < repeats and sum(times) < most:
         start = time.perf_counter()
         _block(function())
         times.append(time.perf_counter() - start)
-    return statistics.median(times), first
+    return reduce(times), first
+
+
+def interleaved(functions: dict, rounds: int) -> dict:
+    """Least seconds of each function over `rounds` rounds, called in turn (after a warm-up call each):
+    on a shared machine the load drifts, and interleaving gives each function the same drift."""
+    for function in functions.values():
+        _block(function())
+    times = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            _block(function())
+            times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
 
 
 def skipped(row: dict, estimate: float, budget: Budget) -> dict:
@@ -163,7 +179,7 @@ def published_rows(budget: Budget) -> list[dict]:
         if budget.left() < 3.0:
             break
         model = jaxroll.load_config(path)
-        warm, _ = timed(lambda: jaxroll.influence(model), repeats=5, most=0.5)
+        warm, _ = timed(lambda: jaxroll.influence(model), repeats=7, most=0.5, reduce=min)
         total += warm
         content += warm if "all_content" in str(path) else 0.0
         done += 1
@@ -213,6 +229,15 @@ def krylov_rows(sizes, counts, budget: Budget) -> list[dict]:
 
 
 def vmap_rows(sizes, most_points: int, budget: Budget) -> list[dict]:
+    """Points per second of the general path at the device's own chunk size, as many points as fit.
+
+    A calibration at 64 points per chunk gives the time per point (an upper
+    bound: larger chunks use the device better); the timed sweep uses the
+    chunk size `jaxroll.sweep` picks for the device (`chunk_budget`), cut to
+    what fits, compiled by a first one-chunk call.
+    """
+    from jaxroll.sweep.plan import _plan
+
     rows = []
     for position, n in enumerate(sizes):
         row = {"section": "vmap sweep", "case": "bloom-176b temperature", "N": n, "dtype": "float32"}
@@ -220,22 +245,29 @@ def vmap_rows(sizes, most_points: int, budget: Budget) -> list[dict]:
         if share < 10.0:
             rows.append(skipped(row, 10.0, budget))
             continue
-        model = _model(n)
         started = time.perf_counter()
-        batch = jaxroll.sweep(model, temperature=[0.5, 2.0], progress=False).batch_size
-        values = list(np.linspace(0.5, 2.0, batch))
-        jaxroll.sweep(model, temperature=values, progress=False)  # compiles the full chunk shape
+        model = _model(n)
+        values = lambda count, low=0.5: list(np.linspace(low, 2.0, count))  # noqa: E731
+        natural = _plan(model, {"temperature": values(most_points)}, None, False, None, None).batch_size
+        small = min(natural, 64)
+        jaxroll.sweep(model, temperature=values(small), batch_size=small, progress=False)
         start = time.perf_counter()
-        jaxroll.sweep(model, temperature=values[::-1], progress=False)
-        per_chunk = time.perf_counter() - start
-        spend = 0.8 * share - (time.perf_counter() - started)
-        points = int(min(most_points, max(batch, spend / per_chunk * batch)))
-        points = max(batch, points // batch * batch)
+        jaxroll.sweep(model, temperature=values(small, 0.4), batch_size=small, progress=False)
+        per_point = (time.perf_counter() - start) / small
+        spend = share - (time.perf_counter() - started)
+        fit = int(0.4 * spend / per_point)  # a compiling call of one chunk, then the timed one
+        batch = max(small, min(natural, fit))
+        points = min(most_points, max(batch, fit // batch * batch))
+        if spend < 4 * small * per_point:
+            rows.append(skipped(row, 4 * small * per_point, budget))
+            continue
+        jaxroll.sweep(model, temperature=values(batch), batch_size=batch, progress=False)
         start = time.perf_counter()
-        result = jaxroll.sweep(model, temperature=list(np.linspace(0.4, 2.5, points)), progress=False)
+        result = jaxroll.sweep(model, temperature=values(points, 0.4), batch_size=batch, progress=False)
         warm = time.perf_counter() - start
         rows.append({**row, "points": points, "seconds": warm, "rate": points / warm,
-                     "note": f"batch {result.batch_size}; points sized to the budget (target 10^5-10^6)"})
+                     "note": f"batch {result.batch_size} (device-sized: {natural}); points sized to the budget "
+                             "(target 10^5-10^6)"})
     return rows
 
 
@@ -308,11 +340,12 @@ def torch_rows(sizes, budget: Budget, forward_times: dict) -> list[dict]:
             warm, first = timed(function, repeats=3, most=5.0)
             elapsed = time.perf_counter() - start
             ours = forward_times.get((n, "float32"))
-            rows.append({**row, "seconds": warm, "compile_seconds": first - warm,
+            rows.append({**row, "seconds": warm,
                          "ratio": warm / ours if ours else "",
                          "note": "ratio: torch / jaxroll forward at this N" if ours else ""})
-            growth = (8 if n < 2048 else 4) ** (3 if case.startswith("authors") else 2)  # N x8 then x4
-            estimate = elapsed * growth
+            # The next N (x8, then x4): the kernels are O(H N^2) (the matmuls of the full P_T grow as
+            # N^3, but below N ~ 8192 the kernels and the launches dominate on a GPU).
+            estimate = elapsed * (8 if n < 2048 else 4) ** 2
     return rows
 
 
@@ -338,7 +371,11 @@ print(side * side, first, warm, resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 
 def cpu_target_rows() -> list[dict]:
     """The CPU rows of issue 33's target table, float64 where the issue says so, in this one process
-    (the sweep in a child process of its own, so that its peak resident memory is its own)."""
+    (the sweep in a child process of its own, so that its peak resident memory is its own).
+
+    Small-N times are the least of their repeats (the machine is shared); the
+    gradient and its forward pass are timed in turn, round by round, least of 5.
+    """
     import subprocess
 
     rows = []
@@ -351,7 +388,7 @@ def cpu_target_rows() -> list[dict]:
                  "rate": points / warm, "note": f"peak RSS {rss / 2**30:.2f} GiB (target >= 50,000/s, <= 4 GiB)"})
     _x64(True)
     model = jaxroll.published.load("bloom-176b", content="all")
-    warm, first = timed(lambda: jaxroll.influence(model, 256), repeats=20, most=3.0)
+    warm, first = timed(lambda: jaxroll.influence(model, 256), repeats=20, most=3.0, reduce=min)
     rows.append({"section": "content", "case": "bloom-176b all-content influence", "N": 256, "dtype": "float64",
                  "seconds": warm, "compile_seconds": first - warm, "note": "target <= 5 ms"})
     budget = Budget(1e9)
@@ -365,8 +402,8 @@ def cpu_target_rows() -> list[dict]:
             forward = jax.jit(lambda m, n=n: jaxroll.influence(m, n))
             gradient = jax.jit(jax.grad(lambda m, n=n, target=target:
                                         jaxroll.metrics.wasserstein(jaxroll.influence(m, n), target)))
-            forward_s, _ = timed(lambda: forward(model), repeats=5)
-            grad_s, _ = timed(lambda: gradient(model), repeats=5)
+            times = interleaved({"forward": lambda: forward(model), "grad": lambda: gradient(model)}, 5)
+            forward_s, grad_s = times["forward"], times["grad"]
             rows.append({"section": "grad/forward", "case": f"{name} grad W1 / forward", "N": n,
                          "dtype": "float32", "seconds": grad_s, "ratio": grad_s / forward_s,
                          "note": f"forward {forward_s * 1e3:.3g} ms; target <= 3x"})
