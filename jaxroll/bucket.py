@@ -116,14 +116,16 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
         # The command line: the executable from the cache, no tracing or lowering.
         import jax
 
-        from .rollout import _influence_with_mass, _resolve, _takes_shared_path
+        from .rollout import _influence_with_mass, _resolve, _shares_slopes, _takes_shared_path
 
         method = _resolve(method)
         shared = _takes_shared_path(model, n, method)
+        slopes = not shared and _shares_slopes(model, method)
         leaves, structure = jax.tree_util.tree_flatten(model)
 
         def flat(*leaves):
-            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method, shared)
+            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method, shared, slopes)
 
-        return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, method, shared))(*leaves)
+        return cache.compiled("influence_with_mass", flat, leaves,
+                              static=(structure, n, method, shared, slopes))(*leaves)
     return unpadded(model, n, method)

@@ -17,6 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from . import memory, structured
@@ -97,13 +98,22 @@ def rollout_matrix(model: RolloutModel | KernelRolloutModel, n: int | None = Non
     return _rollout_matrix(model, _length(model, n))
 
 
-def _row_times_kernel(model: RolloutModel, method: str, n: int):
-    """``(v, layer) -> v^T A_t`` by the chosen method."""
+def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: bool = False):
+    """``(v, layer) -> v^T A_t`` by the chosen method.
+
+    `shared_slopes`: every layer has the slopes of layer 0, which the product
+    then reads from outside the scan over layers: its normaliser tables'
+    geometric counts (one ``expm1`` per row and head) become loop-invariant,
+    and XLA computes them once instead of once per layer (BLOOM-176B with
+    per-head content, N = 256, float64: 32 -> 8 ms in one interleaved run).
+    """
     if method == "dense":
         return lambda row, layer: row @ _dense_kernel(model, layer, n)
 
     def product(row, layer):
         _, slopes, diagonal, base, weights = layer
+        if shared_slopes:
+            slopes = model.alibi_slopes[0]
         return structured.row_times_kernel(
             row, slopes, diagonal, base, weights, model.temperature, model.mask, model.window
         )
@@ -111,9 +121,10 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int):
     return product
 
 
-@functools.partial(jax.jit, static_argnames=("n", "method", "shared"))
-def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool = False):
-    row_times_kernel = _row_times_kernel(model, method, n)
+@functools.partial(jax.jit, static_argnames=("n", "method", "shared", "shared_slopes"))
+def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool = False,
+                         shared_slopes: bool = False):
+    row_times_kernel = _row_times_kernel(model, method, n, shared_slopes)
 
     def apply_layer(row, layer):
         weight = layer[0]
@@ -153,6 +164,18 @@ def _takes_shared_path(model: RolloutModel, n: int, method: str) -> bool:
     return structured.shares_one_kernel(*arrays)
 
 
+def _shares_slopes(model: RolloutModel, method: str) -> bool:
+    """Whether every layer has the same slopes, decided in NumPy before compilation (concrete arrays only).
+
+    A traced model keeps every layer's own slopes: reading layer 0's in every
+    layer would send every layer's slope gradient to layer 0.
+    """
+    if method != "structured" or isinstance(model.alibi_slopes, jax.core.Tracer):
+        return False
+    slopes = np.asarray(model.alibi_slopes)
+    return bool((slopes == slopes[:1]).all())
+
+
 def _shared_row(layers, temperature, last):
     """``last^T R_T ... R_1`` when every layer has the same causal kernel (`_takes_shared_path`).
 
@@ -188,7 +211,8 @@ def influence_with_mass(
                       f"influence: n = {n}", allowed="a shorter n")
     if isinstance(model, KernelRolloutModel):
         return _kernel_influence_with_mass(model, n, method)
-    return _influence_with_mass(model, n, method, _takes_shared_path(model, n, method))
+    shared = _takes_shared_path(model, n, method)
+    return _influence_with_mass(model, n, method, shared, not shared and _shares_slopes(model, method))
 
 
 def influence(model: RolloutModel | KernelRolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:

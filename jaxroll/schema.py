@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import schedules
-from ._checks import as_float_array, check_positive_int
+from ._checks import as_float_array, as_float_scalar, check_positive_int, check_range
 from .errors import ConfigError
 from .kernel_types import DenseKernel, PowerKernel, TableKernel
 from .model import KernelRolloutModel, RolloutModel
@@ -54,8 +54,9 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | 
     """Build a model from a configuration in the rollout YAML schema.
 
     Lists of length 1 broadcast over layers (outer) or heads (inner);
-    computed schedules (``constant``, ``power_decay``) are clipped to
-    [0, 1], a ``custom`` schedule must lie in [0, 1]. ``save_dir`` is
+    every schedule must lie in [0, 1], nothing is clipped: ``lambda_const``
+    in [0, 1], ``lambda_0`` in (0, 1] with ``beta >= 0``, ``lambdas_custom``
+    in [0, 1]. ``save_dir`` is
     accepted and ignored. See the README for the schema.
 
     A ``kernel_config`` section (instead of ``attention_config``,
@@ -169,8 +170,12 @@ def _schedule_from_config(schedule: dict, num_layers: int):
     _check_keys(field, schedule, allowed=_SCHEDULE_KEYS[kind], required=_SCHEDULE_KEYS[kind])
     try:
         if kind == "constant":
+            # schedules.constant clips to [0, 1]; a config's value is refused instead
+            # (none of the authors' published files has one outside [0, 1]).
+            check_range("lambda_const", as_float_scalar("lambda_const", schedule["lambda_const"]), 0.0, 1.0)
             return schedules.constant(schedule["lambda_const"], num_layers)
-        if kind == "power_decay":
+        if kind == "power_decay":  # lambda_0 <= 1 (and beta >= 0): no lambda_t is clipped
+            check_range("lambda_0", as_float_scalar("lambda_0", schedule["lambda_0"]), 0.0, 1.0, low_open=True)
             return schedules.power_decay(schedule["lambda_0"], schedule["beta"], num_layers)
         values = schedules.custom(schedule["lambdas_custom"])
     except ConfigError as error:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxroll
-from jaxroll import rollout, structured
+from jaxroll import rollout, structured, structured_adjoint
 
 import oracle
 
@@ -57,7 +57,7 @@ def test_adjoint_matches_autodiff_of_the_dense_kernel(case, monkeypatch):
     a weighted slope is too small (zero-padded chunks of 2), each with the
     adjoint's exact rows in steps (`ADJOINT_ROWS`)."""
     n, slopes, content, temperature, transient, head_chunk, rows = CASES[case]
-    monkeypatch.setattr(structured, "ADJOINT_ROWS", rows)
+    monkeypatch.setattr(structured_adjoint, "ADJOINT_ROWS", rows)
     heads = len(slopes)
     rng = np.random.default_rng(n + heads)
     v, g = rng.uniform(0, 1, n), rng.normal(0, 1, n)

@@ -126,6 +126,12 @@ BAD_CONFIGS = [
     ("lambda_schedule_config", {"schedule_type": "constant", "lambda_const": float("inf")}, r"lambda_const.*finite"),
     ("lambda_schedule_config", {"schedule_type": "power_decay", "lambda_0": 0.5, "beta": -1.0}, r"beta.*-1\.0"),
     ("lambda_schedule_config", {"schedule_type": "constant", "lambda_const": 0.5, "x": 1}, r"unknown key 'x'"),
+    # Refused, not clipped (issue 32): a schedule outside [0, 1] is a mistake in the file.
+    ("lambda_schedule_config", {"schedule_type": "constant", "lambda_const": 1.5},
+     r"lambda_schedule_config\.lambda_const: value 1\.5 is outside the allowed range \[0, 1\]$"),
+    ("lambda_schedule_config", {"schedule_type": "constant", "lambda_const": -0.2}, r"lambda_const.*-0\.2.*\[0, 1\]"),
+    ("lambda_schedule_config", {"schedule_type": "power_decay", "lambda_0": 1.5, "beta": 0.5},
+     r"lambda_0.*1\.5.*\(0, 1\]"),
     ("attention_config.alibi_slopes", [[0.5, -0.25]], r"alibi_slopes.*-0\.25.*\[0, inf\)"),
     ("attention_config.alibi_slopes", [[0.5, float("nan")]], r"alibi_slopes.*finite"),
     ("attention_config.alibi_slopes", [[0.5, 0.25, 0.1]], r"alibi_slopes.*inner list length 3.*num_heads \(2\)"),

@@ -28,6 +28,8 @@ import oracle
 from sweep_models import content_model, uniform_model
 
 sweep_module = importlib.import_module("jaxroll.sweep")
+evaluate_module = importlib.import_module("jaxroll.sweep.evaluate")
+plan_module = importlib.import_module("jaxroll.sweep.plan")
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("sweep_worker.py")
 TOLERANCE = 1e-12
@@ -50,7 +52,8 @@ def expected(model, n, **fields):
 
 
 def power_decay(lambda_0, beta, layers):
-    return np.clip(lambda_0 / (np.arange(layers) + 1.0) ** beta, 0.0, 1.0)
+    """The oracle's schedule; no clipping (a sweep refuses lambda_0 > 1)."""
+    return lambda_0 / (np.arange(layers) + 1.0) ** beta
 
 
 def test_vmap_path_matches_oracle_on_a_grid():
@@ -72,13 +75,52 @@ def test_vmap_path_matches_oracle_on_a_grid():
 def test_krylov_path_matches_oracle_for_every_kind_of_schedule():
     model = uniform_model()
     custom = [0.9, 0.0, 0.3, 1.0, 0.2, 0.6]
-    schedules = [(0.5, 1.0), {"lambda_0": 2.0, "beta": 0.5}, 0.25, custom, np.ones(6)]
+    schedules = [(0.5, 1.0), {"lambda_0": 0.9, "beta": 0.5}, 0.25, custom, np.ones(6)]
     result = jaxroll.sweep(model, lambdas=schedules, progress=False)
     assert result.method == "krylov" and result.profiles.shape == (5, 24)
-    wanted = [power_decay(0.5, 1.0, 6), power_decay(2.0, 0.5, 6), np.full(6, 0.25), custom, np.ones(6)]
+    wanted = [power_decay(0.5, 1.0, 6), power_decay(0.9, 0.5, 6), np.full(6, 0.25), custom, np.ones(6)]
     for profile, lambdas in zip(result.profiles, wanted):
         np.testing.assert_allclose(profile, expected(model, 24, lambdas=lambdas), rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(result.table["total_mixing"], [np.sum(x) for x in wanted], rtol=1e-15)
+
+
+def test_schedules_given_only_as_mappings_match_the_oracle():
+    """Every value a ``{lambda_0, beta}`` mapping (issue 32: all dicts crashed the table)."""
+    model = uniform_model()
+    pairs = [(0.5, 0.5), (0.9, 1.5), (1.0, 0.0)]
+    result = jaxroll.sweep(model, lambdas=[{"lambda_0": a, "beta": b} for a, b in pairs], progress=False)
+    assert result.profiles.shape == (3, 24)
+    for profile, (lambda_0, beta) in zip(result.profiles, pairs):
+        np.testing.assert_allclose(profile, expected(model, 24, lambdas=power_decay(lambda_0, beta, 6)),
+                                   rtol=0, atol=TOLERANCE)
+    np.testing.assert_array_equal(result.table["lambda_0"], [a for a, _ in pairs])
+    np.testing.assert_array_equal(result.table["beta"], [b for _, b in pairs])
+
+
+def test_mapping_schedules_in_a_spec_run_from_the_cli(tmp_path, capsys):
+    text = ("base: {preset: mpt-7b, sequence_length: 16}\n"
+            "axes: {lambdas: [{lambda_0: 0.5, beta: 0.5}, {lambda_0: 0.8, beta: 1.0}]}\n")
+    status, output = run(["sweep", spec_file(tmp_path, text), "--out", tmp_path / "out"], capsys)
+    assert status == 0, output.err
+    rows = np.genfromtxt(tmp_path / "out" / "sweep.csv", delimiter=",", names=True)
+    np.testing.assert_array_equal(rows["lambda_0"], [0.5, 0.8])
+    model = dataclasses.replace(jaxroll.presets.get("mpt-7b"), sequence_length=16)
+    want = expected(model, 16, lambdas=power_decay(0.8, 1.0, model.num_layers))
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "profiles.npz")["profiles"][1], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lambdas": [0.5, 1.5]}, r"^lambdas\[1\]: value 1\.5 is outside the allowed range \[0, 1\]$"),
+    ({"lambdas": [-0.2]}, r"^lambdas\[0\]: value -0\.2 is outside the allowed range \[0, 1\]$"),
+    ({"lambda_0": [0.5, 1.5], "beta": [1.0]}, r"^lambda_0\[1\]: value 1\.5 is outside the allowed range \(0, 1\]$"),
+    ({"lambdas": [{"lambda_0": 1.5, "beta": 0.5}]}, r"^lambdas\[0\]: lambda_0: value 1\.5 is outside the allowed range \(0, 1\]$"),
+    ({"lambdas": [(0.5, 0.5), (0.0, 1.0)]}, r"^lambdas\[1\]: lambda_0: value 0\.0 is outside the allowed range \(0, 1\]$"),
+])
+def test_values_outside_the_range_are_refused_not_clipped(kwargs, message):
+    """``RolloutModel.create(lambdas=1.5)`` refuses 1.5; so does a sweep, naming the axis and the index."""
+    for model in (content_model(), uniform_model()):
+        with pytest.raises(jaxroll.ConfigError, match=message):
+            jaxroll.sweep(model, progress=False, **kwargs)
 
 
 def test_power_decay_grid_with_lengths_matches_oracle_and_is_zero_beyond_each_length():
@@ -198,7 +240,7 @@ def test_no_recompilation_for_new_values():
     model, uniform = content_model(), uniform_model()
     jaxroll.sweep(model, temperature=[0.5, 1.0], slope_scale=[1.0, 2.0], lengths=[8, 24], progress=False)
     jaxroll.sweep(uniform, lambda_0=[0.5, 1.0], beta=[1.0, 2.0], lengths=[8, 24], progress=False)
-    functions = [sweep_module._vmapped_profiles, sweep_module._combine, sweep_module._krylov]
+    functions = [evaluate_module._vmapped_profiles, evaluate_module._combine, evaluate_module._krylov]
     before = [f._cache_size() for f in functions]
     jaxroll.sweep(model, temperature=[0.7, 3.0], slope_scale=[0.1, 5.0], lengths=[8, 24], progress=False)
     jaxroll.sweep(uniform, lambda_0=[0.2, 0.9], beta=[0.3, 1.7], lengths=[8, 24], progress=False)
@@ -496,7 +538,7 @@ def test_memory_estimate_counts_the_fft_path():
         kernel=PowerKernel.create(num_layers=2, num_heads=3, slopes=0.5), lambdas=0.5, sequence_length=64)
     assert memory.model_influence_bytes(model, 64) == memory.influence_bytes(64, 3, "fft")
     assert memory.model_influence_bytes(model, 64) > memory.influence_bytes(64, 3, "structured")
-    per_point = sweep_module._per_point_bytes("vmap", model, (64,), 64)
+    per_point = plan_module._per_point_bytes("vmap", model, (64,), 64)
     assert per_point >= memory.influence_bytes(64, 3, "fft", 8)
 
 

@@ -167,12 +167,12 @@ def run(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
-    from ..sweep import STATISTICS, _plan, sweep
+    from ..sweep import STATISTICS, sweep
+    from ..sweep.plan import _plan
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.
-    plan = _plan(model, axes, options["lengths"], options["zip"], options["batch_size"],
-                          options["mesh"])
+    plan = _plan(model, axes, options["lengths"], options["zip"], options["batch_size"], options["mesh"])
     out = arguments.out
     partial = out / PARTIAL
     main_process = jax.process_index() == 0
@@ -190,8 +190,8 @@ def run(arguments) -> None:
             shutil.rmtree(partial)  # --force: a fresh sweep, not a resumed one
     try:
         result = sweep(model, **axes, lengths=options["lengths"], zip=options["zip"],
-                                batch_size=options["batch_size"], mesh=options["mesh"],
-                                progress=True, checkpoint=partial)
+                       batch_size=options["batch_size"], mesh=options["mesh"],
+                       progress=True, checkpoint=partial)
     except KeyboardInterrupt:
         # main() prints this line and exits 130 (an interrupt, not bad input).
         raise KeyboardInterrupt(f"sweep: the finished chunks are in {partial}; rerun the same command "
@@ -202,7 +202,7 @@ def run(arguments) -> None:
     _write_csv(result.table, out / "sweep.csv")
     if _write_parquet(result.table, out / "sweep.parquet"):
         written.append("sweep.parquet")
-    lambdas = plan.leaves["lambdas"].reshape(plan.shape + (model.num_layers,))
+    lambdas = plan.chunk_leaves(np.arange(plan.count))["lambdas"].reshape(plan.shape + (model.num_layers,))
     _write_npz(result, lambdas, out / "profiles.npz")
     written.append("profiles.npz")
     figure_axes = _figure_axes(result, options)

@@ -1,0 +1,193 @@
+"""The axes of a sweep: which fields may vary, and each value checked as `RolloutModel.create` checks it.
+
+Errors are one line naming the axis and the index of the value
+(``lambdas[1]: ...``), with the allowed range."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .. import schedules
+from .._checks import as_float_scalar, check_positive_int, check_range, is_concrete
+from ..errors import ConfigError
+from ..model import KernelRolloutModel, RolloutModel
+
+__all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
+
+AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
+        "head_weights", "temperature", "slopes", "exponents")
+"""The fields a sweep axis may name. ``lambdas``: schedules (a number for a
+constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
+mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
+grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
+`RolloutModel.create` takes for that field.
+
+A `KernelRolloutModel` sweeps the lambda axes over any kernel (a schedule
+over measured `DenseKernel`s, say) and, for a `PowerKernel`, ``slopes``,
+``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
+``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
+``head_weights`` (see `KERNEL_AXES`)."""
+
+
+KERNEL_AXES = {"PowerKernel": ("slopes", "exponents", "slope_scale", "diagonal_scores", "head_weights"),
+               "TableKernel": ("diagonal_scores", "head_weights"),
+               "DenseKernel": (), "AlibiKernel": ()}
+"""The kernel fields a `KernelRolloutModel` sweep may vary, by kernel type (besides the lambda axes)."""
+
+
+_LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
+
+
+_SCALAR_AXES = {  # axis -> (lower bound, open at the bound, upper bound or None)
+    # lambda_0 <= 1 and beta >= 0 keep every lambda_t = lambda_0 / (t + 1)^beta in [0, 1]:
+    # nothing is clipped, as `RolloutModel.create` clips nothing.
+    "lambda_0": (0.0, True, 1.0), "beta": (0.0, False, None), "slope_scale": (0.0, False, None),
+    "temperature": (0.0, True, None)}
+
+
+def _axis_values(name: str, values) -> list:
+    if name not in AXES:
+        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(AXES)}")
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise ConfigError(f"{name}: got {type(values).__name__}; allowed: a non-empty list of values")
+    values = list(values)
+    if not values:
+        raise ConfigError(f"{name}: the axis is empty; allowed: a non-empty list of values")
+    return values
+
+
+def _reword(axis: str, index: int, error: ConfigError) -> ConfigError:
+    """``field: rest`` of a constructor's message as ``axis[index]: rest``."""
+    field, _, rest = str(error).partition(": ")
+    text = rest if field in (axis, "lambdas", "lambdas_custom", "lambda_const") else str(error)
+    return ConfigError(f"{axis}[{index}]: {text}")
+
+
+def _scalar(axis: str, index: int, value) -> float:
+    low, low_open, high = _SCALAR_AXES[axis]
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float() would take True and "0.2"
+        raise ConfigError(f"{axis}[{index}]: got {value!r:.60}; allowed: a number (not a boolean or a string)")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{axis}[{index}]: got {value!r:.60}; allowed: a number") from None
+    if not np.isfinite(number) or number < low or (low_open and number == low) or (high is not None and number > high):
+        bound = ("(" if low_open else "[") + f"{low:g}, " + ("inf)" if high is None else f"{high:g}]")
+        raise ConfigError(f"{axis}[{index}]: value {number!r} is outside the allowed range {bound}")
+    return number
+
+
+def _base_fields(model: RolloutModel) -> dict[str, Any]:
+    return {"num_layers": model.num_layers, "num_heads": model.num_heads,
+            "lambdas": np.asarray(model.lambdas, np.float64),
+            "alibi_slopes": np.asarray(model.alibi_slopes, np.float64),
+            "diagonal_scores": np.asarray(model.diagonal_scores, np.float64),
+            "base_scores": np.asarray(model.base_scores, np.float64),
+            "head_weights": np.asarray(model.head_weights, np.float64),
+            "temperature": float(model.temperature), "mask": model.mask, "window": model.window,
+            "sequence_length": model.sequence_length}
+
+
+def _schedule(model: RolloutModel, value) -> np.ndarray:
+    """One value of a ``lambdas`` axis as ``(T,)`` lambdas, never clipped.
+
+    A number is a constant schedule (checked in [0, 1] by the model's
+    constructor); a ``(lambda_0, beta)`` pair or ``{"lambda_0", "beta"}``
+    mapping is power decay ``lambda_t = lambda_0 / (t + 1)^beta`` with
+    ``lambda_0`` in (0, 1] and ``beta >= 0``, so every ``lambda_t`` is in
+    [0, 1]; T numbers are the schedule itself.
+    """
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"lambda_0", "beta"})
+        if unknown or len(value) != 2:
+            raise ConfigError(f"got keys {sorted(value)}; allowed: a mapping with lambda_0 and beta")
+        value = (value["lambda_0"], value["beta"])
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ConfigError(f"got a tuple of {len(value)}; allowed: (lambda_0, beta)")
+        lambda_0, beta = as_float_scalar("lambda_0", value[0]), as_float_scalar("beta", value[1])
+        check_range("lambda_0", lambda_0, 0.0, 1.0, low_open=True)
+        check_range("beta", beta, 0.0)
+        return np.asarray(schedules.power_decay(float(lambda_0), float(beta), model.num_layers), np.float64)
+    if np.ndim(value) == 0:
+        value = as_float_scalar("lambdas", value)
+        check_range("lambdas", value, 0.0, 1.0)  # as `RolloutModel.create` checks each lambda_t
+        return np.full(model.num_layers, float(value))
+    return np.asarray(value)
+
+
+def _kernel_fields(kernel) -> dict[str, np.ndarray]:
+    """A kernel's array fields (the PyTree leaves), as float64 NumPy."""
+    return {field.name: np.asarray(getattr(kernel, field.name), np.float64) for field in dataclasses.fields(kernel)
+            if not field.metadata.get("static", False)}
+
+
+def _checked_kernel_axis(model: KernelRolloutModel, name: str, values: list) -> np.ndarray:
+    """A kernel axis' values, each checked by the kernel type's own `create`."""
+    kernel = model.kernel
+    allowed = KERNEL_AXES.get(type(kernel).__name__, ())
+    if name not in allowed and name not in _LAMBDA_AXES:
+        raise ConfigError(f"axis {name!r}: not a field of a {type(kernel).__name__} model; allowed: "
+                          + ", ".join(("lambdas", "lambda_0", "beta") + allowed))
+    if name in _SCALAR_AXES:
+        return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
+    if name == "lambdas":
+        stacked = []
+        for k, value in enumerate(values):
+            try:
+                if not is_concrete(value):
+                    raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+                stacked.append(np.asarray(KernelRolloutModel.create(
+                    kernel=kernel, lambdas=_schedule(model, value),
+                    sequence_length=model.sequence_length).lambdas, np.float64))
+            except ConfigError as error:
+                raise _reword(name, k, error) from None
+        return np.stack(stacked)
+    base = _kernel_fields(kernel)
+    stacked = []
+    for k, value in enumerate(values):
+        try:
+            if not is_concrete(value):
+                raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+            checked = type(kernel).create(num_layers=kernel.num_layers, num_heads=kernel.num_heads,
+                                          **{**base, name: value})
+        except ConfigError as error:
+            raise _reword(name, k, error) from None
+        stacked.append(np.asarray(getattr(checked, name), np.float64))
+    return np.stack(stacked)
+
+
+def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
+    """The axis' values as stacked arrays, each checked as `RolloutModel.create` checks it."""
+    if isinstance(model, KernelRolloutModel):
+        return _checked_kernel_axis(model, name, values)
+    if name in ("slopes", "exponents"):
+        raise ConfigError(f"axis {name!r}: a PowerKernel field; allowed for a RolloutModel: "
+                          + ", ".join(a for a in AXES if a not in ("slopes", "exponents")))
+    if name in _SCALAR_AXES:
+        return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
+    base = _base_fields(model)
+    field = name
+    stacked = []
+    for k, value in enumerate(values):
+        try:
+            if not is_concrete(value):
+                raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
+            if name == "lambdas":
+                value = _schedule(model, value)
+            checked = RolloutModel.create(**{**base, field: value})
+        except ConfigError as error:
+            raise _reword(name, k, error) from None
+        stacked.append(np.asarray(getattr(checked, field), np.float64))
+    return np.stack(stacked)
+
+
+def _check_lengths(lengths) -> tuple[int, ...] | None:
+    if lengths is None:
+        return None
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__") or not len(lengths):
+        raise ConfigError(f"lengths: got {lengths!r:.60}; allowed: a non-empty list of integers >= 1")
+    return tuple(check_positive_int(f"lengths[{k}]", n) for k, n in enumerate(lengths))
