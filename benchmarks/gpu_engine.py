@@ -430,18 +430,22 @@ def engine_rows(budget_s: float, quick: bool = False) -> list[dict]:
         sweep_sizes, counts, vmap_most, torch_sizes = [256, 2048], [10**5, 10**6], 10**6, [256, 2048, 8192]
     forward_times: dict = {}
     rows = []
-    budget.start("forward")
-    rows += forward_rows(forward_sizes, budget, forward_times)
-    budget.start("published")
-    rows += published_rows(budget)
-    budget.start("grad/forward")
-    rows += grad_rows(grad_sizes, budget)
-    budget.start("krylov sweep")
-    rows += krylov_rows(sweep_sizes, counts, budget)
-    budget.start("torch")
-    rows += torch_rows(torch_sizes, budget, forward_times)
-    budget.start("vmap sweep")
-    rows += vmap_rows(sweep_sizes, vmap_most, budget)
+    sections = (("forward", lambda: forward_rows(forward_sizes, budget, forward_times)),
+                ("published", lambda: published_rows(budget)),
+                ("grad/forward", lambda: grad_rows(grad_sizes, budget)),
+                ("krylov sweep", lambda: krylov_rows(sweep_sizes, counts, budget)),
+                ("torch", lambda: torch_rows(torch_sizes, budget, forward_times)),
+                ("vmap sweep", lambda: vmap_rows(sweep_sizes, vmap_most, budget)))
+    for name, section in sections:
+        budget.start(name)
+        try:
+            new = section()
+        except Exception as error:  # one failed section (e.g. out of memory) keeps the others' rows
+            message = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+            new = [{"section": name, "note": f"failed: {type(error).__name__}: {message}"}]
+        for row in new:  # printed as it comes, so a later crash keeps the earlier rows
+            print("  " + ", ".join(f"{key} {_format(value)}" for key, value in row.items()), flush=True)
+        rows += new
     device = jax.devices()[0]
     for row in rows:
         row.setdefault("device", f"{device.platform}:{device.device_kind}")

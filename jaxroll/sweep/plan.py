@@ -68,6 +68,13 @@ CPU, MPT-7B geometry at N = 2048, 4 points per call ran 1.9x a loop of `influenc
 and 32 points 0.9x. Used on the CPU only (see `chunk_budget`)."""
 
 
+VMAP_DEVICE_POINTS = 4096
+"""Most points per device in one vmap chunk on an accelerator. The per-point estimate misses
+XLA's vmapped intermediates: on one H200 (2026-12-04 16:53 UTC, benchmarks/gpu.py) a chunk sized
+from a quarter of free memory, BLOOM-176B geometry at N = 2048 (tens of thousands of points),
+ran out of memory (63 GiB asked for in the chunk's statistics)."""
+
+
 _BATCH = "batch"
 
 
@@ -264,6 +271,8 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     if batch_size is None:
         per_point = _per_point_bytes(method, model, evaluated, max(evaluated))
         batch_size = max(1, chunk_budget(method, mesh) // per_point)
+        if method == "vmap" and mesh.devices.flat[0].platform != "cpu":
+            batch_size = min(batch_size, VMAP_DEVICE_POINTS * mesh.devices.size)
     if not stream:  # the gathered profiles live on the host; streamed, only one chunk at a time
         itemsize = jnp.dtype(jnp.result_type(float)).itemsize
         needed = count * len(evaluated) * max(evaluated) * itemsize
