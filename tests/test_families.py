@@ -305,3 +305,35 @@ def test_rotary_families_refuse_content_naming_the_rotation():
     with pytest.raises(ConfigError, match="rotary") as error:
         measure(model, np.zeros((1, N), dtype=np.int64), stats="lambda,content")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gradient_share_matches_leaf_perturbations(family):
+    """lambda_gradient = 1 - sum_j ||g_a(j)|| / sum_j ||g_x(j)||, g = df/d(leaf) with zero leaves added
+    to each block's input and to each attention update a (plain autograd, no tensor hooks)."""
+    model = tiny(family)
+    ids = np.random.default_rng(4).integers(0, VOCAB, (1, N))
+    blocks_path, _, _, _, w_out, post = ORACLE[family]
+    blocks = _module(model, blocks_path)
+    d_x = [torch.zeros(1, N, HIDDEN, dtype=torch.float64, requires_grad=True) for _ in blocks]
+    d_a = [torch.zeros(1, N, HIDDEN, dtype=torch.float64, requires_grad=True) for _ in blocks]
+    handles = []
+    for t, block in enumerate(blocks):
+        def pre(module, args, kwargs, t=t):
+            if args:
+                return (args[0] + d_x[t], *args[1:]), kwargs
+            return args, kwargs | {"hidden_states": kwargs["hidden_states"] + d_x[t]}
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(_module(block, post or w_out).register_forward_hook(
+            lambda module, args, output, t=t: output + d_a[t].reshape(output.shape)))
+    try:
+        logits = model(input_ids=torch.as_tensor(ids), use_cache=False).logits[0, -1]
+        grads = torch.autograd.grad(torch.softmax(logits, -1).max(), d_x + d_a)
+    finally:
+        for handle in handles:
+            handle.remove()
+    norms = [np.linalg.norm(_np(g[0]), axis=-1).sum() for g in grads]
+    expected = 1.0 - np.asarray(norms[len(blocks):]) / np.asarray(norms[: len(blocks)])
+    got = measure_refinements(model, ids, ingredients=("gradient",)).mean()["lambda_gradient"]
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    assert np.all(expected < 1)

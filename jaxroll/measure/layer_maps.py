@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .families import FAMILIES, REFUSED, ROTARY_FORMULA, windows
 from .layer_spec import FALCON_VARIANTS, LayerMap
 
-__all__ = ["LayerMap", "LAYER_MAPS", "FALCON_VARIANTS", "layer_map_for", "resolve", "is_parallel"]
+__all__ = ["LayerMap", "LAYER_MAPS", "layer_map_for", "resolve", "is_parallel"]
 
 LAYER_MAPS = FAMILIES
 """Hugging Face ``model_type`` -> its `LayerMap` (the table is `jaxroll.measure.families.FAMILIES`)."""

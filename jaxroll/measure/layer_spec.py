@@ -17,6 +17,7 @@ from ..errors import ConfigError
 __all__ = ["LayerMap", "FALCON_VARIANTS"]
 
 FALCON_VARIANTS = ("once", "doubled")
+"""Falcon's ALiBi bias, added once (its SDPA path, the intended formula) or twice (its eager path)."""
 
 
 def split_fused_interleaved(output, num_heads, head_dim, config):
