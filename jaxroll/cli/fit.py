@@ -102,7 +102,8 @@ def _run_fit(arguments) -> None:
     from ..rollout import influence
 
     model, source = _start_model(arguments)
-    _common.require_alibi_model(model, "fit")
+    # A kernel configuration (measured dense attention, a table or power kernel) fits its lambdas with the
+    # kernel held fixed; jaxroll.fit refuses any other --fit on it in one line.
     target = io.read_profile(arguments.profile)
     if arguments.length is None and arguments.config is not None and target.size != model.sequence_length:
         raise ConfigError(
