@@ -116,3 +116,43 @@ def test_cli_fits_a_kernel_configuration(tmp_path, capsys):
     np.testing.assert_allclose(np.asarray(fitted.lambdas), truth, atol=1e-5)
     assert main(["fit", str(config), str(target), "--fit", "alibi_slopes", "--out", str(tmp_path / "no")]) == 2
     assert not (tmp_path / "no").exists()
+
+
+def test_a_measured_tiny_qwen2_is_fitted_out_of_sample():
+    """Measure a tiny random-init Qwen2 (rotary, grouped keys; float64, eager) on two disjoint halves A and B
+    of 32 random sequences (N = 16); fit a power-decay schedule on A's measured dense kernel to A's influence;
+    score on B. The fit must beat the measured lambdas in sample and out of sample, and predict B about as
+    well as A's own measured profile does (the halves' sampling noise). Observed (2026-12-04, this seed):
+    W1/(N-1) to B 0.0244 fitted, 0.0389 measured lambdas, 0.0242 A itself, 0.110 uniform. The W1 loss is not
+    smooth at a misfit optimum, so the fit ends at its step limit, not the stopping test: steps=300 here."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from jaxroll.measure import measure
+    from jaxroll.metrics import wasserstein
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        config = transformers.Qwen2Config(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                          hidden_size=32, intermediate_size=48, vocab_size=61,
+                                          max_position_embeddings=64)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.ndim == 2:
+                    parameter.mul_(4.0)
+        ids = np.random.default_rng(0).integers(0, 61, (32, 16))
+        half_a = measure(model, ids[:16], stats="lambda,influence,attention")
+        half_b = measure(model, ids[16:], stats="lambda,influence,attention")
+    finally:
+        torch.set_num_threads(threads)
+    start = half_a.to_rollout_model()
+    assert isinstance(start, jaxroll.KernelRolloutModel)
+    measured = np.asarray(jaxroll.influence(start))
+    result = jaxroll.fit(start, half_a.influence, schedule="power_decay", steps=300)
+    w1 = {name: {half: float(wasserstein(p, target.influence)) for half, target in (("a", half_a), ("b", half_b))}
+          for name, p in (("fitted", result.profile), ("measured", measured), ("own", half_a.influence))}
+    assert w1["fitted"]["a"] < 0.5 * w1["measured"]["a"], w1
+    assert w1["fitted"]["b"] < w1["measured"]["b"], w1
+    assert w1["fitted"]["b"] < 1.25 * w1["own"]["b"], w1
