@@ -16,9 +16,14 @@ __all__ = ["family_table", "write_family_table"]
 
 
 def _stats_of(layer_map: LayerMap) -> str:
-    from .registry import allowed_stats
+    from .registry import BUILTIN_STATS, allowed_stats
 
-    return ", ".join(name for name in allowed_stats(layer_map.position) if name not in layer_map.refused)
+    # Built-in statistics first, then the registered ones by name: the order must not depend on
+    # which module registered first (imports differ between a CLI run and a test session).
+    names = [name for name in allowed_stats(layer_map.position) if name not in layer_map.refused]
+    return ", ".join(sorted(names, key=lambda name: (name not in BUILTIN_STATS,
+                                                     BUILTIN_STATS.index(name) if name in BUILTIN_STATS else 0,
+                                                     name)))
 
 
 POSITIONS = {"alibi": "ALiBi", "rope": "rotary", "learned": "learned absolute"}
