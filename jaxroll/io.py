@@ -22,7 +22,7 @@ from .model import KernelRolloutModel, RolloutModel
 from .schema import config_from_model, kernel_arrays, model_from_config
 
 __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text",
-           "prepare_output_dir", "check_output_dir"]
+           "prepare_output_dir", "check_output_dir", "discard_created"]
 
 PROFILE_HEADER = ("token_position", "probability")
 
@@ -345,11 +345,35 @@ def prepare_output_dir(directory, *, force: bool) -> Path:
     """
     directory = Path(directory)
     check_output_dir(directory, force=force)
+    new = None  # the topmost directory this call creates
+    for ancestor in (directory.absolute(), *directory.absolute().parents):
+        if ancestor.exists():
+            break
+        new = ancestor
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"--out {directory}: cannot create it ({error.strerror or type(error).__name__})") from None
+    if new is not None:
+        CREATED.append(new)
     return directory
+
+
+CREATED: list[Path] = []
+"""Directories `prepare_output_dir` created in this process (the topmost new one of each call), so that a
+command refused after creating its ``--out`` can remove them again (`discard_created`)."""
+
+
+def discard_created() -> None:
+    """Remove every directory in `CREATED` (with what this process wrote into it) and forget them.
+
+    The command line calls it when a command is refused: nothing is left
+    behind by a refusal, even one that comes after ``--out`` was made.
+    """
+    import shutil
+
+    while CREATED:
+        shutil.rmtree(CREATED.pop(), ignore_errors=True)
 
 
 def check_output_dir(directory, *, force: bool) -> None:

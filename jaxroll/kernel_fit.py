@@ -13,7 +13,13 @@ The loss is the mean row-wise Kullback-Leibler divergence
 
 (row 0 is ``[1]`` for every causal kernel). The layers are independent
 problems, ``L = mean_t L_t``: each is minimised on its own (one after the
-other under `lax.map`) by the loop of `jaxroll.fit` (`jaxroll.fit.optimise`:
+other under `lax.map`). A global stage comes first (power and ALiBi): the loss
+at `GLOBAL_SAMPLES` starts (the standard-ALiBi start and random points of a
+box over log slopes, log exponents, diagonals and head weights; one head can
+settle on a local optimum that leaves another at weight 0), then the local
+loop from the `GLOBAL_STARTS` best, vmapped, keeping the lowest end point. A
+head fitted to a weight below `DROPPED_WEIGHT` is reported. The local loop
+is that of `jaxroll.fit` (`jaxroll.fit.optimise`:
 a compiled `lax.while_loop` that stops when the gradient norm and the
 relative change of ``L_t`` fall below tolerances, ``L_t`` reaches the floor,
 or `steps` is reached). The default optimiser is L-BFGS (``optax.lbfgs``)
@@ -42,7 +48,8 @@ from .kernel_types import DenseKernel, PowerKernel, TableKernel
 from .kernels import alibi_slopes
 from .model import KernelRolloutModel
 
-__all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence"]
+__all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
+           "DROPPED_WEIGHT"]
 
 FAMILIES = ("alibi", "power", "table")
 """The relative-position families `fit_kernel` fits: ALiBi (``-m k``), power (``-m k^alpha``), a free table ``f(k)``."""
@@ -63,6 +70,9 @@ class KernelFitResult(NamedTuple):
             did not converge, else the one that took the most steps).
         steps: ``(T,)``, the steps each layer took.
         optimizer: ``"lbfgs"``, ``"adam"`` or ``"custom"``.
+        dropped_heads: ``(layer, head)`` pairs whose fitted weight is below
+            `DROPPED_WEIGHT`: the data preferred fewer heads there (also in
+            `stop_reason`).
     """
 
     model: KernelRolloutModel
@@ -73,6 +83,7 @@ class KernelFitResult(NamedTuple):
     stop_reason: str = ""
     steps: np.ndarray = np.zeros(0, dtype=np.int64)
     optimizer: str = "custom"
+    dropped_heads: list = []
 
 
 def kernel_divergence(target, fitted):
@@ -113,16 +124,57 @@ def _layer_loss(family, raw, target):
     return kernel_divergence(target[None], jax.vmap(lambda layer: layer.dense(n))(fitted))[0]
 
 
-@functools.partial(jax.jit, static_argnames=("family", "optimizer", "max_steps"))
-def _run(target, raw, tolerances, *, family, optimizer, max_steps):
-    """Every layer from its start `raw` (leading axis: layers), one after the other."""
-    def one_layer(arguments):
-        layer_target, layer_raw = arguments
-        state = _initial_state(layer_raw, optimizer, target.dtype, max_steps)
-        return _minimise(lambda r: _layer_loss(family, r, layer_target), optimizer, state, tolerances,
-                         max_steps + 1, max_steps)
+GLOBAL_SAMPLES = 256
+"""Candidate starts per layer of the global stage (power and ALiBi families): the loss of each is evaluated once."""
+GLOBAL_STARTS = 4
+"""The best candidates that the local optimiser runs from; the best end point is kept."""
+DROPPED_WEIGHT = 1e-3
+"""A fitted head weight below this is reported as dropped (`KernelFitResult.dropped_heads`)."""
 
-    return jax.lax.map(one_layer, (target, raw))
+# The box the global stage samples (heads are exchangeable: each head draws its own point).
+_LOG_SLOPE_BOX = (np.log(1e-3), np.log(10.0))
+_LOG_EXPONENT_BOX = (np.log(0.2), np.log(3.0))
+_DIAGONAL_BOX = (-4.0, 4.0)
+
+
+def _candidates(family, num_layers, num_heads, n, samples, seed=0):
+    """Starts ``(layers, S, ...)``: the deterministic `_initial` first, then `samples - 1` random box points.
+
+    The table family (hundreds of free values) gets its one deterministic start.
+    """
+    start = _initial(family, num_layers, num_heads, n)
+    if family == "table" or samples <= 1:
+        return jax.tree.map(lambda x: x[:, None], start)
+    rng = np.random.default_rng(seed)
+    shape = (num_layers, samples - 1, num_heads)
+    drawn = {"slopes": rng.uniform(*_LOG_SLOPE_BOX, shape), "diagonal_scores": rng.uniform(*_DIAGONAL_BOX, shape),
+             "head_weights": rng.normal(0.0, 1.0, shape)}
+    if family == "power":
+        drawn["exponents"] = rng.uniform(*_LOG_EXPONENT_BOX, shape)
+    return {key: jnp.concatenate([start[key][:, None], jnp.asarray(drawn[key], start[key].dtype)], axis=1)
+            for key in start}
+
+
+@functools.partial(jax.jit, static_argnames=("family", "optimizer", "max_steps", "starts"))
+def _run(target, candidates, tolerances, *, family, optimizer, max_steps, starts):
+    """Per layer (one after the other): the loss at every candidate, then the local optimiser from the
+    `starts` best (vmapped), keeping the end point of lowest loss."""
+    def one_layer(arguments):
+        layer_target, layer_candidates = arguments
+        losses = jax.vmap(lambda raw: _layer_loss(family, raw, layer_target))(layer_candidates)
+        losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
+        chosen = jax.tree.map(lambda x: x[jnp.argsort(losses)[:starts]], layer_candidates)
+
+        def local(raw):
+            state = _initial_state(raw, optimizer, target.dtype, max_steps)
+            return _minimise(lambda r: _layer_loss(family, r, layer_target), optimizer, state, tolerances,
+                             max_steps + 1, max_steps)
+
+        states = jax.vmap(local)(chosen)
+        best = jnp.argmin(jnp.where(jnp.isfinite(states["best_loss"]), states["best_loss"], jnp.inf))
+        return jax.tree.map(lambda x: x[best], states)
+
+    return jax.lax.map(one_layer, (target, candidates))
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,7 +190,8 @@ def _with_extra_args(optimizer):
 def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,
                learning_rate: float = 0.1, optimizer: optax.GradientTransformation | None = None,
                gradient_tolerance: float = GRADIENT_TOLERANCE,
-               loss_tolerance: float = LOSS_TOLERANCE) -> KernelFitResult:
+               loss_tolerance: float = LOSS_TOLERANCE, samples: int = GLOBAL_SAMPLES, starts: int = GLOBAL_STARTS,
+               seed: int = 0) -> KernelFitResult:
     """Fit a relative-position kernel to a model's dense kernels (module docstring).
 
     Args:
@@ -152,6 +205,10 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
         optimizer: any optax transformation (default: module docstring).
         gradient_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
         loss_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
+        samples: candidate starts per layer in the global stage (power and
+            ALiBi; 1: the deterministic start alone, the pre-global behaviour).
+        starts: how many of the best candidates the local optimiser runs from.
+        seed: of the candidates.
 
     Returns:
         A `KernelFitResult`; its model keeps the measured lambdas and length.
@@ -168,14 +225,19 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
         raise ConfigError(f"family: got {family!r}; allowed: one of {', '.join(FAMILIES)}")
     num_heads = check_positive_int("num_heads", num_heads)
     steps = check_positive_int("steps", steps)
+    samples = check_positive_int("samples", samples)
+    starts = check_positive_int("starts", starts)
     if not (isinstance(learning_rate, (int, float)) and np.isfinite(learning_rate) and learning_rate > 0):
         raise ConfigError(f"learning_rate: got {learning_rate!r}; allowed: a number > 0")
     target = jnp.asarray(model.kernel.kernels)
     num_layers, n = target.shape[0], target.shape[-1]
     if n < 2:
         raise ConfigError(f"kernel: N = {n}; allowed: N >= 2 to fit offsets")
-    start = _initial(family, num_layers, num_heads, n)
-    per_layer = sum(int(np.prod(u.shape[1:])) for u in start.values())
+    if family == "table" or samples == 1:
+        starts = 1
+    starts = min(starts, samples)
+    candidates = _candidates(family, num_layers, num_heads, n, samples, seed)
+    per_layer = sum(int(np.prod(u.shape[2:])) for u in candidates.values())
     name = "custom"
     if optimizer is None:
         name = "lbfgs" if per_layer <= LBFGS_MAX_PARAMETERS else "adam"
@@ -183,8 +245,9 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     # Cached objects: a repeated fit reuses the compiled loop.
     optimizer = _adam(steps, float(learning_rate)) if optimizer is None else _with_extra_args(optimizer)
     tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
-    state = _run(target, start, tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
-                 optimizer=optimizer, max_steps=steps)
+    candidates = jax.tree.map(lambda x: jnp.asarray(x, target.dtype), candidates)
+    state = _run(target, candidates, tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
+                 optimizer=optimizer, max_steps=steps, starts=starts)
     raw = state["best_raw"]
     taken = np.asarray(state["step"])
     history = np.asarray(state["history"], dtype=np.float64)[:, :int(taken.max()) + 1]
@@ -203,5 +266,10 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     error = np.asarray(jnp.max(jnp.abs(fitted - target), axis=(-1, -2)), dtype=np.float64)
     fitted_model = KernelRolloutModel(lambdas=model.lambdas, kernel=jax.tree.map(np.asarray, kernel),
                                       sequence_length=model.sequence_length)
+    weights = np.asarray(kernel.head_weights, dtype=np.float64)
+    dropped = [(int(t), int(h)) for t, h in zip(*np.nonzero(weights < DROPPED_WEIGHT))] if num_heads > 1 else []
+    if dropped:  # the data preferred fewer heads: said, not hidden
+        reason += (f"; {len(dropped)} head(s) fitted to weight < {DROPPED_WEIGHT:g} (layer, head): "
+                   + ", ".join(f"({t}, {h})" for t, h in dropped[:8]) + (" ..." if len(dropped) > 8 else ""))
     return KernelFitResult(fitted_model, history.mean(axis=0), divergence, error, converged=not failed,
-                           stop_reason=reason, steps=taken.astype(np.int64), optimizer=name)
+                           stop_reason=reason, steps=taken.astype(np.int64), optimizer=name, dropped_heads=dropped)

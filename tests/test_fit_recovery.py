@@ -47,12 +47,13 @@ GRID = {
     (256, 32): [(0.6, 0.0), (0.35, 1.3), (0.1, 0.5), (0.8, 1.8)],
 }
 FAST = (128, 8)
-# The hardest truth of the fast block takes ~130 s a start (two of L-BFGS's
-# three refined design points stall at W1 ~1e-3 before the third finds it;
-# docs/fit-defaults.md): slow, with the rest of the grid (benchmarks/fit.py --part grid).
-HARD = (0.6, 0.4)
+# The hardest truth of the fast block (0.6, 0.4) took ~130 s a start while two of
+# L-BFGS's three refined design points stalled at W1 ~1e-3 before the third found
+# it; since the restarts advance in rounds (issue 30) the third is reached in a few
+# rounds: 13.8 s and 3.9 s (2026-12-04, load ~1). The rest of the grid stays slow
+# (benchmarks/fit.py --part grid).
 CASES = [pytest.param(n, h, lambda_0, beta, start, id=f"N{n}-H{h}-l{lambda_0}-b{beta}-from{start}",
-                      marks=() if (n, h) == FAST and (lambda_0, beta) != HARD else pytest.mark.slow)
+                      marks=() if (n, h) == FAST else pytest.mark.slow)
          for (n, h), truths in GRID.items() for lambda_0, beta in truths for start in STARTS]
 
 
@@ -138,3 +139,27 @@ def test_fit_kernel_recovers_power_kernels_across_the_box():
     np.testing.assert_allclose(np.asarray(fitted.exponents)[:, 0], truth[:, 1], rtol=1e-2)
     np.testing.assert_allclose(np.asarray(fitted.diagonal_scores)[:, 0], truth[:, 2], atol=1e-2)
     assert np.all(result.steps >= 1) and np.all(np.isfinite(result.losses))
+
+
+def test_fit_kernel_recovers_a_two_head_power_kernel_by_default():
+    """Issue 30's plain case: two heads, m = (0.9, 1.5), alpha = (1.3, 0.8), d = (0.5, 0), equal weights,
+    one layer, N = 64, NumPy float64 target, `fit_kernel(num_heads=2)` with its defaults. Without the
+    global stage the local fit from the standard-ALiBi start ends with weights (0, 1) and parameters off by
+    50-490x. Heads are exchangeable: matched by slope. Tolerances as above (1 %, 0.01 logit); the fit
+    reaches the floor (observed: ~1e-5 relative)."""
+    from jaxroll.kernel_fit import fit_kernel
+    from jaxroll.kernel_types import DenseKernel
+
+    n = 64
+    truth = [(0.9, 1.3, 0.5), (1.5, 0.8, 0.0)]
+    kernel = 0.5 * oracle_power_kernel(*truth[0], n) + 0.5 * oracle_power_kernel(*truth[1], n)
+    model = jaxroll.KernelRolloutModel.create(kernel=DenseKernel.create(kernel[None]), lambdas=np.array([0.5]))
+    result = fit_kernel(model, num_heads=2)
+    assert result.converged, result.stop_reason
+    assert result.dropped_heads == []
+    fitted = result.model.kernel
+    order = np.argsort(np.asarray(fitted.slopes)[0])
+    np.testing.assert_allclose(np.asarray(fitted.slopes)[0, order], [0.9, 1.5], rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(fitted.exponents)[0, order], [1.3, 0.8], rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(fitted.diagonal_scores)[0, order], [0.5, 0.0], atol=1e-2)
+    np.testing.assert_allclose(np.asarray(fitted.head_weights)[0], [0.5, 0.5], atol=1e-2)

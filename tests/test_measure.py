@@ -494,8 +494,8 @@ def test_bad_input_gives_one_line_errors(tmp_path):
 
 
 def _unknown_model():
-    config = transformers.OPTConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, ffn_dim=16,
-                                    vocab_size=VOCAB, max_position_embeddings=32, word_embed_proj_dim=8)
+    # GPT-BigCode (multi-query, fused c_attn) has no entry in jaxroll.measure.families.
+    config = transformers.GPTBigCodeConfig(n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=32)
     return transformers.AutoModelForCausalLM.from_config(config)
 
 

@@ -37,9 +37,8 @@ def _config(family):
     if family == "llama":
         return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                         hidden_size=32, intermediate_size=64, vocab_size=VOCAB)
-    if family == "opt":  # an architecture without a layer map
-        return transformers.OPTConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, ffn_dim=16,
-                                      vocab_size=VOCAB, max_position_embeddings=32, word_embed_proj_dim=8)
+    if family == "opt":  # an architecture without a layer map (the key predates OPT's support)
+        return transformers.GPTBigCodeConfig(n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=32)
     raise AssertionError(family)
 
 

@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     on (`jaxroll.cache`); a caller's ``main([...])`` leaves JAX's settings alone.
     """
     parser = _build_parser()
+    if "jaxroll.io" in sys.modules:  # directories of an earlier main([...]) in this process are kept
+        sys.modules["jaxroll.io"].CREATED.clear()
     try:
         arguments = parser.parse_args(argv)
         if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
         arguments.run(arguments)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler
     except ConfigError as error:
+        if "jaxroll.io" in sys.modules:  # a refusal after --out was made leaves nothing behind
+            sys.modules["jaxroll.io"].discard_created()
         print(f"jaxroll: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
@@ -61,6 +65,8 @@ def main(argv=None) -> int:
         _silence_stdout()
         return 1
     except RecursionError:
+        if "jaxroll.io" in sys.modules:
+            sys.modules["jaxroll.io"].discard_created()
         print("jaxroll: error: input nested too deeply to read", file=sys.stderr)
         return 2
     return 0

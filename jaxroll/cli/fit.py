@@ -104,7 +104,8 @@ def _run_fit(arguments) -> None:
     from ..rollout import influence
 
     model, source = _start_model(arguments)
-    _common.require_alibi_model(model, "fit")
+    # A kernel configuration (measured dense attention, a table or power kernel) fits its lambdas with the
+    # kernel held fixed; jaxroll.fit refuses any other --fit on it in one line.
     target = io.read_profile(arguments.profile)
     # One rule for every start (CONFIG, --preset, --published): the profile has the
     # model's sequence_length, or --length says at which length to fit.

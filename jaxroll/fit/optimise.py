@@ -275,7 +275,9 @@ def _run_restarts(carry, fixed, target, tolerances, limit, *, problem: _Problem,
         restart = _minimise(objective, problem.optimizer, restart, tolerances, limit, max_steps)
         return jnp.minimum(best_so_far, restart["best_loss"]), restart
 
-    _, carry = jax.lax.scan(one_restart, jnp.asarray(jnp.inf, dtype=target.dtype), carry)
+    # The best loss of earlier rounds too (`_optimise` calls this in rounds): once any restart has
+    # reached the floor, the restarts still running are skipped.
+    _, carry = jax.lax.scan(one_restart, jnp.min(carry["best_loss"]).astype(target.dtype), carry)
     return carry
 
 
@@ -296,7 +298,14 @@ def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, p
     """All steps in one compiled call, or in about 50 chunks under a progress bar
     (the same compiled loop, bounded by a traced step limit)."""
     if not progress:
-        return _run_restarts(carry, fixed, target, tolerances, steps + 1, problem=problem, max_steps=steps)
+        # Rounds of `chunk` steps per restart: a restart that stalls away from the optimum no longer
+        # runs to the step limit before the next one, which may reach the floor in a few steps, starts.
+        chunk = max(1, math.ceil(steps / 50))
+        limit = 0
+        while limit <= steps and np.any(np.asarray(carry["reason"]) == _RUNNING):
+            limit = min(limit + chunk, steps + 1)
+            carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
+        return carry
     from tqdm.auto import tqdm
 
     chunk = max(1, math.ceil(steps / 50))

@@ -17,7 +17,7 @@ from jaxtyping import Array
 from .. import metrics
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..model import RolloutModel
+from ..model import KernelRolloutModel, RolloutModel
 from ..rollout import METHODS, influence
 from .losses import _loss_function
 from .parametrisation import CONTENTS, SCHEDULES, _check_names, _Parametrisation
@@ -76,8 +76,11 @@ def _check_non_negative_int(field: str, value) -> int:
     return int(value)
 
 
-def _as_numpy_model(model: RolloutModel, n: int) -> RolloutModel:
-    """The model re-checked by `RolloutModel.create`, with NumPy float64 arrays."""
+def _as_numpy_model(model, n: int):
+    """The model re-checked by `RolloutModel.create` (`KernelRolloutModel.create`), NumPy float64 arrays."""
+    if isinstance(model, KernelRolloutModel):  # only the lambdas were free; the kernel is as measured
+        return KernelRolloutModel.create(kernel=model.kernel, lambdas=np.asarray(model.lambdas, dtype=np.float64),
+                                         sequence_length=n)
     arrays = {name: np.asarray(getattr(model, name), dtype=np.float64)
               for name in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores", "head_weights")}
     try:
@@ -97,9 +100,17 @@ def _compare(p, target) -> metrics.Comparison:
 
 def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
     """Check the arguments; the static problem, the fixed part of the model, the target."""
-    if not isinstance(model, RolloutModel):
-        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel")
+    if not isinstance(model, (RolloutModel, KernelRolloutModel)):
+        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel or KernelRolloutModel")
     names = _check_names(names)
+    if isinstance(model, KernelRolloutModel):
+        # Any kernel (dense measured attention, a table, a power kernel): held fixed, only lambda is fitted.
+        if names != ("lambdas",):
+            raise ConfigError(f"fit: {','.join(names)} on a KernelRolloutModel ({type(model.kernel).__name__}); "
+                              "allowed: lambdas (the kernel is held fixed; fit it with jaxroll fit-kernel)")
+        n_checked = model.sequence_length if n is None else n
+        if isinstance(n_checked, (int, np.integer)) and n_checked >= 1:
+            model.kernel.check_length(int(n_checked))
     if schedule not in SCHEDULES:
         raise ConfigError(f"schedule: got {schedule!r}; allowed: one of {', '.join(SCHEDULES)}")
     if schedule != "free" and "lambdas" not in names:
@@ -111,7 +122,8 @@ def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
     n = model.sequence_length if n is None else check_positive_int("n", n)
     target = jnp.asarray(_check_target(target, n))
-    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, model.num_heads)
+    heads = model.num_heads if isinstance(model, RolloutModel) else 1  # a kernel model fits lambdas alone
+    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, heads)
     problem = _Problem(parametrisation, _loss_function(loss), n, method, optimizer)
     # The free/fixed split: the free arrays are rebuilt from the
     # unconstrained point at every evaluation, the rest travel as they are.

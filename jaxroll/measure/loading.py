@@ -107,6 +107,14 @@ def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
                   for name in stats)
     if reading or (getattr(config, "model_type", None) == "falcon" and falcon_alibi == "doubled"):
         return "eager"
+    # A rotary family whose recomputed rows are not checked (no `rotary` module in its map) reads them eagerly.
+    from .layer_maps import LAYER_MAPS
+
+    layer_map = LAYER_MAPS.get(getattr(config, "model_type", None))
+    rows = "attention" in stats or any(name in registered() and (registered()[name].needs_eager or
+                                       "probabilities" in registered()[name].hooks) for name in stats)
+    if rows and layer_map is not None and layer_map.position == "rope" and layer_map.rotary is None:
+        return "eager"
     try:
         model_class = AutoModelForCausalLM._model_mapping[type(config)]
     except (KeyError, ValueError):

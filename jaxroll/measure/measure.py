@@ -234,6 +234,8 @@ def measure(
         "num_heads": num_heads,
         "head_dim": head_dim,
         "position_encoding": layer_map.position,
+        "attention_windows": resolved.windows,
+        "parallel_block": resolved.parallel,
         "attn_implementation": implementation,
         "logit_formula": layer_map.formula + (f",  c = {int(bias_multiplier)}" if variant else ""),
         "falcon_alibi": variant,

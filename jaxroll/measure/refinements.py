@@ -45,7 +45,8 @@ for in- and out-of-sample checks; ingredients named by the switches of
 lambda,influence,attention_heads,lambda_positions,...``), which write the
 same arrays into ``measurement.npz``; `refined_profile` turns a measurement
 directory into the profile of any switch combination. Everything is
-accumulated in float64. Families: BLOOM, Llama, Mistral, Qwen2, GPT-2.
+accumulated in float64. Families: every `jaxroll.measure.families.FAMILIES` entry; ``norm_kernels`` and
+``head_norms`` not where a norm follows W_O (Gemma 2/3, OLMo 2; the family's ``refused``).
 """
 
 from __future__ import annotations
@@ -80,30 +81,10 @@ _OUTPUT = {"attention": "attention_heads", "position": "lambda_positions", "mlp"
 _SWITCH_OF_STAT = {"attention_heads": "attention", "lambda_positions": "position", "lambda_mlp": "mlp",
                    "norm_kernels": "norm", "head_norms": "heads", "lambda_gradient": "gradient"}
 
-# Per family: the MLP's output module and where the value vectors are (a
-# module path from the block and how to cut (N, H, d) out of its output).
-_MLP_OUTPUT = {"bloom": "mlp.dense_4h_to_h", "llama": "mlp.down_proj", "mistral": "mlp.down_proj",
-               "qwen2": "mlp.down_proj", "gpt2": "mlp.c_proj"}
-_VALUE = {"bloom": "self_attention.query_key_value", "llama": "self_attn.v_proj", "mistral": "self_attn.v_proj",
-          "qwen2": "self_attn.v_proj", "gpt2": "attn.c_attn"}
-
-
 def _module(root, path):
     for part in path.split("."):
         root = getattr(root, part)
     return root
-
-
-def _values(name, output, num_heads, head_dim):
-    # (N, D') projection output of one batch row -> (N, H, d) float64 value vectors.
-    output = output.double()
-    n = output.shape[0]
-    if name == "bloom":  # fused (H, 3, d): q, k, v interleaved per head
-        return output.view(n, num_heads, 3, head_dim)[:, :, 2, :]
-    if name == "gpt2":  # fused (3, H, d)
-        return output[:, 2 * num_heads * head_dim:].reshape(n, num_heads, head_dim)
-    values = output.reshape(n, -1, head_dim)  # separate v_proj; grouped keys/values repeat
-    return values.repeat_interleave(num_heads // values.shape[1], dim=1)
 
 
 def _output_matrix(module, num_heads, head_dim):
@@ -128,12 +109,18 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
     (`_alpha_rows`), so no hook reads the model's probabilities.
     Returns the handles.
     """
-    name = resolved.layer_map.name
-    if name not in _VALUE:
-        raise ConfigError(f"architecture: {name!r} has no refinement map; allowed: {', '.join(sorted(_VALUE))}")
+    layer_map = resolved.layer_map
+    refused = [switch for switch in switches if _OUTPUT.get(switch) in layer_map.refused
+               or (switch in ("norm", "heads") and layer_map.value is None) or (switch == "mlp" and not
+                                                                             layer_map.mlp_output)]
+    if refused:
+        reason = layer_map.refused.get(_OUTPUT[refused[0]], "its layer map names no value or MLP module")
+        raise ConfigError(f"architecture: {layer_map.name!r} cannot give {_OUTPUT[refused[0]]}: {reason}")
     heads, head_dim = resolved.num_heads, resolved.head_dim
+    config = resolved.config
     need_a = bool({"position", "mlp"} & set(switches))
     handles = []
+    batch_shape = {"rows": 1}  # sequences in the pass, from the block input (OPT's MLP sees (B N, D))
 
     def probabilities(layer):
         def hook(module, args, output):
@@ -155,6 +142,10 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                 tensor = args[0] if args else kwargs["hidden_states"]
             else:  # forward hook: (args, output)
                 tensor = hook_args[1]
+            if tensor.dim() == 2:  # OPT's MLP runs on (B N, D): split it by the batch's block input
+                tensor = tensor.reshape(batch_shape["rows"], -1, tensor.shape[-1])
+            elif kind == "x":
+                batch_shape["rows"] = tensor.shape[0]
             norms = tensor.detach().double().norm(dim=-1).cpu()
             for row in range(norms.shape[0]):
                 deliver(kind, layer, norms[row], row=row)
@@ -164,7 +155,7 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
         def hook(module, args, output):
             if recording():
                 for row in range(output.shape[0]):
-                    values = _values(name, output[row].detach(), heads, head_dim)
+                    values = layer_map.value_split(output[row: row + 1].detach().double(), heads, head_dim, config)[0]
                     # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
                     deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu(),
                             row=row)
@@ -208,13 +199,14 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                 handles.append(block.register_forward_pre_hook(norms("x", layer, pre=True), with_kwargs=True))
                 handles.append(projection.register_forward_hook(norms("a", layer)))
             if "mlp" in switches:
-                handles.append(_module(block, _MLP_OUTPUT[name]).register_forward_hook(norms("m", layer)))
+                handles.append(_module(block, layer_map.mlp_output).register_forward_hook(norms("m", layer)))
             if {"norm", "heads"} & set(switches):
-                w_out = _output_matrix(projection, heads, head_dim)
+                w_module = _module(block, layer_map.w_out) if layer_map.w_out else projection
+                w_out = _output_matrix(w_module, heads, head_dim)
                 if "norm" in switches:
-                    handles.append(_module(block, _VALUE[name]).register_forward_hook(value_norms(layer, w_out)))
+                    handles.append(_module(block, layer_map.value).register_forward_hook(value_norms(layer, w_out)))
                 if "heads" in switches:
-                    handles.append(projection.register_forward_pre_hook(head_outputs(layer, w_out)))
+                    handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out)))
             if "gradient" in switches:
                 handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
                 handles.append(projection.register_forward_hook(gradient("grad_a", layer)))
@@ -309,8 +301,7 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     """Measure the refinement ingredients of `model` on `token_ids` ``(S, N)``.
 
     `model` must use eager attention (its attention module returns the
-    probabilities) and be one of the families BLOOM, Llama, Mistral, Qwen2,
-    GPT-2. `groups` ``(S,)`` integer labels 0..G-1 (default: one group).
+    probabilities) and be of a family in `jaxroll.measure.families.FAMILIES`. `groups` ``(S,)`` integer labels 0..G-1 (default: one group).
     One forward pass per sequence; with ``gradient`` a forward and a
     backward (of the top next-token probability at the last position).
     Returns sums per group (`RefinementIngredients`); ``seconds`` is the wall

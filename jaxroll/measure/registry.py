@@ -149,7 +149,12 @@ def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
             f"stats: content needs q.k as the logit sees it; {layer_map_name} rotates q and k after "
             f"the projection (rotary); allowed for it: {', '.join(allowed_stats(position))}"
         )
+    from .families import FAMILIES
+
+    refused = FAMILIES[layer_map_name].refused if layer_map_name in FAMILIES else {}
     for name in stats:
+        if name in refused:  # a family's own refusals (jaxroll.measure.families)
+            raise ConfigError(f"stats: {name} is not defined for {layer_map_name}: {refused[name]}")
         statistic = registered().get(name)
         missing = [other for other in (statistic.requires if statistic else ()) if other not in stats]
         if missing:

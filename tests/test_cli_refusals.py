@@ -1,0 +1,162 @@
+"""Nothing is created on refusal: every command, refused with bad input, exits 2 and leaves the tree as it was.
+
+One walk over the commands of `jaxroll.cli` (one module each, plus ``presets``,
+``compare``, ``forces``, ``fit-kernel``, ``score``): each case names an
+``--out`` two directories deep that does not exist, and the whole temporary
+tree is compared before and after. Refusals that come only after ``--out``
+was made (a model that fails while measuring, a fit that fails while fitting)
+are forced with a ConfigError raised from inside the run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from jaxroll.cli import main
+
+COMMANDS = ("rollout", "presets", "measure", "compare", "forces", "fit", "fit-kernel", "sweep", "kinetic", "score",
+            "cache")
+
+
+def _tree(root):
+    return sorted((os.path.relpath(path, root), tuple(sorted(files))) for path, _, files in os.walk(root))
+
+
+def _refused(argv, root, capsys):
+    before = _tree(root)
+    try:
+        code = main([str(item) for item in argv])
+    except SystemExit as exit_:  # argparse's own exits (none expected: the parser raises ConfigError)
+        code = exit_.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, (argv, err)
+    assert err.count("\n") == 0 and err.startswith("jaxroll: error:"), (argv, err)
+    assert _tree(root) == before, (argv, err)
+    return err
+
+
+@pytest.fixture
+def files(tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    profile = inputs / "p.csv"
+    profile.write_text("token_position,probability\n" + "".join(f"{j},{1 / 16}\n" for j in range(16)),
+                       encoding="utf-8")
+    broken = inputs / "broken.yaml"
+    broken.write_text("sequence_length: [\n", encoding="utf-8")
+    spec = inputs / "spec.yaml"
+    spec.write_text("base: {preset: nope}\n", encoding="utf-8")
+    return {"profile": profile, "broken": broken, "spec": spec, "missing": inputs / "missing"}
+
+
+def cases(files, out):
+    p, broken, spec, missing = files["profile"], files["broken"], files["spec"], files["missing"]
+    return {
+        "rollout": [["rollout", "--preset", "nope", "--out", out], ["rollout", broken, "--out", out],
+                    ["rollout", "--preset", "mpt-7b", "--length", 0, "--out", out]],
+        "presets": [["presets", "--bogus"]],
+        "compare": [["compare", p, missing], ["compare", p, broken]],
+        "forces": [["forces", "--preset", "mpt-7b", "--length", -3, "--out", out], ["forces", broken, "--out", out]],
+        "fit": [["fit", "--preset", "mpt-7b", missing, "--out", out],
+                ["fit", "--preset", "mpt-7b", p, "--steps", 0, "--out", out],
+                ["fit", "--preset", "mpt-7b", p, "--fit", "gain", "--out", out],
+                ["fit", "--preset", "mpt-7b", broken, p, "--out", out]],
+        "fit-kernel": [["fit-kernel", "--preset", "mpt-7b", "--heads", 0, "--out", out],
+                       ["fit-kernel", "--preset", "mpt-7b", "--family", "nope", "--out", out]],
+        "sweep": [["sweep", missing, "--out", out], ["sweep", spec, "--out", out], ["sweep", broken, "--out", out]],
+        "kinetic": [["kinetic", "--beta", -1, "--out", out], ["kinetic", "--length", 0, "--out", out]],
+        "score": [["score", p, "--measured", missing], ["score", missing, "--measured", missing]],
+        "cache": [["cache", "bogus"]],
+        "measure": [["measure", missing, "--texts", p, "--length", 8, "--samples", 2, "--out", out],
+                    ["measure", p.parent, "--texts", p, "--length", 8, "--samples", 2, "--out", out]],
+    }
+
+
+def test_every_refusal_of_every_command_leaves_the_tree_unchanged(files, tmp_path, capsys):
+    out = tmp_path / "new" / "out"
+    table = cases(files, out)
+    assert set(table) == set(COMMANDS)
+    for command, argvs in table.items():
+        for argv in argvs:
+            _refused(argv, tmp_path, capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refusal_after_out_was_made_removes_it(files, tmp_path, capsys, monkeypatch):
+    """A ConfigError from inside the run (after prepare_output_dir) still leaves nothing behind."""
+    import importlib
+
+    from jaxroll import ConfigError
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("fit: refused from inside the run")
+
+    monkeypatch.setattr(importlib.import_module("jaxroll.fit"), "fit", refuse)
+    out = tmp_path / "new" / "out"
+    err = _refused(["fit", "--preset", "mpt-7b", files["profile"], "--length", 16, "--out", out], tmp_path, capsys)
+    assert "inside the run" in err
+    # An existing --out (empty) stays: only what the refused command created goes.
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    _refused(["fit", "--preset", "mpt-7b", files["profile"], "--length", 16, "--out", kept], tmp_path, capsys)
+    assert kept.is_dir()
+
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Tiny MPT and Gemma 2 directories with a word-level tokenizer."""
+    from tiny_tokenizer import word_level_tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    configs = {"mpt": transformers.MptConfig(n_layers=2, n_heads=2, d_model=16, vocab_size=64, max_seq_len=32),
+               "gemma2": transformers.Gemma2Config(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                   hidden_size=16, intermediate_size=24, vocab_size=64, head_dim=8)}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+        word_level_tokenizer().save_pretrained(root / name)
+    return root
+
+
+@pytest.fixture
+def texts(tmp_path):
+    from tiny_tokenizer import WORDS
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "inputs" / "docs.txt"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(3)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_measure_refusals_leave_nothing_and_mpt_refines(models, texts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "new" / "out"
+    base = ["--texts", texts, "--length", 12, "--samples", 2, "--quiet", "--out", out]
+    # The issue's bug: MPT with --refine was refused after --out was made; now it runs.
+    assert main([str(item) for item in ["measure", models / "mpt", *base, "--refine", "position,mlp,norm,heads"]]) == 0, \
+        capsys.readouterr().err
+    assert (out / "refined.csv").is_file()
+    capsys.readouterr()
+    out2 = tmp_path / "new2" / "out"
+    base2 = [*base[:-1], out2]
+    for argv in (["--refine", "norm"], ["--stats", "lambda,content"], ["--stats", "lambda,head_norms"],
+                 ["--refine", "gain"], ["--stats", "lambda,entropy"]):
+        err = _refused(["measure", models / "gemma2", *base2, *argv], tmp_path, capsys)
+        assert "allowed" in err or "not defined" in err, err
+    # Refused while measuring (after --out was made): nothing left either.
+    import jaxroll.measure as measure_module
+    from jaxroll import ConfigError
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("measure: refused while measuring")
+
+    monkeypatch.setattr(measure_module, "measure", refuse)
+    _refused(["measure", models / "mpt", *base2], tmp_path, capsys)
+    assert not out2.parent.exists()
