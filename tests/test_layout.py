@@ -113,3 +113,9 @@ def test_the_measure_registry_sits_below_the_statistics():
     for statistic_module in ("jaxroll.measure.sinks", "jaxroll.measure.refinements"):
         assert "jaxroll.measure.registry" in graph[statistic_module]
         assert "jaxroll.measure.measure" not in graph[statistic_module]
+
+
+def test_no_module_is_over_about_600_lines():
+    lengths = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+    assert max(lengths.values()) > 100  # the check reads real files
