@@ -310,3 +310,27 @@ def test_a_bpe_tokenizer_keeps_lengths_and_depths_exact_when_numbers_merge():
     for task in ("kv", "copy"):
         case = bpe.make(task, 220, 0.5, 0, 0)
         assert len(case.prompt_ids) == 220 and find(case.prompt_ids, case.answer_ids) is not None
+
+
+@pytest.mark.parametrize("family", sorted(__import__("jaxroll.measure.families", fromlist=["FAMILIES"]).FAMILIES)
+                         + ["falcon_rope"])
+def test_teacher_forced_scores_on_every_family_measure_supports(builder, family):
+    """`jaxroll task` scores any family of `jaxroll.measure`: each tiny model's scores equal the
+    plain full-logits computation. Tolerance 1e-8 nats in float64 (MPT's batched attention differs
+    from one sequence at a time by ~1e-9 nats); Mixtral's grouped expert matmul has no float64
+    kernel, so it runs in float32 (1e-4 nats). A wrong answer position or token is off by O(1)."""
+    from test_families import _config
+
+    config = _config(family)
+    config.vocab_size = VOCAB
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx"):
+        if hasattr(config, name):
+            setattr(config, name, 128)
+    torch.manual_seed(0)
+    dtype, tolerance = (torch.float32, 1e-4) if family == "mixtral" else (torch.float64, 1e-8)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    chosen = [builder.make(task, 66, 0.5, 0, 0) for task in cases.TASKS]
+    for case, row in zip(chosen, scoring.score_cases(model, chosen, batch_size=2)):
+        logprob, exact, correct = plain_torch_scores(model, case)
+        assert row["logprob"] == pytest.approx(logprob, abs=tolerance)
+        assert row["exact"] == exact and row["correct"] == correct
