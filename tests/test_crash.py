@@ -17,7 +17,9 @@ from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 from jaxroll.cli import main  # noqa: E402
 
-ARGUMENTS = ["--length", "24", "--samples", "48", "--stats", "lambda,content,influence"]
+# One sequence per pass: a checkpoint after every sequence, so the kill lands mid-run (a batch
+# sized from free memory would measure all 48 in one pass).
+ARGUMENTS = ["--length", "24", "--samples", "48", "--stats", "lambda,content,influence", "--batch-size", "1"]
 
 
 @pytest.fixture(scope="module")
