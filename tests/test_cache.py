@@ -92,10 +92,13 @@ def test_a_second_process_compiles_nothing_and_concurrent_processes_share_safely
     # CONFIG (ALiBi: cache.compiled's executable) and a relative-position kernel (JAX's own cache).
     kernel = tmp_path / "kernel.yaml"
     kernel.write_text(KERNEL_CONFIG)
-    # Two processes at once on an empty cache: both compile both programs and write the same entries.
+    # Two processes at once on an empty cache: each compiles both programs and writes the same
+    # entries, unless (on a loaded machine) one starts late enough to find the other's entry for
+    # JAX's own cache: then that one program is a hit and is not compiled.
     first = [start(folder, tmp_path / f"out{i}", CONFIG, kernel) for i in range(2)]
     events = [finish(process) for process in first]
-    assert all(e.get(COMPILES, 0) == 2 and e.get(MISSES, 0) + e.get(HITS, 0) == 1 for e in events), events
+    assert all(e.get(MISSES, 0) + e.get(HITS, 0) == 1 and e.get(COMPILES, 0) == 2 - e.get(HITS, 0)
+               for e in events), events
     assert cache.info(folder).entries >= 2
     assert list((folder / "compilation" / "executables").glob(".tmp-*")) == []  # renamed, none left half-written
     # A third process afterwards: the ALiBi executable loaded untraced, the kernel's program a cache

@@ -548,8 +548,10 @@ def test_ctrl_c_exits_130_and_names_resume(tmp_path):
     import time
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text("base: {preset: mpt-7b, sequence_length: 64}\n"
-                    f"axes: {{temperature: {[0.5 + 0.05 * k for k in range(40)]}}}\nbatch_size: 1\n")
+    # Long enough that the interrupt lands mid-sweep: device-side chunks of one point at N = 64 ran
+    # all 40 points before the signal arrived; 2000 points at N = 512 take tens of seconds.
+    spec.write_text("base: {preset: mpt-7b, sequence_length: 512}\n"
+                    f"axes: {{temperature: {[round(0.5 + 0.001 * k, 3) for k in range(2000)]}}}\nbatch_size: 1\n")
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "jaxroll", "sweep", str(spec), "--out", str(out)],
                                env=_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
