@@ -44,7 +44,7 @@ def saved(tmp_path_factory):
 def _oracle_sequence_bytes(n, layers=2, hidden=32, heads=4, intermediate=64, itemsize=4, eager=False):
     # batching's module docstring, checkpointed influence pass, no probability statistics.
     block = n * (8 * hidden + 3 * intermediate) * itemsize
-    scores = heads * n * n * (2 * itemsize + 4) if eager else 0
+    scores = heads * n * n * (3 * itemsize + 8) if eager else 0
     return layers * n * hidden * itemsize + block + scores + 4 * n * hidden * 8
 
 

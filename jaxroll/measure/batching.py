@@ -8,10 +8,15 @@ bytes per element), is estimated as
   inputs autograd keeps, ``L N D s``, plus one block recomputed with its
   graph, ``N (8 D + 3 I) s``;
 - without it: every block's graph, ``L N (8 D + 3 I) s``;
-- the attention: eager builds scores and probabilities ``(H, N, N)`` (and a
-  float32 softmax), ``H N^2 (2 s + 4)``, per block held (no checkpointing)
-  or once (checkpointing); an efficient implementation (``sdpa``) holds
-  ``O(N)`` per head, counted in the block term;
+- the attention: eager builds scores and probabilities ``(H, N, N)``, a
+  float32 softmax and, in the backward pass, their gradients,
+  ``H N^2 (3 s + 8)``, per block held (no checkpointing) or once
+  (checkpointing); an efficient implementation (``sdpa``) holds ``O(N)`` per
+  head, counted in the block term. (Measured on one H200, run gpu-1 of
+  docs/performance.md: BLOOM 24 x 1024, 16 heads, float32, N = 16,384, one
+  sequence peaked at 68.4 GiB, about 17 bytes per score element; the
+  earlier ``2 s + 4`` counted 12 and chose a bfloat16 batch of 2 that ran
+  out of memory.)
 - the statistics' float64 transients: ``4 N max(D, H d) 8`` (q, k, the
   running key sum, norms) and, for statistics that read probabilities,
   ``H N^2 8`` (a float64 copy), plus ``L N^2 8`` for ``attention`` (each
@@ -60,7 +65,7 @@ def sequence_bytes(*, layers: int, hidden: int, heads: int, intermediate: int, l
     """Estimated peak bytes one sequence adds to a pass (module docstring), for N = `length`."""
     n = length
     block = n * (8 * hidden + 3 * intermediate) * itemsize
-    scores = heads * n * n * (2 * itemsize + 4) if eager else 0
+    scores = heads * n * n * (3 * itemsize + 8) if eager else 0
     if checkpointing:
         graph = layers * n * hidden * itemsize + block + scores
     else:
