@@ -244,22 +244,28 @@ def influence(model: RolloutModel | KernelRolloutModel, n: int | None = None, me
     return influence_with_mass(model, n, method)[0]
 
 
-def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "auto") -> Float[Array, " n"]:
+def rollout_row(model: RolloutModel | KernelRolloutModel, row: Float[Array, " n"],
+                method: str = "auto") -> Float[Array, " n"]:
     """``row^T R_T ... R_1`` for any row vector, not normalised; n is ``row``'s length.
 
     With ``row = e_{n-1}`` this is the unnormalised influence profile. Under a
     causal (or sliding) mask the first n rows of ``P_T`` at length ``N >= n``
     are ``P_T`` at length n, so ``e_{n-1}^T P_T`` at length N is the profile at
     length n padded with zeros: `jaxroll.sweep` runs every sequence length of
-    a sweep as a vmap over start rows at one N. Pure: jit, vmap and grad apply.
+    a sweep as a vmap over start rows at one N. A `KernelRolloutModel` uses its
+    kernel type's own ``row_times_kernel`` (`method` applies to a
+    `RolloutModel`). Pure: jit, vmap and grad apply.
     """
-    row_times_kernel = _row_times_kernel(model, _resolve(method), row.shape[-1])
+    if isinstance(model, KernelRolloutModel):
+        layers, row_times_kernel = (model.lambdas, model.kernel), lambda vector, layer: layer[1].row_times_kernel(vector)
+    else:
+        layers, row_times_kernel = _layers(model), _row_times_kernel(model, _resolve(method), row.shape[-1])
 
     def apply_layer(vector, layer):
         weight = layer[0]
         return (1.0 - weight) * vector + weight * row_times_kernel(vector, layer), None
 
-    result, _ = jax.lax.scan(apply_layer, row, _layers(model), reverse=True)
+    result, _ = jax.lax.scan(apply_layer, row, layers, reverse=True)
     return result
 
 

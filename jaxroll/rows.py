@@ -63,19 +63,15 @@ def predicted_rows(model: RolloutModel | KernelRolloutModel, queries, n: int | N
     """Rows ``P_T[q_k, :]`` of the rollout, float64 NumPy ``(K, N)``; each sums to 1.
 
     ``P_T[i, :] = e_i^T R_T ... R_1`` (`jaxroll.rollout_row`, vmapped over the
-    K start rows, O(K T H N) for an ALiBi model); a `KernelRolloutModel`
-    takes the rows of its dense rollout matrix (O(T N^3): moderate N).
+    K start rows: O(K T H N) for an ALiBi model, the kernel type's own
+    products for a `KernelRolloutModel`); `P_T` is never formed.
     """
-    from .rollout import rollout_matrix, rollout_row
+    from .rollout import rollout_row
 
     n = model.sequence_length if n is None else int(n)
     positions = query_positions(n, queries)
-    if isinstance(model, KernelRolloutModel):
-        rows = np.asarray(rollout_matrix(model, n))[positions]
-    else:
-        starts = jnp.eye(n, dtype=jnp.result_type(float))[positions]
-        rows = np.asarray(jax.vmap(lambda start: rollout_row(model, start))(starts))
-    rows = rows.astype(np.float64)
+    starts = jnp.eye(n, dtype=jnp.result_type(float))[positions]
+    rows = np.asarray(jax.vmap(lambda start: rollout_row(model, start))(starts)).astype(np.float64)
     return rows / rows.sum(axis=-1, keepdims=True)
 
 

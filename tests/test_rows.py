@@ -53,6 +53,22 @@ def test_predicted_rows_equal_the_dense_numpy_rollout(x64):
     assert np.all(rows[0, positions[0] + 1:] == 0)
 
 
+def test_predicted_rows_of_a_kernel_model_equal_its_dense_rollout_matrix():
+    import jax
+
+    from jaxroll.kernel_types import PowerKernel
+    from jaxroll.rollout import rollout_matrix
+
+    with jax.enable_x64(True):
+        model = jaxroll.KernelRolloutModel.create(
+            kernel=PowerKernel.create(num_layers=3, num_heads=2, slopes=[[0.4, 0.1]], exponents=[[0.8, 1.3]]),
+            lambdas=[0.9, 0.5, 0.7], sequence_length=20)
+        rows = predicted_rows(model, 4)
+        # The oracle: the dense product of (n, n) kernels, then its rows (rollout_row never forms P_T).
+        expected = np.asarray(rollout_matrix(model))[query_positions(20, 4)]
+    np.testing.assert_allclose(rows, expected / expected.sum(axis=1, keepdims=True), rtol=0, atol=1e-12)
+
+
 def test_normalised_rows_weigh_sequences_by_gradient_mass():
     rows = np.array([[[1.0, 3.0]], [[3.0, 1.0]], [[0.0, 4.0]]])  # (S=3, K=1, N=2)
     np.testing.assert_allclose(normalised_rows(rows), [[4 / 12, 8 / 12]])

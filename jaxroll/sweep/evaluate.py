@@ -30,19 +30,6 @@ def _point_model(base, leaves: dict, n: int):
                               sequence_length=n)
 
 
-def _row(model, row):
-    """``row^T R_T ... R_1`` for either model type (`rollout_row` for a `RolloutModel`)."""
-    if isinstance(model, RolloutModel):
-        return rollout_row(model, row)
-
-    def apply_layer(vector, layer):
-        weight, kernel = layer
-        return (1.0 - weight) * vector + weight * kernel.row_times_kernel(vector), None
-
-    result, _ = jax.lax.scan(apply_layer, row, (model.lambdas, model.kernel), reverse=True)
-    return result
-
-
 def _one_hot_rows(starts, size: int, dtype):
     return jax.nn.one_hot(jnp.asarray(starts), size, dtype=dtype)
 
@@ -69,7 +56,7 @@ def _vmapped_kernel_profiles(base, leaves: dict, groups, n_max: int, sharding):
 
         def one_point(point, rows=rows):
             model = _point_model(base, point, size)
-            return jax.lax.map(lambda row: _row(model, row), rows)
+            return jax.lax.map(lambda row: rollout_row(model, row), rows)
 
         parts.append(jax.vmap(one_point)(leaves))
     profiles = _assemble(parts, groups, n_max)
@@ -108,7 +95,7 @@ def _krylov(layer: RolloutModel, groups, n_max: int, depth: int):
 
     def powers(row):
         def step(vector, _):
-            following = _row(layer, vector)
+            following = rollout_row(layer, vector)
             return following, following
 
         _, later = jax.lax.scan(step, row, None, length=depth)
