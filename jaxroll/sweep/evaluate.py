@@ -136,22 +136,14 @@ def _combine(lambdas, rows, sharding):
 
 
 def polynomial_coefficients(lambdas) -> np.ndarray:
-    """``c[s, k]``, the coefficients of ``prod_t ((1 - lambda_t) + lambda_t x)``, float64.
+    """``c[s, k]``, the coefficients of ``prod_t ((1 - lambda_t) + lambda_t x)``, float64 NumPy.
 
     ``(S, T) -> (S, T+1)``; every ``c`` is non-negative and each row sums to
     1. With one kernel A in every layer, ``e^T R_T ... R_1 = sum_k c_k e^T A^k``.
-    The host NumPy formula; a sweep computes the same under `jit` on the device
-    (`device_coefficients`).
+    The same scan as `device_coefficients`, in float64 whatever the JAX default.
     """
-    lambdas = np.asarray(lambdas, np.float64)
-    count, depth = lambdas.shape
-    coefficients = np.zeros((count, depth + 1))
-    coefficients[:, 0] = 1.0
-    for t in range(depth):  # O(S T^2), exact float64
-        weight = lambdas[:, t : t + 1]
-        shifted = np.concatenate([np.zeros((count, 1)), coefficients[:, :-1]], axis=1)
-        coefficients = (1.0 - weight) * coefficients + weight * shifted
-    return coefficients
+    with jax.enable_x64(True):
+        return np.asarray(device_coefficients(np.asarray(lambdas, np.float64)), dtype=np.float64)
 
 
 def _global(host: np.ndarray, sharding: NamedSharding):
