@@ -124,22 +124,31 @@ def cost_table(length, samples):
     return rows
 
 
+def rss(field: str) -> int:
+    """Bytes of a ``/proc/self/status`` field (``VmRSS:`` now, ``VmHWM:`` the peak since the last reset)."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak_rss() -> None:
+    """Reset ``VmHWM`` to the current resident set (Linux ``/proc/self/clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
 MEMORY_CHILD = r"""
 import json, os, sys, numpy as np, torch
 sys.path.insert(0, {bench!r})
-from measure import tiny
+from measure import reset_peak_rss, rss, tiny
 from jaxroll.measure import measure
 torch.set_num_threads(1)
 layers, checkpointing, length = {layers}, {checkpointing}, {length}
 model = tiny("bloom", layers=layers)
 ids = np.random.default_rng(0).integers(0, 256, (1, length))
 measure(model, ids[:, :8], stats=("influence",))  # import and allocator warm-up
-def rss(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-with open("/proc/self/clear_refs", "w") as handle:
-    handle.write("5")  # reset the peak RSS
+reset_peak_rss()
 before = rss("VmRSS:")
 measure(model, ids, stats=("influence",), checkpointing=checkpointing)
 peak = rss("VmHWM:") - before
@@ -260,7 +269,7 @@ def targets_table(length, samples, repeats):
 PEAK_CHILD = r"""
 import json, sys, numpy as np, torch
 sys.path.insert(0, {bench!r})
-from measure import tiny, bare_batches
+from measure import bare_batches, reset_peak_rss, rss, tiny
 from jaxroll.measure import measure
 from jaxroll.measure.loading import attention_implementation
 torch.set_num_threads(1)
@@ -270,12 +279,7 @@ model = tiny(family, implementation=attention_implementation(tiny(family).config
 ids = np.random.default_rng(0).integers(0, 256, (1, length))
 measure(model, ids[:, :8], stats=stats, batch_size=1)  # import and allocator warm-up
 bare_batches(model, [ids[:, :8]])
-def rss(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-with open("/proc/self/clear_refs", "w") as handle:
-    handle.write("5")  # reset the peak RSS
+reset_peak_rss()
 before = rss("VmRSS:")
 if what == "bare":
     bare_batches(model, [ids])
