@@ -18,13 +18,11 @@ from .statistics import shape_statistics
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
-def _batched_model(base: RolloutModel, leaves: dict, n: int) -> RolloutModel:
-    """A RolloutModel whose arrays carry a leading batch axis (vmap over it)."""
-    return RolloutModel(**leaves, mask=base.mask, window=base.window, sequence_length=n)
-
-
 def _point_model(base, leaves: dict, n: int):
-    """One point of a kernel-model sweep: `base` (replicated) with the point's `leaves` put in."""
+    """One point of a sweep: a `RolloutModel` from the point's arrays (every array is a leaf), or
+    a kernel model's `base` (replicated) with the point's `leaves` put in."""
+    if isinstance(base, RolloutModel):
+        return RolloutModel(**leaves, mask=base.mask, window=base.window, sequence_length=n)
     fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name != "lambdas"}
     return KernelRolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
                               sequence_length=n)
@@ -48,38 +46,24 @@ def _assemble(parts, groups, n_max: int):
 
 
 @functools.partial(jax.jit, static_argnames=("groups", "n_max", "sharding"))
-def _vmapped_kernel_profiles(base, leaves: dict, groups, n_max: int, sharding):
-    """`_vmapped_profiles` of a `KernelRolloutModel` sweep: `leaves` batched, `base` shared."""
+def _vmapped_profiles(base, leaves: dict, groups, n_max: int, sharding):
+    """``(S, L, n_max)``: every point's profile at every length, normalised, zero-padded.
+
+    `leaves` carry the points' arrays on a leading batch axis, `base` is the
+    shared (replicated) model (`_point_model`). `groups` is `_groups`' static
+    ``((size, starts, positions), ...)``: length ``starts[l] + 1`` is the
+    rollout from ``e_{starts[l]}`` at ``size``.
+    """
     parts = []
     for size, starts, _ in groups:
         rows = _one_hot_rows(starts, size, leaves["lambdas"].dtype)
 
         def one_point(point, rows=rows):
             model = _point_model(base, point, size)
-            return jax.lax.map(lambda row: rollout_row(model, row), rows)
-
-        parts.append(jax.vmap(one_point)(leaves))
-    profiles = _assemble(parts, groups, n_max)
-    profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
-    return jax.lax.with_sharding_constraint(profiles, sharding)
-
-
-@functools.partial(jax.jit, static_argnames=("groups", "n_max", "sharding"))
-def _vmapped_profiles(batched: RolloutModel, groups, n_max: int, sharding):
-    """``(S, L, n_max)``: every point's profile at every length, normalised, zero-padded.
-
-    `groups` is `_groups`' static ``((size, starts, positions), ...)``: length
-    ``starts[l] + 1`` is the rollout from ``e_{starts[l]}`` at ``size``.
-    """
-    parts = []
-    for size, starts, _ in groups:
-        rows = _one_hot_rows(starts, size, batched.lambdas.dtype)
-
-        def one_point(model, rows=rows):
             # One start row at a time: a vmap over long rows falls out of cache.
             return jax.lax.map(lambda row: rollout_row(model, row), rows)
 
-        parts.append(jax.vmap(one_point)(batched))
+        parts.append(jax.vmap(one_point)(leaves))
     profiles = _assemble(parts, groups, n_max)
     profiles = profiles / jnp.sum(profiles, axis=-1, keepdims=True)
     return jax.lax.with_sharding_constraint(profiles, sharding)
@@ -173,7 +157,7 @@ class _Evaluator:
         if plan.method == "krylov":
             with _mesh_context(plan.mesh):
                 self.rows = self._krylov_rows()
-        elif isinstance(plan.base, KernelRolloutModel):
+        else:
             self.base = jax.tree.map(lambda x: _global(np.asarray(x, self.dtype), self.replicated), plan.base)
 
     def _krylov_rows(self):
@@ -199,11 +183,7 @@ class _Evaluator:
             lambdas = _global(leaves["lambdas"].astype(self.dtype), self.batch)
             return _combine(lambdas, self.rows, self.batch), leaves["lambdas"]
         batched = {field: _global(value.astype(self.dtype), self.batch) for field, value in leaves.items()}
-        if isinstance(plan.base, KernelRolloutModel):
-            return (_vmapped_kernel_profiles(self.base, batched, self.groups, self.n_max, self.batch),
-                    leaves["lambdas"])
-        return (_vmapped_profiles(_batched_model(plan.base, batched, self.n_max), self.groups, self.n_max,
-                                  self.batch), leaves["lambdas"])
+        return _vmapped_profiles(self.base, batched, self.groups, self.n_max, self.batch), leaves["lambdas"]
 
     def host_chunk(self, k: int) -> tuple:
         """Chunk k on the host: profiles ``(batch_size, L, N_max)``, their sharding, the statistics
