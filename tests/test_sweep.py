@@ -136,6 +136,9 @@ def test_power_decay_grid_with_lengths_matches_oracle_and_is_zero_beyond_each_le
                 assert np.all(result.profiles[i, j, k, n:] == 0)
     rows = result.table
     assert list(rows["length"][:3]) == lengths and rows["lambda_0"][0] == 0.3 and rows["beta"][3] == 2.0
+    # total_mixing is lambda_0 sum_t (t + 1)^-beta per beta value, not a sum of formed schedules: the oracle sums them.
+    mixing = [power_decay(a, b, 6).sum() for a in (0.3, 0.8) for b in (0.5, 2.0, 1.0) for _ in lengths]
+    np.testing.assert_allclose(rows["total_mixing"], mixing, rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("build, mask, window", [

@@ -203,7 +203,7 @@ def sweep(
         del stream
         flat = np.load(stream_to, mmap_mode="r") if jax.process_index() == 0 else None
     else:
-        flat = np.concatenate(pieces)
+        flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)  # one chunk: no second copy
     profiles = None
     if flat is not None:
         profiles = flat if lengths is not None else flat[:, 0, :]

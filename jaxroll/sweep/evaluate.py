@@ -111,6 +111,13 @@ device_coefficients = jax.jit(_coefficients)
 """`polynomial_coefficients` under `jit`, on the device where `lambdas` live (the dtype of `lambdas`)."""
 
 
+@functools.partial(jax.jit, static_argnames=("depth",))
+def _power_decay(lambda_0, beta, depth: int):
+    """``lambda_t = lambda_0 / (t + 1)^beta`` for t = 0..depth-1, ``(S,) x (S,) -> (S, depth)`` (as
+    `jaxroll.schedules.power_decay`), traced, in the dtype of `lambda_0`."""
+    return lambda_0[:, None] / (jnp.arange(depth, dtype=lambda_0.dtype) + 1.0) ** beta[:, None]
+
+
 @functools.partial(jax.jit, static_argnames=("sharding",))
 def _combine(lambdas, rows, sharding):
     """``(S, L, n)``: ``sum_k c[s, k] rows[l, k]``, normalised: one matmul per chunk, c computed here."""
@@ -176,28 +183,32 @@ class _Evaluator:
         return np.minimum(np.arange(k * size, (k + 1) * size), self.plan.count - 1)
 
     def chunk(self, k: int):
-        """Profiles of chunk k, ``(batch_size, L, N_max)``, a sharded array, and the chunk's lambdas ``(S, T)``."""
+        """Profiles of chunk k, ``(batch_size, L, N_max)``, a sharded array."""
         plan = self.plan
-        leaves = plan.chunk_leaves(self.take(k))
+        take = self.take(k)
+        if plan.method == "krylov" and plan.power_decay_grid:
+            # The schedules are formed on the device: on the host they cost more than the whole chunk's
+            # matmul (an S x T power in float64).
+            decay = [_global(plan.columns[name][take].astype(self.dtype), self.batch) for name in ("lambda_0", "beta")]
+            return _combine(_power_decay(*decay, depth=plan.base.num_layers), self.rows, self.batch)
+        leaves = plan.chunk_leaves(take)
         if plan.method == "krylov":
-            lambdas = _global(leaves["lambdas"].astype(self.dtype), self.batch)
-            return _combine(lambdas, self.rows, self.batch), leaves["lambdas"]
+            return _combine(_global(leaves["lambdas"].astype(self.dtype), self.batch), self.rows, self.batch)
         batched = {field: _global(value.astype(self.dtype), self.batch) for field, value in leaves.items()}
-        return _vmapped_profiles(self.base, batched, self.groups, self.n_max, self.batch), leaves["lambdas"]
+        return _vmapped_profiles(self.base, batched, self.groups, self.n_max, self.batch)
 
     def host_chunk(self, k: int) -> tuple:
         """Chunk k on the host: profiles ``(batch_size, L, N_max)``, their sharding, the statistics
         ``(batch_size, L)`` (computed on the device before the gather) and ``sum_t lambda_t``."""
         with _mesh_context(self.plan.mesh):
-            profiles, lambdas = self.chunk(k)
+            profiles = self.chunk(k)
             values = shape_statistics(profiles, self.plan.lengths, self.fraction)
             statistics = {name: _gather(value) for name, value in values.items()}
-        return _gather(profiles), profiles.sharding, statistics, lambdas.sum(axis=1)
+        return _gather(profiles), profiles.sharding, statistics, self.plan.total_mixing(self.take(k))
 
     def loaded_chunk(self, k: int, profiles: np.ndarray) -> tuple:
         """`host_chunk` of a chunk read back from a checkpoint."""
-        return (profiles, self.batch, self.statistics(profiles),
-                self.plan.chunk_leaves(self.take(k))["lambdas"].sum(axis=1))
+        return profiles, self.batch, self.statistics(profiles), self.plan.total_mixing(self.take(k))
 
     def statistics(self, profiles) -> dict[str, np.ndarray]:
         """The shape statistics of a chunk's profiles (device or host array), ``(batch_size, L)`` each, on the host."""

@@ -147,6 +147,22 @@ class _Plan(NamedTuple):
     mesh: Mesh
     count: int                      # S, the points
 
+    @property
+    def power_decay_grid(self) -> bool:
+        """Whether the points' schedules are ``lambda_0 / (t + 1)^beta`` from lambda_0 and beta axes."""
+        return "lambda_0" in self.columns and "lambda_0_index" in self.columns
+
+    def total_mixing(self, take: np.ndarray) -> np.ndarray:
+        """``sum_t lambda_t`` of the points `take`, float64 ``(len(take),)``, without forming their schedules
+        on a power-decay grid: ``lambda_0 sum_t (t + 1)^-beta``, the sum per beta value computed once."""
+        if not self.power_decay_grid:
+            return self.chunk_leaves(take)["lambdas"].sum(axis=1)
+        index = self.columns["beta_index"]
+        betas = np.zeros(int(index.max()) + 1)
+        betas[index] = self.columns["beta"]
+        harmonic = (1.0 / np.arange(1.0, self.base.num_layers + 1.0)[None, :] ** betas[:, None]).sum(axis=1)
+        return self.columns["lambda_0"][take] * harmonic[index[take]]
+
     def chunk_leaves(self, take: np.ndarray) -> dict[str, np.ndarray]:
         """The batched model arrays of the points `take`, float64 ``(len(take), ...)``.
 
@@ -157,7 +173,7 @@ class _Plan(NamedTuple):
         leaves = {field: np.broadcast_to(value, (size,) + np.shape(value)) for field, value in self.base_leaves.items()}
         for leaf, values, index in self.picks:
             leaves[leaf] = values[index[take]]
-        if "lambda_0" in self.columns and "lambda_0_index" in self.columns:
+        if self.power_decay_grid:
             # The same float64 formula as schedules.power_decay; in [0, 1] (lambda_0 <= 1, beta >= 0, checked).
             layers = np.arange(self.base.num_layers, dtype=np.float64)
             lambda_0, beta = self.columns["lambda_0"][take, None], self.columns["beta"][take, None]
