@@ -166,7 +166,8 @@ def grad_rows(sizes, budget: Budget) -> list[dict]:
         elapsed = time.perf_counter() - start
         rows.append({**row, "seconds": grad_s, "compile_seconds": first - grad_s, "ratio": grad_s / forward_s,
                      "note": f"forward {forward_s * 1e3:.3g} ms"})
-        estimate = elapsed * 16  # the next size: 16x the positions
+        # The next size: 16x the positions, three warm calls, and a compilation like this one.
+        estimate = 3 * 16 * grad_s + 2 * (first - grad_s)
     return rows
 
 
