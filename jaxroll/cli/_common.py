@@ -169,3 +169,42 @@ def require_alibi_model(model, command: str) -> None:
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))
+
+
+def check_figure_path(path, overwrite: bool, flag: str = "--plot") -> None:
+    """Refuse, before anything is computed, a figure `path` that exists (without --overwrite) or has no folder."""
+    if path is None:
+        return
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{flag} {path}: exists; pass --overwrite to replace it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: no folder {path.parent}; allowed: a file in an existing folder")
+
+
+def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
+    """``influence_per_sequence (S, N)`` of ``DIR/measurement.npz`` (the ``--out`` of ``jaxroll measure``).
+
+    Checked, one line naming `flag` on failure: the file and the array
+    exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
+    and N = `size`, the length of the profile read from `profile_path`.
+    """
+    import numpy as np
+
+    from ..measure.uncertainty import check_rows
+
+    path = directory / "measurement.npz"
+    if not path.is_file():
+        raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
+    with np.load(path, allow_pickle=False) as data:
+        if "influence_per_sequence" not in data.files:
+            raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
+                              "allowed: a measurement with --stats ...,influence by this version")
+        rows = data["influence_per_sequence"]
+    try:
+        rows = check_rows(rows)
+    except ValueError as error:
+        raise ConfigError(f"{flag} {directory}: influence_per_sequence {str(error).partition(': ')[2]}") from None
+    if rows.shape[1] != size:
+        raise ConfigError(f"{flag} {directory}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
+                          f"the length of {profile_path}")
+    return rows
