@@ -56,7 +56,8 @@ def cases(files, out):
     p, broken, spec, missing = files["profile"], files["broken"], files["spec"], files["missing"]
     return {
         "rollout": [["rollout", "--preset", "nope", "--out", out], ["rollout", broken, "--out", out],
-                    ["rollout", "--preset", "mpt-7b", "--length", 0, "--out", out]],
+                    ["rollout", "--preset", "mpt-7b", "--length", 0, "--out", out],
+                    ["rollout", "--preset", "mpt-7b", "--device", "npu", "--out", out]],
         "presets": [["presets", "--bogus"]],
         "compare": [["compare", p, missing], ["compare", p, broken],
                     ["compare", p, p, "--plot", out.parent / "f.png"],

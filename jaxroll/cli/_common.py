@@ -208,3 +208,63 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
         raise ConfigError(f"{flag} {directory}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
                           f"the length of {profile_path}")
     return rows
+
+
+DEVICES = ("auto", "cpu", "gpu", "tpu")
+"""The choices of ``--device``: JAX's default backend, or a platform by name."""
+
+
+def add_device_argument(parser) -> None:
+    """``--device {auto,cpu,gpu,tpu}`` (default auto: JAX's default backend)."""
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where to compute (default auto: JAX's default backend, an accelerator when there "
+                             "is one). At small N the CPU is faster than a GPU (BLOOM-176B at N = 256: about "
+                             "1 ms against about 2 ms warm, docs/performance.md): --device cpu, which from the "
+                             "command line never starts the accelerator")
+
+
+def device_context(name: str, *, command_line: bool):
+    """The context to compute in for ``--device NAME``; a platform not present is a one-line ConfigError.
+
+    ``auto``: nothing changes. ``cpu`` from the command line (`command_line`,
+    a fresh process whose JAX backends are not yet started): JAX is limited
+    to the CPU (``jax_platforms = "cpu"``), so no accelerator is started and
+    none of its memory taken. Otherwise (a caller's ``main([...])`` leaves
+    JAX's settings alone; an accelerator): ``jax.default_device`` of the
+    platform's first device, under which arrays are placed and programs
+    compiled and run (`jaxroll.cache` keys its executables by that device).
+    """
+    import contextlib
+
+    import jax
+
+    if name == "auto":
+        return contextlib.nullcontext()
+    if name == "cpu" and command_line and not _backends_started():
+        jax.config.update("jax_platforms", "cpu")
+        return contextlib.nullcontext()
+    try:
+        device = jax.devices(name)[0]
+    except RuntimeError:
+        present = [platform for platform in DEVICES[1:] if _present(platform)]
+        raise ConfigError(f"--device {name}: no {name} device here (platforms present: {', '.join(present)}); "
+                          f"allowed: auto, {', '.join(present)}") from None
+    return jax.default_device(device)
+
+
+def _present(platform: str) -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
+def _backends_started() -> bool:
+    """Whether JAX has started its backends (then ``jax_platforms`` no longer applies); True when unknown."""
+    try:
+        from jax._src.xla_bridge import backends_are_initialized  # no public name in jax 0.10
+    except ImportError:
+        return True
+    return backends_are_initialized()
