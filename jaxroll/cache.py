@@ -126,13 +126,24 @@ def _source_hash() -> str:
     return digest.hexdigest()
 
 
+def _device():
+    """The device a program compiled now runs on: ``jax_default_device`` (``jax.default_device``) when set,
+    else the default backend's first device."""
+    import jax
+
+    chosen = jax.config.jax_default_device
+    if chosen is None:
+        return jax.devices()[0]
+    return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
+
+
 def _key(name: str, arguments, static) -> str:
     import jax
     import jaxlib
 
-    device = jax.devices()[0]
+    device = _device()
     parts = [name, repr(static), _source_hash(), jax.__version__, jaxlib.__version__, device.platform,
-             getattr(device, "device_kind", ""), str(len(jax.devices())), str(jax.config.jax_enable_x64),
+             getattr(device, "device_kind", ""), str(len(device.client.devices())), str(jax.config.jax_enable_x64),
              os.environ.get("XLA_FLAGS", ""), *(str(jax.typeof(a)) for a in arguments)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
 
@@ -182,7 +193,7 @@ def compiled(name: str, function, arguments, static=()):
         blob = path.read_bytes()  # 4 bytes: the number of outputs; then the executable
         out_tree = jax.tree_util.tree_structure((0,) * int(blob[:4]))
         in_tree = jax.tree_util.tree_structure((tuple(arguments), {}))
-        loaded = serialize_executable.deserialize_and_load(blob[4:], in_tree, out_tree)
+        loaded = serialize_executable.deserialize_and_load(blob[4:], in_tree, out_tree, backend=_device().client)
         os.utime(path)  # recently used
     except Exception:  # absent, or unreadable (another version, a truncated file): compile it
         return compile_and_keep()

@@ -116,14 +116,15 @@ def _regions(axes, n: int) -> None:
                      label=f"middle, j = {k}..{n - k - 1} (middle_mass)")
 
 
-def _profile_panel(axes, profile, *, label: str, color: str = "C0") -> None:
-    """A profile on linear axes, its minimum marked and its edges and middle shaded (`_regions`)."""
+def _profile_panel(axes, profile, *, label: str, color: str = "C0", minimum_of: str = "") -> None:
+    """A profile on linear axes, its minimum marked (labelled as of `minimum_of` when given) and its edges
+    and middle shaded (`_regions`)."""
     positions = np.arange(profile.size)
     _regions(axes, profile.size)
     axes.plot(positions, profile, color=color, label=label)
     lowest = int(np.argmin(profile))
     axes.plot([lowest], [profile[lowest]], "o", color="k",
-              label=f"minimum at j = {lowest} ({profile[lowest]:.3g})")
+              label=f"minimum{' of ' + minimum_of if minimum_of else ''} at j = {lowest} ({profile[lowest]:.3g})")
     axes.set_xlim(-0.5, profile.size - 0.5)
     axes.set_ylim(bottom=0.0)
     axes.set_xlabel(POSITION_LABEL)
@@ -442,25 +443,42 @@ def plot_measured_influence(path, influence, *, title: str = "", band=None, leve
     return _save(figure, path)
 
 
-def _band(axes, band, level: float) -> None:
+def _band(axes, band, level: float, *, color: str = "C0", label: str = "") -> None:
     if band is not None:
         low, high = np.asarray(band, dtype=np.float64)
-        axes.fill_between(np.arange(low.size), low, high, color="C0", alpha=0.25, linewidth=0,
-                          label=f"{100 * level:g}% pointwise bootstrap band over sequences")
+        axes.fill_between(np.arange(low.size), low, high, color=color, alpha=0.25, linewidth=0,
+                          label=label or f"{100 * level:g}% pointwise bootstrap band over sequences")
+
+
+def plot_two_profiles(path, first, second, *, labels: tuple[str, str], bands=(None, None),
+                      band_labels: tuple[str, str] = ("", ""), level: float = 0.95, title: str = "") -> Path:
+    """Two profiles on one linear axis (first blue, second red), each over its pointwise band where given.
+
+    `bands`: per profile ``None`` or ``(2, N)`` lower and upper ends
+    (`jaxroll.measure.uncertainty.profile_band`: the ``(1 -+ level) / 2``
+    quantiles of each position's bootstrap means), drawn shaded in the
+    profile's colour. The first profile is drawn as `plot_profile` draws
+    one (edges and middle shaded, its minimum marked). `jaxroll compare
+    --plot` and, through `plot_prediction_against_measurement`,
+    `jaxroll score --plot`.
+    """
+    first = np.asarray(first, dtype=np.float64)
+    figure, ((axes,),) = _figure(8, 4.4, top=0.45)
+    for band, color, band_label in zip(bands, ("C0", "C3"), band_labels):
+        _band(axes, band, level, color=color, label=band_label)
+    _profile_panel(axes, first, label=labels[0], minimum_of="the blue curve")
+    axes.plot(np.arange(first.size), np.asarray(second, dtype=np.float64), color="C3", label=labels[1])
+    axes.set_ylabel("normalised influence (sums to 1)")
+    axes.set_title(title, fontsize=9, y=1.0)
+    axes.legend(fontsize=8)
+    return _save(figure, path)
 
 
 def plot_prediction_against_measurement(path, measured, predicted, *, band=None, level: float = 0.95,
                                         title: str = "") -> Path:
     """A predicted profile over the measured one and its pointwise band (`jaxroll score --plot`)."""
-    measured = np.asarray(measured, dtype=np.float64)
-    figure, ((axes,),) = _figure(8, 4.4, top=0.45)
-    _band(axes, band, level)
-    _profile_panel(axes, measured, label="measured gradient influence (mean over sequences)")
-    axes.plot(np.arange(measured.size), np.asarray(predicted, dtype=np.float64), color="C3", label="prediction")
-    axes.set_ylabel("normalised influence (sums to 1)")
-    axes.set_title(title, fontsize=9, y=1.0)
-    axes.legend(fontsize=8)
-    return _save(figure, path)
+    return plot_two_profiles(path, measured, predicted, bands=(band, None), level=level, title=title,
+                             labels=("measured gradient influence (mean over sequences)", "prediction"))
 
 
 def _numeric(ticks) -> bool:

@@ -185,6 +185,31 @@ def test_a_kept_executable_that_fails_to_run_is_compiled_again(executables, monk
     np.testing.assert_array_equal(result, np.cumsum(x))  # integers in float64: exact
 
 
+
+def test_kept_executables_follow_the_default_device(executables):
+    """Under ``jax.default_device`` (``jaxroll rollout --device``) the key and the loaded program are that device's."""
+    import jax
+    import jax.numpy as jnp
+
+    cpu = jax.devices("cpu")[0]
+    x = np.arange(6.0)
+    traced = []
+
+    def function(v):
+        traced.append(1)
+        return (jnp.cumsum(v),)
+
+    for chosen in (cpu, "cpu"):
+        with jax.default_device(chosen):
+            assert cache._device() == cpu
+            (first,) = cache.compiled("h", function, (x,))(x)
+            cache._loaded.clear()
+            (second,) = cache.compiled("h", function, (x,))(x)  # from the file, onto the CPU's client
+        for result in (first, second):
+            np.testing.assert_array_equal(result, np.cumsum(x))  # integers in float64: exact
+            assert result.devices() == {cpu}
+    assert len(traced) == 1  # one key for the device and for its platform's name
+
 def test_clear_removes_kept_executables(monkeypatch, tmp_path):
     monkeypatch.delenv(cache.ENV_OFF, raising=False)
     kept = tmp_path / "compilation" / "executables"

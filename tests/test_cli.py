@@ -143,3 +143,51 @@ def test_existing_output_is_not_overwritten_without_force(tmp_path, capsys):
     forced = run_here(capsys, "rollout", "--preset", "mpt-7b", "--length", 16, "--out", out, "--force")
     assert forced.returncode == 0 and (out / "mine.txt").read_text() == "keep me"
     assert (out / "profile.csv").exists()
+
+
+def _present(platform):
+    import jax
+
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
+def test_rollout_device_cpu_gives_the_same_profile(tmp_path, capsys):
+    path = REFERENCE_CONFIGS / "rollout/alibi/mean_content/fineweb-edu/mpt-7b.yaml"
+    profiles = {}
+    for device in ("auto", "cpu"):
+        out = tmp_path / device
+        result = run_here(capsys, "rollout", path, "--length", 64, "--float64", "--no-figure", "--device", device,
+                          "--out", out)
+        assert result.returncode == 0, result.stderr
+        profiles[device] = jaxroll.read_profile(out / "profile.csv")
+    expected = oracle.influence(oracle.config_arrays(oracle.read_config(path)), 64)
+    np.testing.assert_allclose(profiles["cpu"], expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(profiles["cpu"], profiles["auto"], rtol=0, atol=1e-12)
+    # From the command line --device cpu limits JAX to the CPU: no accelerator is started.
+    code = ("import sys, json, jax; from jaxroll.cli import main; "
+            f"sys.argv = ['jaxroll', 'rollout', {str(path)!r}, '--length', '64', '--float64', '--no-figure', "
+            f"'--device', 'cpu', '--out', {str(tmp_path / 'command')!r}]; status = main(); "
+            "print(json.dumps([status, jax.config.jax_platforms, sorted({d.platform for d in jax.devices()})]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == '[0, "cpu", ["cpu"]]'
+    np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "command/profile.csv"), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_rollout_device_not_present_exits_2_and_creates_nothing(platform, tmp_path, capsys):
+    if _present(platform):
+        pytest.skip(f"a {platform} is present here")
+    result = run_here(capsys, "rollout", "--preset", "mpt-7b", "--length", 16, "--device", platform,
+                      "--out", tmp_path / "new" / "out")
+    assert result.returncode == 2
+    present = ", ".join(p for p in ("cpu", "gpu", "tpu") if _present(p))
+    assert result.stderr == (f"jaxroll: error: --device {platform}: no {platform} device here (platforms present: "
+                             f"{present}); allowed: auto, {present}\n")
+    assert not (tmp_path / "new").exists()
+    bad = run_here(capsys, "rollout", "--device", "npu", "--out", tmp_path / "new" / "out")
+    assert bad.returncode == 2 and "--device: invalid choice: 'npu'" in bad.stderr
+    assert not (tmp_path / "new").exists()

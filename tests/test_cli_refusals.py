@@ -56,9 +56,12 @@ def cases(files, out):
     p, broken, spec, missing = files["profile"], files["broken"], files["spec"], files["missing"]
     return {
         "rollout": [["rollout", "--preset", "nope", "--out", out], ["rollout", broken, "--out", out],
-                    ["rollout", "--preset", "mpt-7b", "--length", 0, "--out", out]],
+                    ["rollout", "--preset", "mpt-7b", "--length", 0, "--out", out],
+                    ["rollout", "--preset", "mpt-7b", "--device", "npu", "--out", out]],
         "presets": [["presets", "--bogus"]],
-        "compare": [["compare", p, missing], ["compare", p, broken]],
+        "compare": [["compare", p, missing], ["compare", p, broken],
+                    ["compare", p, p, "--plot", out.parent / "f.png"],
+                    ["compare", p, p, "--plot", p.parent / "f.png", "--measured-a", missing]],
         "forces": [["forces", "--preset", "mpt-7b", "--length", -3, "--out", out], ["forces", broken, "--out", out]],
         "fit": [["fit", "--preset", "mpt-7b", missing, "--out", out],
                 ["fit", "--preset", "mpt-7b", p, "--steps", 0, "--out", out],

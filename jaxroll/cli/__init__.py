@@ -46,6 +46,7 @@ def main(argv=None) -> int:
         sys.modules["jaxroll.io"].CREATED.clear()
     try:
         arguments = parser.parse_args(argv)
+        arguments.command_line = argv is None  # a fresh process: a command may set JAX's platforms
         if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
             from .. import cache as compilation_cache
 

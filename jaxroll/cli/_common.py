@@ -169,3 +169,102 @@ def require_alibi_model(model, command: str) -> None:
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))
+
+
+def check_figure_path(path, overwrite: bool, flag: str = "--plot") -> None:
+    """Refuse, before anything is computed, a figure `path` that exists (without --overwrite) or has no folder."""
+    if path is None:
+        return
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{flag} {path}: exists; pass --overwrite to replace it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: no folder {path.parent}; allowed: a file in an existing folder")
+
+
+def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
+    """``influence_per_sequence (S, N)`` of ``DIR/measurement.npz`` (the ``--out`` of ``jaxroll measure``).
+
+    Checked, one line naming `flag` on failure: the file and the array
+    exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
+    and N = `size`, the length of the profile read from `profile_path`.
+    """
+    import numpy as np
+
+    from ..measure.uncertainty import check_rows
+
+    path = directory / "measurement.npz"
+    if not path.is_file():
+        raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
+    with np.load(path, allow_pickle=False) as data:
+        if "influence_per_sequence" not in data.files:
+            raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
+                              "allowed: a measurement with --stats ...,influence by this version")
+        rows = data["influence_per_sequence"]
+    try:
+        rows = check_rows(rows)
+    except ValueError as error:
+        raise ConfigError(f"{flag} {directory}: influence_per_sequence {str(error).partition(': ')[2]}") from None
+    if rows.shape[1] != size:
+        raise ConfigError(f"{flag} {directory}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
+                          f"the length of {profile_path}")
+    return rows
+
+
+DEVICES = ("auto", "cpu", "gpu", "tpu")
+"""The choices of ``--device``: JAX's default backend, or a platform by name."""
+
+
+def add_device_argument(parser) -> None:
+    """``--device {auto,cpu,gpu,tpu}`` (default auto: JAX's default backend)."""
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where to compute (default auto: JAX's default backend, an accelerator when there "
+                             "is one). At small N the CPU is faster than a GPU (BLOOM-176B at N = 256: about "
+                             "1 ms against about 2 ms warm, docs/performance.md): --device cpu, which from the "
+                             "command line never starts the accelerator")
+
+
+def device_context(name: str, *, command_line: bool):
+    """The context to compute in for ``--device NAME``; a platform not present is a one-line ConfigError.
+
+    ``auto``: nothing changes. ``cpu`` from the command line (`command_line`,
+    a fresh process whose JAX backends are not yet started): JAX is limited
+    to the CPU (``jax_platforms = "cpu"``), so no accelerator is started and
+    none of its memory taken. Otherwise (a caller's ``main([...])`` leaves
+    JAX's settings alone; an accelerator): ``jax.default_device`` of the
+    platform's first device, under which arrays are placed and programs
+    compiled and run (`jaxroll.cache` keys its executables by that device).
+    """
+    import contextlib
+
+    import jax
+
+    if name == "auto":
+        return contextlib.nullcontext()
+    if name == "cpu" and command_line and not _backends_started():
+        jax.config.update("jax_platforms", "cpu")
+        return contextlib.nullcontext()
+    try:
+        device = jax.devices(name)[0]
+    except RuntimeError:
+        present = [platform for platform in DEVICES[1:] if _present(platform)]
+        raise ConfigError(f"--device {name}: no {name} device here (platforms present: {', '.join(present)}); "
+                          f"allowed: auto, {', '.join(present)}") from None
+    return jax.default_device(device)
+
+
+def _present(platform: str) -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
+def _backends_started() -> bool:
+    """Whether JAX has started its backends (then ``jax_platforms`` no longer applies); True when unknown."""
+    try:
+        from jax._src.xla_bridge import backends_are_initialized  # no public name in jax 0.10
+    except ImportError:
+        return True
+    return backends_are_initialized()

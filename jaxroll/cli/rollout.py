@@ -14,7 +14,8 @@ def add_parser(commands) -> None:
         "rollout", help="influence profile of a configuration or preset",
         description="Compute the influence profile p_T(j) = P_T[N-1, j] of a rollout "
                     "configuration (or a built-in preset) and write profile.csv, "
-                    "profile.png and config.yaml into --out.")
+                    "profile.png and config.yaml into --out. At small N (hundreds of positions) the CPU "
+                    "is the faster device: --device cpu.")
     _common.add_model_arguments(rollout)
     rollout.add_argument("more_configs", nargs="*", type=Path, metavar="CONFIG ...",
                          help="more rollout YAML files, run in one process (compiled programs shared): "
@@ -24,6 +25,7 @@ def add_parser(commands) -> None:
                          help="skip profile.png (drawing it takes most of a small run's time)")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
+    _common.add_device_argument(rollout)
     rollout.set_defaults(run=_run_rollout)
 
     listing = commands.add_parser("presets", help="list the presets and the published configurations",
@@ -44,12 +46,14 @@ def _run_rollout(arguments) -> None:
     from .. import io
     from ..bucket import influence_with_mass  # pads small models to shared compiled shapes
 
-    runs = _batch(arguments) if arguments.more_configs else [
-        (*_common.model_from_arguments(arguments), arguments.out)]
-    io.prepare_output_dir(arguments.out, force=arguments.force)
-    for model, source, out in runs:
-        out.mkdir(parents=True, exist_ok=True)
-        _write_rollout(model, source, out, arguments, influence_with_mass, io)
+    device = _common.device_context(arguments.device, command_line=getattr(arguments, "command_line", False))
+    with device:
+        runs = _batch(arguments) if arguments.more_configs else [
+            (*_common.model_from_arguments(arguments), arguments.out)]
+        io.prepare_output_dir(arguments.out, force=arguments.force)
+        for model, source, out in runs:
+            out.mkdir(parents=True, exist_ok=True)
+            _write_rollout(model, source, out, arguments, influence_with_mass, io)
 
 
 def _import_in_background(module: str) -> None:

@@ -21,6 +21,18 @@ def add_parser(commands) -> None:
                          help="rescale profiles that do not sum to 1 (default: reject them)")
     compare.add_argument("--fraction", type=float, default=0.1,
                          help="edge fraction for edge mass and U-index (default 0.1)")
+    compare.add_argument("--plot", type=Path, metavar="FIGURE.png",
+                         help="draw both profiles on one axis, W1 first in the title")
+    compare.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
+    for name, flag in (("A", "--measured-a"), ("B", "--measured-b")):
+        compare.add_argument(flag, type=Path, metavar="DIR",
+                             help=f"with --plot: {name}.csv is the influence.csv of the measurement in DIR "
+                                  "(the --out of jaxroll measure, with influence_per_sequence); draw its "
+                                  "pointwise 95%% bootstrap band over the sequences")
+    compare.add_argument("--resamples", type=_common.positive_int, default=1000,
+                         help="bootstrap resamples B of a band (default 1000)")
+    compare.add_argument("--seed", type=_common.non_negative_int, default=0,
+                         help="random seed of a band (default 0)")
     compare.set_defaults(run=_run_compare)
 
     forces = commands.add_parser(
@@ -41,6 +53,12 @@ def _run_compare(arguments) -> None:
 
     if not 0 < arguments.fraction < 0.5:
         raise ConfigError(f"--fraction: got {arguments.fraction}; allowed: 0 < fraction < 0.5")
+    for flag, value in (("--measured-a", arguments.measured_a), ("--measured-b", arguments.measured_b)):
+        if value is not None and arguments.plot is None:
+            raise ConfigError(f"{flag} {value}: draws a band in the figure only; pass --plot FIGURE.png")
+    if arguments.resamples < 2:
+        raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
+    _common.check_figure_path(arguments.plot, arguments.overwrite)
     p = io.read_profile(arguments.first)
     q = io.read_profile(arguments.second)
     try:
@@ -49,6 +67,8 @@ def _run_compare(arguments) -> None:
         field, _, rest = str(error).partition(":")
         name = {"p": arguments.first, "q": arguments.second}.get(field, field)
         raise ConfigError(f"{name}:{rest}") from None
+    p, q = p / p.sum(), q / q.sum()  # as metrics.compare read them
+    figure = None if arguments.plot is None else _figure_arguments(arguments, p, q, result)  # refusals first
     k = metrics.edge_count(p.size, arguments.fraction)
     print(f"jaxroll compare: A = {arguments.first}, B = {arguments.second}, N = {p.size}")
     constant = [name for name, x in (("A", p), ("B", q)) if np.all(x == x[0])]
@@ -74,6 +94,59 @@ def _run_compare(arguments) -> None:
         elif field == "center_of_mass" and p.size == 1:
             note = "(one position: defined as 0)"
         print(f"  {field:22} {_cell(a, 6, 14)} {_cell(b, 6, 14)} {note}".rstrip())
+    if figure is not None:
+        from ..plot import plot_two_profiles
+
+        plot_two_profiles(arguments.plot, p, q, **figure)
+        print(f"  wrote {arguments.plot}")
+
+
+BAND_LEVEL = 0.95
+"""Coverage of the pointwise bootstrap bands `jaxroll compare --plot` draws."""
+
+
+def _figure_arguments(arguments, p, q, result) -> dict:
+    """``--plot``'s labels, bands and title for `plot_two_profiles`: A and B (normalised), each over its
+    pointwise band where --measured-a / --measured-b is given.
+
+    A band is `jaxroll.measure.uncertainty.profile_band` of the rows
+    ``g_s (S, N)`` of the measurement: the 2.5 % and 97.5 % quantiles of each
+    position over `--resamples` bootstrap means ``m* = sum_s c_s g_s / sum_{s, j}
+    c_s g_s[j]`` (c ~ Multinomial(S, 1/S), seeded by --seed). The CSV must be
+    that measurement's mean profile ``m = sum_s g_s / sum_{s, j} g_s[j]`` (max
+    |difference| <= 1e-6 max m): a band drawn around another curve would
+    claim a spread it does not have.
+    """
+    import numpy as np
+
+    from ..measure.uncertainty import profile_band
+
+    labels, bands, band_labels = [], [], []
+    for name, path, flag, directory, profile in (
+            ("A", arguments.first, "--measured-a", arguments.measured_a, p),
+            ("B", arguments.second, "--measured-b", arguments.measured_b, q)):
+        if directory is None:
+            labels.append(f"{name}: {path}")
+            bands.append(None)
+            band_labels.append("")
+            continue
+        rows = _common.measured_rows(directory, flag, profile.size, path)
+        mean = rows.sum(axis=0) / rows.sum()
+        gap = float(np.max(np.abs(mean - profile)))
+        if gap > 1e-6 * float(mean.max()):
+            raise ConfigError(f"{flag} {directory}: its mean profile differs from {path} by up to {gap:.3g}; "
+                              "allowed: the influence.csv of that measurement")
+        bands.append(profile_band(rows, level=BAND_LEVEL, resamples=arguments.resamples, seed=arguments.seed))
+        sequences = rows.shape[0]
+        labels.append(f"{name}: {path}, measured mean of {sequences} sequences")
+        band_labels.append(f"{name}: pointwise {100 * BAND_LEVEL:g}% bootstrap band ({arguments.resamples} "
+                           f"resamples of the {sequences} sequences, seed {arguments.seed})")
+    constant = any(np.all(x == x[0]) for x in (p, q))
+    spearman = "undefined" if constant else f"{float(result.spearman):.3g}"
+    title = (f"W1/(N-1) = {float(result.wasserstein):.3g}, KL(A || B) = {float(result.kl):.3g}, "
+             f"Spearman = {spearman}, N = {p.size}\nA (blue) = {arguments.first}, B (red) = {arguments.second}")
+    return {"labels": tuple(labels), "bands": tuple(bands), "band_labels": tuple(band_labels),
+            "level": BAND_LEVEL, "title": title}
 
 
 def _cell(value, digits: int, width: int = 0) -> str:

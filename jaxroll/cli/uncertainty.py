@@ -36,24 +36,6 @@ def add_parser(commands) -> None:
     score.set_defaults(run=_run_score)
 
 
-def _read_rows(directory: Path, size: int, predicted_path: Path):
-    import numpy as np
-
-    path = directory / "measurement.npz"
-    if not path.is_file():
-        raise ConfigError(f"--measured {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
-    with np.load(path, allow_pickle=False) as data:
-        if "influence_per_sequence" not in data.files:
-            raise ConfigError(f"--measured {directory}: no influence_per_sequence in measurement.npz; "
-                              "allowed: a measurement with --stats ...,influence by this version")
-        rows = data["influence_per_sequence"]
-    if rows.shape[0] < 2:
-        raise ConfigError(f"--measured {directory}: {rows.shape[0]} sequence; allowed: at least 2")
-    if rows.shape[1] != size:
-        raise ConfigError(f"{predicted_path}: N = {size}; allowed: N = {rows.shape[1]} as the measurement")
-    return rows
-
-
 def _run_score(arguments) -> None:
     from .. import io
     from ..measure.uncertainty import profile_band, score
@@ -62,12 +44,11 @@ def _run_score(arguments) -> None:
         raise ConfigError(f"--level: got {arguments.level}; allowed: 0 < level < 1")
     if arguments.resamples < 2:
         raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
-    if arguments.plot is not None and arguments.plot.exists() and not arguments.overwrite:
-        raise ConfigError(f"--plot {arguments.plot}: exists; pass --overwrite to replace it")
+    _common.check_figure_path(arguments.plot, arguments.overwrite)
     predicted = io.read_profile(arguments.predicted)
     if abs(predicted.sum() - 1.0) > 1e-6:
         raise ConfigError(f"{arguments.predicted}: probabilities sum to {predicted.sum():.9g}; allowed: 1")
-    rows = _read_rows(arguments.measured, predicted.size, arguments.predicted)
+    rows = _common.measured_rows(arguments.measured, "--measured", predicted.size, arguments.predicted)
     result = score(predicted, rows, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
     if arguments.plot is not None:
         from ..plot import plot_prediction_against_measurement

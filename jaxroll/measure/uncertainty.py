@@ -60,7 +60,8 @@ import math
 import numpy as np
 
 __all__ = ["Score", "score", "profile_from_rows", "resample_profiles", "profile_band", "effective_sequences",
-           "bootstrap_interval", "bias_corrected", "wasserstein", "spearman", "kl", "JSON_FIELDS", "RANGES"]
+           "check_rows", "bootstrap_interval", "bias_corrected", "wasserstein", "spearman", "kl", "JSON_FIELDS",
+           "RANGES"]
 
 RANGES = {"w1": (0.0, 1.0), "spearman": (-1.0, 1.0), "kl": (0.0, np.inf)}
 """The range each metric's bias-corrected estimate and interval are clipped to."""
@@ -144,7 +145,7 @@ def profile_band(measured_per_sequence, *, level: float = 0.95, resamples: int =
     mean at about `level`. The mean of a position is near linear in the
     rows, so the percentile band has no bias to correct.
     """
-    rows = _check(measured_per_sequence)
+    rows = check_rows(measured_per_sequence)
     profiles = resample_profiles(rows, resamples, np.random.default_rng(seed))
     return np.quantile(profiles, [(1 - level) / 2, (1 + level) / 2], axis=0)
 
@@ -230,12 +231,18 @@ def bias_corrected(estimate: float, draws, bounds=(-np.inf, np.inf)) -> float:
     return float(np.clip(2 * estimate - draws.mean(), *bounds))
 
 
-def _check(rows):
+def check_rows(rows):
+    """`rows` as float64 ``(S, N)``, or a ValueError.
+
+    Allowed: S >= 2, every value finite and >= 0, and at least 2 rows with
+    gradient mass ``w_s = sum_j g_s[j] > 0``.
+    """
     rows = np.asarray(rows, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[0] < 2 or rows.shape[1] < 1:
         raise ValueError(f"measured_per_sequence: shape {rows.shape}; allowed: (S, N) with S >= 2")
     if not np.all(np.isfinite(rows)) or np.any(rows < 0):
-        raise ValueError("measured_per_sequence: allowed: finite, non-negative values (every row measured)")
+        raise ValueError("measured_per_sequence: a value is not finite or is negative; "
+                         "allowed: finite, non-negative values (every row measured)")
     if np.count_nonzero(rows.sum(axis=1) > 0) < 2:
         raise ValueError("measured_per_sequence: fewer than 2 rows with gradient mass; allowed: at least 2")
     return rows
@@ -260,7 +267,7 @@ def score(predicted, measured_per_sequence, *, B: int = 1000, seed: int = 0, lev
     Raises:
         ValueError: shapes that do not match, negative or non-finite values.
     """
-    rows = _check(measured_per_sequence)
+    rows = check_rows(measured_per_sequence)
     predicted = np.asarray(predicted, dtype=np.float64)
     if predicted.shape != rows.shape[1:]:
         raise ValueError(f"predicted: shape {predicted.shape}; allowed: ({rows.shape[1]},) like the measurement")
