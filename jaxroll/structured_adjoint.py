@@ -110,6 +110,12 @@ _causal_product_autodiff.defvjp(_causal_product_forward, _autodiff_backward)
 #   Dbar_h[i] = w_h v_i g_i,  sbar_h[i] = w_h v_i F_{h,i}            (then the tables' closed forms)
 #   abar_h += w_h sum_i v_i s_h[i] dF_{h,i}/da_h,   dF/da = -sum_{j<i} g_j (i-1-j) r^{i-1-j}
 #
+# Rows below P (`_exact_adjoint`) go in blocks of B = 16: F and dF/da inside a
+# block are one (blocks, B) @ (B, 2 B H) matmul for every head, the sums
+# entering each block (E_b, dE_b/da) come first from a recurrence over blocks,
+# the row counts g_n and h_n = -dg/da from per-block and per-offset values (no
+# transcendental per row), and each row's terms are folded into three
+# (rows, H) arrays z0, z1, z2 (`_exact_rows`) reduced by vector-matrix products.
 # Rows beyond the prefix P have s = kappa_h and D = D_inf,h, so their sums
 # collapse to per-head bilinear forms sum_{i>=P} v_i F_{h,i} (blocked: one
 # (B, B) lag matrix for every head, block sums, a recurrence over blocks),
@@ -121,33 +127,6 @@ _causal_product_autodiff.defvjp(_causal_product_forward, _autodiff_backward)
 def _forward_inclusive(x, log_decay):
     """``I_b = sum_{b' <= b} x_{b'} r^{b - b'}`` along the last axis (heads first), by reversal."""
     return reverse_discounted_cumsum(x[..., ::-1], log_decay, _CARRY_BLOCK)[..., ::-1]
-
-
-def _head_forward_sums(g, a, block: int):
-    """``F[i, h] = sum_{j<i} g_j r_h^{i-1-j}`` (shape ``(P, H)``) and ``F_P[h] = sum_{j<P} g_j r_h^{P-1-j}``.
-
-    Blocks of B positions (zeros padded in front, which change nothing):
-    inside a block one ``(P/B, B) @ (B, B H)`` matmul with every head's
-    strictly lower Toeplitz matrix, plus ``r^l C_b`` with ``C_b`` the sum
-    carried into block b (a recurrence over blocks with decay ``r^B``).
-    """
-    length = g.shape[-1]
-    heads = a.shape[0]
-    a = jnp.minimum(a, _MAX_LOG_DECAY)
-    size = min(length, block)
-    count = -(-length // size)
-    pad = count * size - length
-    blocks = jnp.pad(g, (pad, 0)).reshape(count, size)
-    offsets = jnp.arange(size)
-    lag = offsets[None, :] - 1 - offsets[:, None]  # [k, l] = l - 1 - k
-    toeplitz = jnp.where((lag >= 0)[..., None], jnp.exp(-a * jnp.maximum(lag, 0)[..., None].astype(g.dtype)), 0.0)
-    local = (blocks @ toeplitz.reshape(size, size * heads)).reshape(count, size, heads)
-    powers = _powers(a, offsets.astype(g.dtype))  # (H, B): r^d
-    sums = blocks @ powers[:, ::-1].T  # (count, H): sum_k g[b, k] r^{B-1-k}
-    inclusive = _forward_inclusive(sums.T, a * size)  # (H, count): C_{b+1}
-    carry = jnp.concatenate([jnp.zeros((1, heads), g.dtype), inclusive.T[:-1]])
-    table = local + carry[:, None, :] * powers.T[None]
-    return table.reshape(count * size, heads)[pad:], inclusive[:, -1]
 
 
 def _pull_tables(d_diagonal, d_share, diagonal, share, counts, moments):
@@ -166,72 +145,135 @@ def _limit_counts(a):
 
 
 ADJOINT_ROWS = 1024
-"""Rows per step of the adjoint's rows with exact normalisers: its transient memory is O(ADJOINT_ROWS * H).
-(Steps of 256 to 2048 rows and one step of all 8192 measured alike on the 2-core CPU, within its noise.)"""
+"""Rows per step of the adjoint's rows with exact normalisers (whole blocks of `_PREFIX_BLOCK`):
+transient memory O(ADJOINT_ROWS * H) a step, besides the per-block sums O(P H / B). (Steps of
+256 to 2048 rows measured alike on the 2-core CPU; one step of all 8192 rows, a scan that XLA
+inlines, 5x slower, so there are two steps at least.)"""
 
 
-def _exact_rows(v, g, a, c, weights, positions, entering, d_entering, block: int):
-    """The adjoint terms of the rows at `positions` (consecutive) with exact normalisers.
+def _block_carries(g_blocks, a, length: int):
+    """``E_b = F_{bB}`` at every block start (shape ``(count, H)``) and ``F_length`` (shape ``(H,)``).
 
-    ``entering`` is ``F`` at the first of them (``sum_{j<start} g_j r^{start-1-j}``)
-    and ``d_entering`` its derivative in ``a``. Returns ``(vbar, abar, cbar,
-    wbar)`` of these rows and ``(F, dF/da)`` at the row after them.
+    ``F_i = sum_{j<i} g_j r^{i-1-j}`` (`g_blocks` is g in blocks of B, zeros
+    after `length`): the block sums ``S_b = sum_k g[b, k] r^{B-1-k}`` and the
+    recurrence ``E_{b+1} = r^B E_b + S_b`` over blocks, ``E_0 = 0``.
     """
-    length = v.shape[-1]
-    ones = jnp.ones_like(a)
-    counts, slope = jax.jvp(lambda x: _geometric_rows(x, length, positions), (a,), (ones,))
-    diagonal, share, _, _ = _tables(a, c, counts, positions == 0)
+    count, size = g_blocks.shape
+    dtype = g_blocks.dtype
+    a = jnp.minimum(a, _MAX_LOG_DECAY)
+    sums = g_blocks @ _powers(a, jnp.arange(size - 1, -1, -1, dtype=dtype)).T  # (count, H)
+    inclusive = _forward_inclusive(sums.T, a * size)  # (H, count): E_1 .. E_count
+    starts = jnp.concatenate([jnp.zeros_like(inclusive[:, :1]), inclusive], axis=1)  # E_0 .. E_count
+    block, offset = divmod(length, size)
+    end = starts[:, block]
+    if offset:  # F_length = r^l E_b + sum_{k<l} g[b, k] r^{l-1-k}
+        tail = g_blocks[block, :offset] @ _powers(a, jnp.arange(offset - 1, -1, -1, dtype=dtype)).T
+        end = jnp.exp(-a * offset) * end + tail
+    return starts[:, :count].T, end
 
-    def sums(x, before):
-        table, carried = _head_forward_sums(g, x, block)
-        # Sums from rows before `start` enter row start + l as r^l F_start.
-        offsets = jnp.arange(length, dtype=g.dtype)
-        return table + _powers(jnp.minimum(x, _MAX_LOG_DECAY), offsets).T * before, \
-            carried + jnp.exp(-jnp.minimum(x, _MAX_LOG_DECAY) * length) * before
 
-    (forward, carried), (d_forward, d_carried) = jax.jvp(sums, (a, entering), (ones, d_entering))
-    # Materialised once: else XLA recomputes the tables inside every product below.
-    diagonal, share, counts, slope, forward, d_forward = jax.lax.optimization_barrier(
-        (diagonal, share, counts, slope, forward, d_forward))
-    vg = v * g
-    # Sums over rows as vector-matrix products, (rows,) @ (rows, H).
-    ds = diagonal * share
-    fs = forward * share
-    v_bar = g * (diagonal @ weights) + fs @ weights
-    w_bar = vg @ diagonal + v @ fs
-    c_bar = weights * (vg @ (ds * counts) - v @ (fs * diagonal))
-    a_bar = weights * (vg @ (ds * (counts - slope)) + v @ (fs * (share * -slope - diagonal) + share * d_forward))
-    return (v_bar, a_bar, c_bar, w_bar), (carried, d_carried)
+def _exact_rows(v, g, entering, d_entering, counts_start, d_counts_start, first, local):
+    """The adjoint sums of one step of ``count`` blocks of B consecutive rows with exact normalisers.
+
+    Per block b: ``v``, ``g`` (count, B), g the cotangent; ``entering`` =
+    ``E_b``, F at the block's first row, and ``d_entering = dE_b/da``
+    (count, H); ``counts_start`` = ``G_P`` and ``d_counts_start = dG_P/da`` at
+    its first position P (count, H), ``G_n = sum_{k<n} r^k`` the row count of
+    the tables; ``first``: whether its row 0 reads only itself (position 0,
+    or a zero block padded in front). `local` holds what every block shares
+    (see `_exact_adjoint`). At row ``n = P + l``: ``G_n = G_l + r^l G_P`` and
+    ``h_n = h_l + r^l (h_P + l G_P)`` (``h = -dG/da``; non-negative terms, no
+    transcendental per row), ``F = F_local + r^l E_b`` and
+    ``dF/da = dF_local/da + r^l (dE_b/da - l E_b)``. Returns the sums over
+    these rows of ``v z0``, ``v z1``, ``v z2`` (each (H,)) and ``vbar`` (count B,)::
+
+        z0 = g D + s F                                 (wbar = sum v z0, vbar = z0 @ w)
+        z1 = D (g s G - s F)                           (cbar = w sum v z1)
+        z2 = g D s (G + h) + s F (s h - D) + s dF/da   (abar = w sum v z2)
+    """
+    toeplitz, powers, g_local, d_local, p, q, weights = local
+    count, size = g.shape
+    heads = powers.shape[-1]
+    offsets = jnp.arange(size, dtype=g.dtype)[None, :, None]
+    # Inside blocks: [F_local, dF_local/da] = g @ [r^{l-1-k}, -(l-1-k) r^{l-1-k}] (k < l), every head at once.
+    within = (g @ toeplitz).reshape(count, 2, size, heads)
+    powers = powers[None]  # r^l
+    counts = g_local[None] + powers * counts_start[:, None]
+    moments = -d_local[None] + powers * (offsets * counts_start[:, None] - d_counts_start[:, None])
+    alone = (first[:, None] & (offsets[..., 0] == 0))[..., None]
+    # A row that reads only itself: p may underflow to 0 there, so it is set apart.
+    inverse = jnp.where(alone, 1.0, 1.0 / jnp.where(alone, 1.0, p + q * counts))
+    diagonal = jnp.where(alone, 1.0, p * inverse)
+    share = jnp.where(alone, 0.0, q * inverse)
+    forward = within[:, 0] + powers * entering[:, None]
+    d_forward = within[:, 1] + powers * (d_entering[:, None] - offsets * entering[:, None])
+    g = g[..., None]
+    shared = share * forward
+    z0 = (g * diagonal + shared).reshape(-1, heads)
+    z1 = (diagonal * (g * share * counts - shared)).reshape(-1, heads)
+    z2 = (g * diagonal * share * (counts + moments) + shared * (share * moments - diagonal)
+          + share * d_forward).reshape(-1, heads)
+    # Three vector-matrix products: one of the stacked (rows, 3H) measured slower (the concatenation).
+    v = v.reshape(-1)
+    return (v @ z0, v @ z1, v @ z2), z0 @ weights
 
 
 def _exact_adjoint(v, g, a, c, weights, block: int, rows: int | None = None):
     """The adjoint over rows ``0..P-1`` with exact normalisers (P = len(v)), `rows` rows a step.
 
-    Returns ``(vbar, abar, cbar, wbar)`` of these rows and ``(F_P, dF_P/da)``,
-    the forward sums carried past row P. Zeros padded in front (``v = g = 0``)
-    add nothing.
+    Rows in blocks of B = `block` (zeros padded after row P), a
+    `jax.lax.scan` over steps of ceil(`rows` / B) blocks (`_exact_rows`;
+    zero blocks padded in front, which add nothing). Every block's entering
+    sums ``E_b``, its ``G_P`` and their slope derivatives come first
+    (`_block_carries`, `_geometric_rows`; O(P H / B) memory), so no step
+    waits for the one before. Returns ``(vbar, abar, cbar, wbar)`` of these rows and
+    ``(F_P, dF_P/da)``, the forward sums carried past row P.
     """
     length = v.shape[-1]
-    rows = ADJOINT_ROWS if rows is None else rows
+    heads = a.shape[0]
+    dtype = g.dtype
+    ones = jnp.ones_like(a)
+    size = min(length, block)
+    count = -(-length // size)
+    per_step = max(1, min(-(-(ADJOINT_ROWS if rows is None else rows) // size),
+                          # two steps at least: XLA inlines a scan of one step and then fuses the
+                          # per-block tables into every (rows, H) product (measured 2.5x slower)
+                          -(-count // 2)))
+    steps = -(-count // per_step)
+    front = steps * per_step - count
+    v_blocks, g_blocks = (jnp.pad(x, (0, count * size - length)).reshape(count, size) for x in (v, g))
+    (entering, carried), (d_entering, d_carried) = jax.jvp(
+        lambda x: _block_carries(g_blocks, x, length), (a,), (ones,))
+    starts = size * jnp.arange(count)
+    counts_start, d_counts_start = jax.jvp(lambda x: _geometric_rows(x, count, starts), (a,), (ones,))
+
+    def steps_of(x, fill=0):
+        padded = jnp.pad(x, ((front, 0),) + ((0, 0),) * (x.ndim - 1), constant_values=fill)
+        return padded.reshape((steps, per_step) + x.shape[1:])
+
+    # Shared by every block: the lag matrices of all heads, r^l, g_l and dg_l/da, p and q.
+    clamped = jnp.minimum(a, _MAX_LOG_DECAY)
+    offsets = jnp.arange(size)
+    lag = offsets[None, :] - 1 - offsets[:, None]  # [k, l] = l - 1 - k
+    lags = jnp.maximum(lag, 0).astype(dtype)[..., None]
+    decay = jnp.where((lag >= 0)[..., None], jnp.exp(-clamped * lags), 0.0)  # (B, B, H)
+    toeplitz = jnp.stack([decay, -lags * decay], axis=1).reshape(size, 2 * size * heads)
+    g_local, d_local = jax.jvp(lambda x: _geometric_rows(x, size), (a,), (ones,))
+    top = jnp.maximum(c, -a)
+    local = (toeplitz, _powers(clamped, offsets.astype(dtype)).T, g_local, d_local,
+             jnp.exp(c - top), jnp.exp(-a - top), weights)
+
+    def step(total, inputs):
+        sums, v_bar = _exact_rows(*inputs, local)
+        return tuple(x + y for x, y in zip(total, sums)), v_bar
+
     zero = jnp.zeros_like(a)
-    if length <= rows:
-        return _exact_rows(v, g, a, c, weights, jnp.arange(length), zero, zero, block)
-    steps = -(-length // rows)
-    pad = steps * rows - length
-    v_steps, g_steps = (jnp.pad(x, (pad, 0)).reshape(steps, rows) for x in (v, g))
-
-    def step(carry, inputs):
-        entering, d_entering, a_sum, c_sum, w_sum = carry
-        index, v_rows, g_rows = inputs
-        # Padded rows sit at negative positions: read as row 0 (their v = g = 0 add nothing).
-        positions = jnp.maximum(index * rows - pad + jnp.arange(rows), 0)
-        (v_bar, a_bar, c_bar, w_bar), (carried, d_carried) = _exact_rows(
-            v_rows, g_rows, a, c, weights, positions, entering, d_entering, block)
-        return (carried, d_carried, a_sum + a_bar, c_sum + c_bar, w_sum + w_bar), v_bar
-
-    (carried, d_carried, a_bar, c_bar, w_bar), v_bar = jax.lax.scan(
-        step, (zero, zero, zero, zero, zero), (jnp.arange(steps), v_steps, g_steps))
-    return (v_bar.reshape(-1)[pad:], a_bar, c_bar, w_bar), (carried, d_carried)
+    # Blocks padded in front have v = g = E = 0 and read their row 0 as position 0.
+    inputs = tuple(steps_of(x) for x in (v_blocks, g_blocks, entering, d_entering, counts_start, d_counts_start))
+    (w_bar, c_bar, a_bar), v_bar = jax.lax.scan(
+        step, (zero, zero, zero), inputs + (steps_of(starts == 0, True),))
+    v_bar = v_bar.reshape(-1)[front * size:front * size + length]
+    return (v_bar, weights * a_bar, weights * c_bar, w_bar), (carried, d_carried)
 
 
 def _stationary_bilinear(v, g, a, carried, block: int):

@@ -41,6 +41,8 @@ def _losses(g, n, heads, transient, head_chunk):
 # (n, slopes, content, temperature, transient, head_chunk, rows)
 CASES = {
     "exact, row steps, content +-1000, tau 0.1": (60, [1e3, 50.0, 0.2], [1000.0, -1000.0, 0.0], 0.1, 1000, 16, 16),
+    "exact, zero blocks in front of the row steps, content +-1000": (100, [1e3, 50.0, 0.2], [1000.0, -1000.0, 0.0],
+                                                                     0.1, 1000, 16, 48),
     "split, prefix in row steps": (150, [2.0, 3.0, 9.0], [5.0, -1000.0, 20.0], 0.5, 40, 16, 16),
     "fallback (slopes 0 and 1e-3), padded head chunks, row steps": (120, [0.0, 1e-3, 2.5], [0.5, -1.0, 3.0], 1.3, 40, 2, 32),
 }
@@ -55,7 +57,8 @@ def test_adjoint_matches_autodiff_of_the_dense_kernel(case, monkeypatch):
     bounded by the content over tau (<= 1e4). The cases: exact normalisers
     (N <= P), the stationary split (N > P), its fallback to head chunks when
     a weighted slope is too small (zero-padded chunks of 2), each with the
-    adjoint's exact rows in steps (`ADJOINT_ROWS`)."""
+    adjoint's exact rows in steps (`ADJOINT_ROWS`); 100 rows in steps of 48
+    put two zero blocks of 16 in front of row 0 (with p = 0 there)."""
     n, slopes, content, temperature, transient, head_chunk, rows = CASES[case]
     monkeypatch.setattr(structured_adjoint, "ADJOINT_ROWS", rows)
     heads = len(slopes)
