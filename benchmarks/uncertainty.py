@@ -24,8 +24,8 @@ percentile intervals' coverage of the same truths (and for W1 the raw
 studentised interval's, ``w1_studentised``: neither clipped nor set to 0
 where the test keeps H0), the mean and median W1 / noise, the relative
 error of the raw and bias-corrected KL, and the spread of the estimated
-noise (its sd / mean). Binomial standard errors of a rate r over R
-replicates: ``sqrt(r (1 - r) / R)``.
+noise and of W1's standard error (sd / mean over replicates). Binomial
+standard errors of a rate r over R replicates: ``sqrt(r (1 - r) / R)``.
 
 Writes uncertainty_calibration.csv.
 """
@@ -89,6 +89,7 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
             result = score(p, rows, B=resamples, seed=replicate)
             truths = {"w1": float(wasserstein(p, mu)), "kl": float(kl(mu, p)), "spearman": float(spearman(p, mu))}
             record = {"rejected": result.p_value <= 0.05, "ratio": result.ratio, "noise": result.noise,
+                      "w1_se": result.w1_standard_error,
                       "n_eff": result.n_eff, "kl_error": result.kl - truths["kl"],
                       "kl_bc_error": result.kl_bias_corrected - truths["kl"], "kl_truth": truths["kl"]}
             for name, truth in truths.items():
@@ -114,13 +115,14 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
                           kl_bias=mean["kl_error"] / kl_truth if k else mean["kl_error"],
                           kl_bc_bias=mean["kl_bc_error"] / kl_truth if k else mean["kl_bc_error"],
                           noise_spread=float(np.std([r["noise"] for r in rows]) / np.mean([r["noise"] for r in rows])),
+                          w1_se_spread=float(np.std([r["w1_se"] for r in rows]) / np.mean([r["w1_se"] for r in rows])),
                           noise_true=noise_true, n_eff=mean["n_eff"]))
     return table
 
 
 COLUMNS = ("error", "reject", "ratio", "ratio_median", "w1_hull", "w1_basic", "w1_percentile", "w1_studentised",
            "kl_hull", "kl_basic", "kl_percentile", "spearman_hull", "spearman_basic", "spearman_percentile", "kl_bias",
-           "kl_bc_bias", "noise_spread", "noise_true", "n_eff")
+           "kl_bc_bias", "noise_spread", "w1_se_spread", "noise_true", "n_eff")
 
 
 def main(argv=None) -> int:
