@@ -1,6 +1,6 @@
 """Calibration and power of `jaxroll.measure.uncertainty.score`, by simulation with known truths.
 
-    python benchmarks/uncertainty.py [--quick] [--out DIR]
+    python benchmarks/uncertainty.py [--quick] [--replicates R] [--seed SEED] [--out DIR]
 
 The truth: a profile mu (N,) (U-shaped with a recency tilt). A measurement:
 S per-sequence rows ``g_s = w_s r_s``, each sequence's own profile
@@ -19,10 +19,13 @@ Per replicate (a fresh measurement) and k: `score` with B resamples, and
 the table gives the share of replicates with ``p_value <= 0.05`` (the
 false-positive rate at k = 0, the power otherwise), the coverage of the
 95 % W1, KL and Spearman intervals `score` reports (``*_hull``; truths
-W1(p_k, mu), KL(mu || p_k), rho(p_k, mu)) beside the basic and percentile
-intervals' coverage of the same truths, the mean and median W1 / noise, the relative error of the raw and bias-corrected KL, and the
-spread of the estimated noise (its sd / mean). Binomial standard errors
-of a rate r over R replicates: ``sqrt(r (1 - r) / R)``.
+W1(p_k, mu), KL(mu || p_k), rho(p_k, mu)) beside the raw basic and
+percentile intervals' coverage of the same truths (and for W1 the raw
+studentised interval's, ``w1_studentised``: neither clipped nor set to 0
+where the test keeps H0), the mean and median W1 / noise, the relative
+error of the raw and bias-corrected KL, and the spread of the estimated
+noise and of W1's standard error (sd / mean over replicates). Binomial
+standard errors of a rate r over R replicates: ``sqrt(r (1 - r) / R)``.
 
 Writes uncertainty_calibration.csv.
 """
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxroll.measure.uncertainty import kl, profile_from_rows, score, spearman, wasserstein
+from jaxroll.measure.uncertainty import kl, profile_from_rows, score, spearman, studentised_interval, wasserstein
 
 
 def truth_profile(n: int) -> np.ndarray:
@@ -86,6 +89,7 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
             result = score(p, rows, B=resamples, seed=replicate)
             truths = {"w1": float(wasserstein(p, mu)), "kl": float(kl(mu, p)), "spearman": float(spearman(p, mu))}
             record = {"rejected": result.p_value <= 0.05, "ratio": result.ratio, "noise": result.noise,
+                      "w1_se": result.w1_standard_error,
                       "n_eff": result.n_eff, "kl_error": result.kl - truths["kl"],
                       "kl_bc_error": result.kl_bias_corrected - truths["kl"], "kl_truth": truths["kl"]}
             for name, truth in truths.items():
@@ -95,6 +99,9 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
                 estimate = getattr(result, name)
                 record[f"{name}_basic"] = 2 * estimate - q_high <= truth <= 2 * estimate - q_low
                 record[f"{name}_percentile"] = q_low <= truth <= q_high
+            low, high = studentised_interval(result.w1, result.bootstrap["w1"], result.w1_standard_error,
+                                             result.bootstrap["w1_standard_error"], 0.95)
+            record["w1_studentised"] = low <= truths["w1"] <= high
             records[k].append(record)
     table = []
     for k, rows in records.items():
@@ -104,16 +111,18 @@ def calibration(n: int, sequences: int, resamples: int, replicates: int, errors=
                           ratio_median=float(np.median([r["ratio"] for r in rows])),
                           **{f"{name}_{kind}": mean[f"{name}_{kind}"] for name in ("w1", "kl", "spearman")
                              for kind in ("hull", "basic", "percentile")},
+                          w1_studentised=mean["w1_studentised"],
                           kl_bias=mean["kl_error"] / kl_truth if k else mean["kl_error"],
                           kl_bc_bias=mean["kl_bc_error"] / kl_truth if k else mean["kl_bc_error"],
                           noise_spread=float(np.std([r["noise"] for r in rows]) / np.mean([r["noise"] for r in rows])),
+                          w1_se_spread=float(np.std([r["w1_se"] for r in rows]) / np.mean([r["w1_se"] for r in rows])),
                           noise_true=noise_true, n_eff=mean["n_eff"]))
     return table
 
 
-COLUMNS = ("error", "reject", "ratio", "ratio_median", "w1_hull", "w1_basic", "w1_percentile", "kl_hull", "kl_basic",
-           "kl_percentile", "spearman_hull", "spearman_basic", "spearman_percentile", "kl_bias", "kl_bc_bias", "noise_spread",
-           "noise_true", "n_eff")
+COLUMNS = ("error", "reject", "ratio", "ratio_median", "w1_hull", "w1_basic", "w1_percentile", "w1_studentised",
+           "kl_hull", "kl_basic", "kl_percentile", "spearman_hull", "spearman_basic", "spearman_percentile", "kl_bias",
+           "kl_bc_bias", "noise_spread", "w1_se_spread", "noise_true", "n_eff")
 
 
 def main(argv=None) -> int:
@@ -121,14 +130,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="N = 64, S = 48, B = 300, 200 replicates")
     parser.add_argument("--replicates", type=int, default=500,
                         help="replicates per error of the full run (default 500)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the simulated measurements (default 0); score's own seed is the replicate")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for uncertainty_calibration.csv")
     arguments = parser.parse_args(argv)
     full = (256, 96, 1000, arguments.replicates)
     n, sequences, resamples, replicates = (64, 48, 300, 200) if arguments.quick else full
     start = time.perf_counter()
-    table = calibration(n, sequences, resamples, replicates)
+    table = calibration(n, sequences, resamples, replicates, seed=arguments.seed)
     seconds = time.perf_counter() - start
-    print(f"# score calibration: N = {n}, S = {sequences}, B = {resamples}, {replicates} replicates per error "
+    print(f"# score calibration: N = {n}, S = {sequences}, B = {resamples}, {replicates} replicates per error, "
+          f"seed {arguments.seed} "
           f"({seconds:.0f} s); error in units of the noise of the mean; reject: p <= 0.05; "
           "kl_bias: mean (estimate - truth) / truth (absolute at error 0)")
     print(" | ".join(COLUMNS))
