@@ -304,27 +304,27 @@ def _stationary_sums(v, g, a, coefficients, carried, d_carried, block: int):
     offsets = jnp.arange(size)
     exponents = offsets.astype(g.dtype)
     powers = _powers(clamped, exponents)  # (H, B): r^l
-    moments = exponents * powers  # l r^l
-    v_sums = v_blocks @ jnp.concatenate([powers, moments]).T  # (count, 2H): V, V'
-    g_sums = g_blocks @ jnp.concatenate([powers, moments])[:, ::-1].T  # (count, 2H): G, G'
-    entering = jnp.concatenate([carried[None], g_sums[:-1, :heads]]).T  # (H, count)
-    starts = _forward_inclusive(entering, clamped * size)  # C_b
+    stacked = jnp.concatenate([powers, exponents * powers])  # (2H, B): r^l, l r^l
+    # Heads first and blocks last to first (m = count - 1 - b): the recurrence over blocks is then a
+    # reverse one and no (H, count) array is flipped or transposed.
+    v_sums = stacked @ v_blocks[::-1].T  # (2H, count): V, V'
+    g_sums = stacked[:, ::-1] @ g_blocks[::-1].T  # G, G'
+    decay = jnp.exp(-clamped * size)[:, None]  # r^B
+    starts = reverse_discounted_cumsum(jnp.concatenate([g_sums[:heads, 1:], carried[:, None]], axis=1),
+                                       clamped * size, _CARRY_BLOCK)  # C_b
     # dC_{b+1}/da = r^B dC_b/da - B r^B C_b - G'_b: the same recurrence, a second pass.
-    decay = jnp.exp(-clamped * size)[:, None]
-    d_entering = jnp.concatenate([d_carried[:, None], -g_sums[:-1, heads:].T - size * decay * starts[:, :-1]], axis=1)
-    d_starts = _forward_inclusive(d_entering, clamped * size).T
-    starts = starts.T
+    d_entering = jnp.concatenate([-g_sums[heads:, 1:] - size * decay * starts[:, 1:], d_carried[:, None]], axis=1)
+    d_starts = reverse_discounted_cumsum(d_entering, clamped * size, _CARRY_BLOCK)
     lag = offsets[:, None] - 1 - offsets[None, :]  # [l, k] = l - 1 - k
     mixed = coefficients @ powers  # sum_h beta_h r_h^d
     local = g_blocks @ jnp.where(lag >= 0, mixed[jnp.maximum(lag, 0)], 0.0).T
-    forward = (local + starts @ (coefficients[:, None] * powers)).reshape(-1)[:length]
-    # Inside blocks, every head: [sum M r^lag, sum M lag r^lag] from the (H, B, B) gathered powers.
+    forward = (local + (starts.T @ (coefficients[:, None] * powers))[::-1]).reshape(-1)[:length]
+    # Inside blocks, every head: [sum M r^lag, sum M lag r^lag] from the (2H, B, B) gathered powers.
     lags = jnp.where(lag >= 0, v_blocks.T @ g_blocks, 0.0).reshape(-1)
-    gathered = jnp.concatenate([powers, moments])[:, jnp.maximum(lag, 0)].reshape(2 * heads, -1)
-    within = gathered @ lags
-    bilinear = within[:heads] + jnp.sum(v_sums[:, :heads] * starts, axis=0)
-    d_bilinear = (jnp.sum(v_sums[:, :heads] * d_starts, axis=0) - within[heads:]
-                  - jnp.sum(v_sums[:, heads:] * starts, axis=0))
+    within = stacked[:, jnp.maximum(lag, 0)].reshape(2 * heads, -1) @ lags
+    bilinear = within[:heads] + jnp.sum(v_sums[:heads] * starts, axis=1)
+    d_bilinear = (jnp.sum(v_sums[:heads] * d_starts, axis=1) - within[heads:]
+                  - jnp.sum(v_sums[heads:] * starts, axis=1))
     return forward, bilinear, d_bilinear
 
 
