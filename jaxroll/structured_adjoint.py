@@ -117,11 +117,11 @@ _causal_product_autodiff.defvjp(_causal_product_forward, _autodiff_backward)
 # transcendental per row), and each row's terms are folded into three
 # (rows, H) arrays z0, z1, z2 (`_exact_rows`) reduced by vector-matrix products.
 # Rows beyond the prefix P have s = kappa_h and D = D_inf,h, so their sums
-# collapse to per-head bilinear forms sum_{i>=P} v_i F_{h,i} (blocked: one
-# (B, B) lag matrix for every head, block sums, a recurrence over blocks),
-# and vbar there is a head mixture of forward sums, as in the forward pass.
-# dF/da comes from a `jax.jvp` of these small sums (each head's outputs
-# depend on its own a_h only, so a tangent of ones gives every derivative).
+# collapse to per-head bilinear forms sum_{i>=P} v_i F_{h,i} and vbar there
+# is a head mixture of forward sums, as in the forward pass: one blocked
+# pass (`_stationary_sums`) with the slope derivatives written out (block
+# sums and their moments in the same matmuls, the recurrence over blocks
+# and its derivative as two passes).
 
 
 def _forward_inclusive(x, log_decay):
