@@ -117,11 +117,11 @@ _causal_product_autodiff.defvjp(_causal_product_forward, _autodiff_backward)
 # transcendental per row), and each row's terms are folded into three
 # (rows, H) arrays z0, z1, z2 (`_exact_rows`) reduced by vector-matrix products.
 # Rows beyond the prefix P have s = kappa_h and D = D_inf,h, so their sums
-# collapse to per-head bilinear forms sum_{i>=P} v_i F_{h,i} (blocked: one
-# (B, B) lag matrix for every head, block sums, a recurrence over blocks),
-# and vbar there is a head mixture of forward sums, as in the forward pass.
-# dF/da comes from a `jax.jvp` of these small sums (each head's outputs
-# depend on its own a_h only, so a tangent of ones gives every derivative).
+# collapse to per-head bilinear forms sum_{i>=P} v_i F_{h,i} and vbar there
+# is a head mixture of forward sums, as in the forward pass: one blocked
+# pass (`_stationary_sums`) with the slope derivatives written out (block
+# sums and their moments in the same matmuls, the recurrence over blocks
+# and its derivative as two passes).
 
 
 def _forward_inclusive(x, log_decay):
@@ -276,54 +276,56 @@ def _exact_adjoint(v, g, a, c, weights, block: int, rows: int | None = None):
     return (v_bar, weights * a_bar, weights * c_bar, w_bar), (carried, d_carried)
 
 
-def _stationary_bilinear(v, g, a, carried, block: int):
-    """``sum_i v_i F_{h,i}`` per head, ``F_{h,i} = sum_{j<i} g_j r_h^{i-1-j} + r_h^i carried_h``, shape ``(H,)``.
+def _stationary_sums(v, g, a, coefficients, carried, d_carried, block: int):
+    """The rows beyond P at once: ``(E, bilinear, dbilinear/da)``, shapes ``(n,)``, ``(H,)``, ``(H,)``.
 
-    Inside blocks the lag matrix ``M[l, k] = sum_b v[b, l] g[b, k]`` is shared
-    by every head (``sum_{l>k} M[l, k] r^{l-1-k}``); across blocks the block
-    sums ``sum_l v[b, l] r^l`` and ``sum_k g[b, k] r^{B-1-k}`` meet through a
-    recurrence over blocks. O(n (B + 2 H)) work.
-    """
-    length = v.shape[-1]
-    a = jnp.minimum(a, _MAX_LOG_DECAY)
-    size = min(length, block)
-    count = -(-length // size)
-    pad = count * size - length
-    v_blocks = jnp.pad(v, (0, pad)).reshape(count, size)
-    g_blocks = jnp.pad(g, (0, pad)).reshape(count, size)
-    lags = v_blocks.T @ g_blocks  # [l, k]
-    offsets = jnp.arange(size)
-    lag = offsets[:, None] - 1 - offsets[None, :]  # [l, k] = l - 1 - k
-    local_values = _powers(a, offsets.astype(v.dtype))  # (H, B)
-    within = jnp.sum(jnp.where(lag >= 0, lags, 0.0)[None] * local_values[:, jnp.maximum(lag, 0)], axis=(1, 2))
-    v_sums = v_blocks @ local_values.T  # (count, H)
-    g_sums = g_blocks @ local_values[:, ::-1].T  # (count, H)
-    later = reverse_discounted_cumsum(v_sums.T, a * size, _CARRY_BLOCK)  # (H, count)
-    across = jnp.sum(g_sums.T[:, :-1] * later[:, 1:], axis=1)
-    return within + across + carried * later[:, 0]
-
-
-def _mixture_forward_sums(g, a, coefficients, carried, block: int):
-    """``E_i = sum_h beta_h (sum_{j<i} g_j r_h^{i-1-j} + r_h^i carried_h)``, shape ``(n,)``.
-
-    The mirror of `_mixture_reverse_cumsum`: one mixed strictly lower
-    Toeplitz matmul inside blocks, per-head carries between blocks.
+    With ``F_{h,i} = sum_{j<i} g_j r_h^{i-1-j} + r_h^i carried_h``:
+    ``E_i = sum_h beta_h F_{h,i}`` (beta = `coefficients`), the per-head
+    bilinear forms ``sum_i v_i F_{h,i}`` and their slope derivatives
+    (``d_carried = d carried / da``). Blocks of B: per block the sums
+    ``G_b = sum_k g[b, k] r^{B-1-k}`` and ``V_b = sum_l v[b, l] r^l`` come
+    with their moments ``G'_b = sum_k g[b, k] (B-1-k) r^{B-1-k}`` and
+    ``V'_b = sum_l v[b, l] l r^l`` from two ``(n/B, B) @ (B, 2H)`` matmuls;
+    the block starts ``C_0 = carried``, ``C_{b+1} = r^B C_b + G_b`` (and
+    ``dC/da``, a `jax.jvp` of that recurrence with ``dG/da = -G'``); inside
+    blocks ``E`` is one mixed strictly lower Toeplitz matmul plus
+    ``sum_h beta_h r_h^l C_{h,b}``, and the bilinear forms are
+    ``sum_{l>k} M[l, k] r^{l-1-k} + sum_b V_b C_b`` with the lag matrix
+    ``M[l, k] = sum_b v[b, l] g[b, k]`` shared by every head; their derivative
+    ``-sum_{l>k} M[l, k] (l-1-k) r^{l-1-k} + sum_b (V_b dC_b/da - V'_b C_b)``.
+    Work O(n (2 B + 5 H)).
     """
     length = g.shape[-1]
-    a = jnp.minimum(a, _MAX_LOG_DECAY)
+    clamped = jnp.minimum(a, _MAX_LOG_DECAY)
+    heads = a.shape[0]
     size = min(length, block)
     count = -(-length // size)
-    blocks = jnp.pad(g, (0, count * size - length)).reshape(count, size)
+    v_blocks, g_blocks = (jnp.pad(x, (0, count * size - length)).reshape(count, size) for x in (v, g))
     offsets = jnp.arange(size)
-    powers = _powers(a, offsets.astype(g.dtype))  # (H, B)
-    mixed = coefficients @ powers  # W[d]
-    lag = offsets[None, :] - 1 - offsets[:, None]  # [k, l]
-    local = blocks @ jnp.where(lag >= 0, mixed[jnp.maximum(lag, 0)], 0.0)
-    sums = blocks @ powers[:, ::-1].T  # (count, H)
-    entering = jnp.concatenate([carried[None], sums[:-1]])  # C_0 = carried, C_{b+1} = r^B C_b + sums_b
-    starts = _forward_inclusive(entering.T, a * size).T  # (count, H)
-    result = local + starts @ (coefficients[:, None] * powers)
-    return result.reshape(-1)[:length]
+    exponents = offsets.astype(g.dtype)
+    powers = _powers(clamped, exponents)  # (H, B): r^l
+    stacked = jnp.concatenate([powers, exponents * powers])  # (2H, B): r^l, l r^l
+    # Heads first and blocks last to first (m = count - 1 - b): the recurrence over blocks is then a
+    # reverse one and no (H, count) array is flipped or transposed.
+    v_sums = stacked @ v_blocks[::-1].T  # (2H, count): V, V'
+    g_sums = stacked[:, ::-1] @ g_blocks[::-1].T  # G, G'
+    decay = jnp.exp(-clamped * size)[:, None]  # r^B
+    starts = reverse_discounted_cumsum(jnp.concatenate([g_sums[:heads, 1:], carried[:, None]], axis=1),
+                                       clamped * size, _CARRY_BLOCK)  # C_b
+    # dC_{b+1}/da = r^B dC_b/da - B r^B C_b - G'_b: the same recurrence, a second pass.
+    d_entering = jnp.concatenate([-g_sums[heads:, 1:] - size * decay * starts[:, 1:], d_carried[:, None]], axis=1)
+    d_starts = reverse_discounted_cumsum(d_entering, clamped * size, _CARRY_BLOCK)
+    lag = offsets[:, None] - 1 - offsets[None, :]  # [l, k] = l - 1 - k
+    mixed = coefficients @ powers  # sum_h beta_h r_h^d
+    local = g_blocks @ jnp.where(lag >= 0, mixed[jnp.maximum(lag, 0)], 0.0).T
+    forward = (local + (starts.T @ (coefficients[:, None] * powers))[::-1]).reshape(-1)[:length]
+    # Inside blocks, every head: [sum M r^lag, sum M lag r^lag] from the (2H, B, B) gathered powers.
+    lags = jnp.where(lag >= 0, v_blocks.T @ g_blocks, 0.0).reshape(-1)
+    within = stacked[:, jnp.maximum(lag, 0)].reshape(2 * heads, -1) @ lags
+    bilinear = within[:heads] + jnp.sum(v_sums[:heads] * starts, axis=1)
+    d_bilinear = (jnp.sum(v_sums[:heads] * d_starts, axis=1) - within[heads:]
+                  - jnp.sum(v_sums[heads:] * starts, axis=1))
+    return forward, bilinear, d_bilinear
 
 
 def _split_adjoint(v, g, a, c, weights, prefix: int, block: int):
@@ -332,10 +334,8 @@ def _split_adjoint(v, g, a, c, weights, prefix: int, block: int):
         v[:prefix], g[:prefix], a, c, weights, _PREFIX_BLOCK)
     _, _, diagonal_limit, kappa = _tables(a, c, jnp.zeros((1,) + a.shape, a.dtype))
     v_tail, g_tail = v[prefix:], g[prefix:]
-    ones = jnp.ones_like(a)
-    v_rest = g_tail * (weights @ diagonal_limit) + _mixture_forward_sums(g_tail, a, weights * kappa, carried, block)
-    bilinear, d_bilinear = jax.jvp(lambda x, f: _stationary_bilinear(v_tail, g_tail, x, f, block),
-                                   (a, carried), (ones, d_carried))
+    forward, bilinear, d_bilinear = _stationary_sums(v_tail, g_tail, a, weights * kappa, carried, d_carried, block)
+    v_rest = g_tail * (weights @ diagonal_limit) + forward
     vg = jnp.sum(v_tail * g_tail)
     counts_limit, moments_limit = _limit_counts(a)
     limit_a, limit_c = _pull_tables(vg, bilinear, diagonal_limit, kappa, counts_limit, moments_limit)
