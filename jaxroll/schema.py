@@ -81,7 +81,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | 
     num_layers = check_positive_int("num_layers", config["num_layers"])
     num_heads = check_positive_int("attention_config.num_heads", attention["num_heads"])
     mask_type = mask_config.get("mask_type", "causal")
-    if mask_type not in _SCHEMA_MASKS:
+    if not isinstance(mask_type, str) or mask_type not in _SCHEMA_MASKS:
         raise ConfigError(
             f"mask_config.mask_type: got {mask_type!r}; allowed: one of "
             + ", ".join(_SCHEMA_MASKS)
@@ -243,7 +243,7 @@ def _kernel_model_from_config(config, directory):
     if not isinstance(kernel_config, dict):
         raise ConfigError(f"{section}: got {kernel_config!r:.60}; allowed: a mapping with kernel_type")
     kind = kernel_config.get("kernel_type")
-    if kind not in _KERNEL_KEYS:
+    if not isinstance(kind, str) or kind not in _KERNEL_KEYS:
         raise ConfigError(f"{section}.kernel_type: got {kind!r}; allowed: one of {', '.join(_KERNEL_KEYS)}")
     _check_keys(section, kernel_config, allowed=_KERNEL_KEYS[kind],
                 required={"file"} if kind == "dense" else {"family", "num_heads"})
@@ -266,7 +266,7 @@ def _kernel_model_from_config(config, directory):
 def _relative_kernel(kernel_config, num_layers, directory):
     section = "kernel_config"
     family = kernel_config["family"]
-    if family not in _FAMILIES:
+    if not isinstance(family, str) or family not in _FAMILIES:
         raise ConfigError(f"{section}.family: got {family!r}; allowed: one of {', '.join(_FAMILIES)}")
     needed = _FAMILIES[family] | ({"offset_scores"} if family == "table" and "file" not in kernel_config else set())
     missing = sorted(needed - set(kernel_config))

@@ -146,6 +146,7 @@ BAD_CONFIGS = [
     ("content_config.diagonal_scores", [[float("inf")]], r"diagonal_scores.*finite"),
     ("content_config.base_scores", [[1.0], [1.0], [1.0]], r"base_scores.*outer"),
     ("mask_config.mask_type", "banded", r"mask_type.*'banded'.*causal"),
+    ("mask_config.mask_type", [], r"mask_type: got \[\]; allowed: one of causal"),  # unhashable (hypothesis)
     ("mask_config", {"mask_type": "sliding_window", "window_size": None}, r"window_size"),
     ("mask_config", {"mask_type": "sliding_window", "window_size": 0}, r"window_size.*>= 1"),
     ("sequence_length", 0, r"sequence_length.*>= 1"),

@@ -318,6 +318,8 @@ def test_lengths_beyond_a_kernel_are_refused(tmp_path, capsys):
     ({"exponents": None}, "kernel_config.exponents: missing"),
     ({"offset_scores": [[[1.0]]]}, "kernel_config.offset_scores: not used by the power family"),
     ({"kernel_type": "sparse"}, "kernel_config.kernel_type: got 'sparse'; allowed: one of dense, relative"),
+    ({"kernel_type": ["relative"]}, "kernel_config.kernel_type: got ['relative']; allowed: one of dense, relative"),
+    ({"family": {"power": 1}}, "kernel_config.family: got {'power': 1}; allowed: one of alibi, power, table"),
 ])
 def test_bad_relative_configs_name_the_field(change, message, tmp_path):
     section = {"kernel_type": "relative", "family": "power", "num_heads": 1, "slopes": [[0.5]], "exponents": [[1.0]]}
