@@ -187,11 +187,7 @@ def train_models(arguments, geometry, train_texts, held_texts):
         model.save_pretrained(out / f"{family}-trained")
         tokenizer.save_pretrained(str(out / f"{family}-trained"))
         curves[family] = curve
-        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
-                            "initial_held_out_loss": curve[0]["held_out_loss"],
-                            "final_held_out_loss": curve[-1]["held_out_loss"],
-                            "final_train_loss": curve[-1]["train_loss"],
-                            "parameters": sum(p.numel() for p in model.parameters())}
+        training[family] = _training_summary(curve, model)
         del model
     with open(out / "losses.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -201,6 +197,13 @@ def train_models(arguments, geometry, train_texts, held_texts):
                 writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
 
     return texts, curves, training
+
+
+def _training_summary(curve, model) -> dict:
+    """Steps, seconds, first and last losses of a training `curve`, and the model's parameter count."""
+    return {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
+            "initial_held_out_loss": curve[0]["held_out_loss"], "final_held_out_loss": curve[-1]["held_out_loss"],
+            "final_train_loss": curve[-1]["train_loss"], "parameters": sum(p.numel() for p in model.parameters())}
 
 
 def read_training(out: Path):
@@ -214,11 +217,7 @@ def read_training(out: Path):
     training = {}
     for family, curve in curves.items():
         model = pipeline.load_float64(out / f"{family}-trained")
-        training[family] = {"steps": curve[-1]["step"], "seconds": curve[-1]["seconds"],
-                            "initial_held_out_loss": curve[0]["held_out_loss"],
-                            "final_held_out_loss": curve[-1]["held_out_loss"],
-                            "final_train_loss": curve[-1]["train_loss"],
-                            "parameters": sum(p.numel() for p in model.parameters())}
+        training[family] = _training_summary(curve, model)
         del model
     return curves, training
 

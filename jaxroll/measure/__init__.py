@@ -13,7 +13,7 @@ noise floor) and `jaxroll.measure.progress` are pure NumPy / Python and
 import without torch.
 """
 
-import importlib
+from .._lazy import lazy_names
 import sys
 import types
 
@@ -35,17 +35,7 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name):
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jaxroll.measure' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # once: the next lookup is a plain attribute
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())
 
 
 class _Package(types.ModuleType):

@@ -17,7 +17,7 @@ summaries and the bridge read ``cases.jsonl`` with NumPy, SciPy and JAX
 alone. Names load lazily.
 """
 
-import importlib
+from .._lazy import lazy_names
 
 _NAMES = {
     "TASKS": "cases", "Case": "cases", "Builder": "cases", "make_case": "cases", "vocabulary_pool": "cases",
@@ -31,14 +31,4 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name):
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jaxroll.task' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())
