@@ -31,6 +31,7 @@ from jaxroll import ConfigError  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 from jaxroll.measure.families import FAMILIES, REFUSED  # noqa: E402
 from jaxroll.measure.refinements import measure_refinements  # noqa: E402
+from leaf_gradients import leaf_gradient_share  # noqa: E402
 
 VOCAB, HEADS, HIDDEN, N = 61, 4, 16, 8
 ROTARY = dict(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=2, hidden_size=HIDDEN,
@@ -315,25 +316,7 @@ def test_gradient_share_matches_leaf_perturbations(family):
     ids = np.random.default_rng(4).integers(0, VOCAB, (1, N))
     blocks_path, _, _, _, w_out, post = ORACLE[family]
     blocks = _module(model, blocks_path)
-    d_x = [torch.zeros(1, N, HIDDEN, dtype=torch.float64, requires_grad=True) for _ in blocks]
-    d_a = [torch.zeros(1, N, HIDDEN, dtype=torch.float64, requires_grad=True) for _ in blocks]
-    handles = []
-    for t, block in enumerate(blocks):
-        def pre(module, args, kwargs, t=t):
-            if args:
-                return (args[0] + d_x[t], *args[1:]), kwargs
-            return args, kwargs | {"hidden_states": kwargs["hidden_states"] + d_x[t]}
-        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(_module(block, post or w_out).register_forward_hook(
-            lambda module, args, output, t=t: output + d_a[t].reshape(output.shape)))
-    try:
-        logits = model(input_ids=torch.as_tensor(ids), use_cache=False).logits[0, -1]
-        grads = torch.autograd.grad(torch.softmax(logits, -1).max(), d_x + d_a)
-    finally:
-        for handle in handles:
-            handle.remove()
-    norms = [np.linalg.norm(_np(g[0]), axis=-1).sum() for g in grads]
-    expected = 1.0 - np.asarray(norms[len(blocks):]) / np.asarray(norms[: len(blocks)])
+    expected = leaf_gradient_share(model, ids, blocks, [_module(block, post or w_out) for block in blocks])
     got = measure_refinements(model, ids, ingredients=("gradient",)).mean()["lambda_gradient"]
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
     assert np.all(expected < 1)

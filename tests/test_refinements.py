@@ -16,6 +16,7 @@ import pytest
 import jaxroll
 from jaxroll import refinements as R
 from jaxroll.errors import ConfigError
+from leaf_gradients import leaf_gradient_share
 
 
 def random_ingredients(seed, layers=3, heads=2, n=7):
@@ -314,29 +315,8 @@ def gradient_oracle(model, ids):
     """
     bloom = model.config.model_type == "bloom"
     blocks = model.transformer.h if bloom else model.model.layers
-    n, hidden = len(ids), model.config.hidden_size
-    d_x = [torch.zeros(1, n, hidden, dtype=torch.float64, requires_grad=True) for _ in blocks]
-    d_a = [torch.zeros(1, n, hidden, dtype=torch.float64, requires_grad=True) for _ in blocks]
-    handles = []
-    for t, block in enumerate(blocks):
-        def pre(module, args, kwargs, t=t):
-            if args:
-                return (args[0] + d_x[t], *args[1:]), kwargs
-            return args, kwargs | {"hidden_states": kwargs["hidden_states"] + d_x[t]}
-        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        projection = block.self_attention.dense if bloom else block.self_attn.o_proj
-        handles.append(projection.register_forward_hook(lambda module, args, output, t=t: output + d_a[t]))
-    try:
-        logits = model(input_ids=torch.as_tensor(ids)[None], use_cache=False).logits[0, -1]
-        grads = torch.autograd.grad(torch.softmax(logits, -1).max(), d_x + d_a)
-    finally:
-        for handle in handles:
-            handle.remove()
-    g_x = [_np(g[0]) for g in grads[: len(blocks)]]
-    g_a = [_np(g[0]) for g in grads[len(blocks):]]
-    residual = np.array([np.linalg.norm(a, axis=-1).sum() for a in g_a])
-    total = np.array([np.linalg.norm(x, axis=-1).sum() for x in g_x])
-    return 1.0 - residual / total
+    outputs = [block.self_attention.dense if bloom else block.self_attn.o_proj for block in blocks]
+    return leaf_gradient_share(model, np.asarray(ids)[None], blocks, outputs)
 
 
 @pytest.mark.parametrize("family", ["bloom", "llama"])
