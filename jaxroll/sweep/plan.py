@@ -146,6 +146,7 @@ class _Plan(NamedTuple):
     batch_size: int
     mesh: Mesh
     count: int                      # S, the points
+    harmonic: np.ndarray | None     # sum_t (t + 1)^-beta per value of a beta axis (power-decay grids), else None
 
     @property
     def power_decay_grid(self) -> bool:
@@ -154,14 +155,10 @@ class _Plan(NamedTuple):
 
     def total_mixing(self, take: np.ndarray) -> np.ndarray:
         """``sum_t lambda_t`` of the points `take`, float64 ``(len(take),)``, without forming their schedules
-        on a power-decay grid: ``lambda_0 sum_t (t + 1)^-beta``, the sum per beta value computed once."""
-        if not self.power_decay_grid:
+        on a power-decay grid: ``lambda_0 sum_t (t + 1)^-beta``, the sum per beta value computed once (`_plan`)."""
+        if self.harmonic is None:
             return self.chunk_leaves(take)["lambdas"].sum(axis=1)
-        index = self.columns["beta_index"]
-        betas = np.zeros(int(index.max()) + 1)
-        betas[index] = self.columns["beta"]
-        harmonic = (1.0 / np.arange(1.0, self.base.num_layers + 1.0)[None, :] ** betas[:, None]).sum(axis=1)
-        return self.columns["lambda_0"][take] * harmonic[index[take]]
+        return self.columns["lambda_0"][take] * self.harmonic[self.columns["beta_index"][take]]
 
     def chunk_leaves(self, take: np.ndarray) -> dict[str, np.ndarray]:
         """The batched model arrays of the points `take`, float64 ``(len(take), ...)``.
@@ -297,7 +294,12 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     # Whole multiples of the mesh, and never (much) more than the sweep needs.
     batch_size = min(batch_size, -(-count // devices) * devices)
     batch_size = max(devices, batch_size // devices * devices)
-    return _Plan(model, shape, base_leaves, tuple(picks), columns, evaluated, method, batch_size, mesh, count)
+    harmonic = None
+    if "lambda_0" in names:
+        layers = np.arange(1.0, model.num_layers + 1.0)
+        harmonic = (layers[None, :] ** -np.asarray(checked["beta"], np.float64)[:, None]).sum(axis=1)
+    return _Plan(model, shape, base_leaves, tuple(picks), columns, evaluated, method, batch_size, mesh, count,
+                 harmonic)
 
 
 def _groups(lengths: tuple[int, ...], mask: str) -> tuple:
