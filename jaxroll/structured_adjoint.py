@@ -48,25 +48,30 @@ def _causal_exact_or_split(v, a, c, weights, prefix, head_chunk, block):
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _causal_product(v, a, c, weights, prefix, head_chunk, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _causal_product(v, a, c, weights, prefix, head_chunk, block, settled=False):
     """Causal ``v^T A``: the stationary split where it is exact to rounding, else head chunks.
 
-    Reverse mode keeps only the inputs (O(n) per call) and runs the
-    hand-written adjoint (`_causal_adjoint`) of the branch that ran.
+    `settled` (static): the caller has established `_settled` for these
+    arrays (`jaxroll.structured.causal_settled`), so the split is taken
+    without a run-time branch; otherwise a `lax.cond` decides. Reverse mode
+    keeps only the inputs (O(n) per call) and runs the hand-written adjoint
+    (`_causal_adjoint`) of the branch that ran.
     """
     if v.shape[-1] <= prefix:
         return _causal_mixture(v, a, c, weights, v.shape[-1], block)
+    if settled:
+        return _causal_mixture(v, a, c, weights, prefix, block)
     return _causal_exact_or_split(v, a, c, weights, prefix, head_chunk, block)
 
 
-def _causal_product_forward(v, a, c, weights, prefix, head_chunk, block):
-    return _causal_product(v, a, c, weights, prefix, head_chunk, block), (v, a, c, weights)
+def _causal_product_forward(v, a, c, weights, prefix, head_chunk, block, settled=False):
+    return _causal_product(v, a, c, weights, prefix, head_chunk, block, settled), (v, a, c, weights)
 
 
-def _causal_product_backward(prefix, head_chunk, block, inputs, cotangent):
+def _causal_product_backward(prefix, head_chunk, block, settled, inputs, cotangent):
     v, a, c, weights = inputs
-    return _causal_adjoint(v, cotangent, a, c, weights, prefix, head_chunk, block)
+    return _causal_adjoint(v, cotangent, a, c, weights, prefix, head_chunk, block, settled)
 
 
 _causal_product.defvjp(_causal_product_forward, _causal_product_backward)
@@ -76,12 +81,12 @@ _causal_product.defvjp(_causal_product_forward, _causal_product_backward)
 # benchmarks/influence.py can time both in one run (`structured._AUTODIFF_ADJOINT`).
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _causal_product_autodiff(v, a, c, weights, prefix, head_chunk, block):
-    return _causal_product(v, a, c, weights, prefix, head_chunk, block)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _causal_product_autodiff(v, a, c, weights, prefix, head_chunk, block, settled=False):
+    return _causal_product(v, a, c, weights, prefix, head_chunk, block, settled)
 
 
-def _autodiff_backward(prefix, head_chunk, block, inputs, cotangent):
+def _autodiff_backward(prefix, head_chunk, block, settled, inputs, cotangent):
     v, a, c, weights = inputs
     n = v.shape[-1]
 
@@ -90,6 +95,8 @@ def _autodiff_backward(prefix, head_chunk, block, inputs, cotangent):
 
     split = pull(lambda *x: _causal_mixture(*x, min(prefix, n), block))
     if n <= prefix:
+        return split()
+    if settled:
         return split()
     exact = pull(lambda *x: _chunked_product(*x, "causal", None, head_chunk, block))
     return jax.lax.cond(_settled(a, weights, prefix), split, exact)
@@ -362,12 +369,14 @@ def _chunked_adjoint(v, g, a, c, weights, head_chunk: int, block: int):
     return (v_bar,) + tuple(x.reshape(-1)[:heads] for x in (a_bar, c_bar, w_bar))
 
 
-def _causal_adjoint(v, g, a, c, weights, prefix: int, head_chunk: int, block: int):
+def _causal_adjoint(v, g, a, c, weights, prefix: int, head_chunk: int, block: int, settled: bool = False):
     """``(vbar, abar, cbar, wbar)`` of the causal product for the cotangent g, the branch the forward took."""
     n = v.shape[-1]
     if n <= prefix:
         (v_bar, a_bar, c_bar, w_bar), _ = _exact_adjoint(v, g, a, c, weights, _PREFIX_BLOCK)
         return v_bar, a_bar, c_bar, w_bar
+    if settled:
+        return _split_adjoint(v, g, a, c, weights, prefix, block)
     return jax.lax.cond(_settled(a, weights, prefix),
                         lambda: _split_adjoint(v, g, a, c, weights, prefix, block),
                         lambda: _chunked_adjoint(v, g, a, c, weights, head_chunk, block))

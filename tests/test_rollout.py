@@ -196,3 +196,55 @@ def test_bad_arguments():
         jaxroll.influence(model, 4, method="fast")
     with pytest.raises(jaxroll.ConfigError, match="layer: got 4; allowed: 0 to 3"):
         jaxroll.attention_kernel(model, 4, 5)
+
+
+def _long_model(slopes):
+    """Two layers, two heads, content on the diagonal: every causal product's branch matters beyond row P."""
+    return jaxroll.RolloutModel(
+        lambdas=jnp.array([0.6, 0.9]), alibi_slopes=jnp.asarray(slopes, float),
+        diagonal_scores=jnp.array([[0.5, -1.0], [1.5, 0.0]]), base_scores=jnp.zeros((2, 2)),
+        head_weights=jnp.array([[1.0, 2.0], [1.0, 1.0]]), temperature=jnp.asarray(1.0))
+
+
+@pytest.mark.parametrize("slopes", [[[0.5, 0.01], [0.02, 1.0]], [[0.5, 0.01], [1e-4, 1.0]]],
+                         ids=["settled", "one head not settled"])
+def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
+    """Beyond row P (16,384 in float64) a causal product needs `e^{-a P} < eps` for the stationary split.
+
+    `influence` decides that once for all layers: before compilation for
+    concrete arrays (no branch at all), by one `lax.cond` around the scan for
+    traced ones (jit, grad). Oracle: `rollout_row`, whose products keep their
+    own per-call branch (tested against dense kernels in test_structured and
+    test_adjoint); slope 1e-4 has e^{-a P} = 0.19, so the second model must
+    take the exact branch. Profiles agree to 1e-12 and sum to 1; gradients of
+    W1 (every model array) agree to 1e-10 relative to their largest entry.
+    """
+    n = jaxroll.structured.TRANSIENT[True] + 64
+    model = _long_model(slopes)
+    settled = slopes[1][0] > 1e-3
+    assert jaxroll.rollout._settles(model, n, "structured") is settled
+    last = jnp.zeros(n).at[n - 1].set(1.0)
+    row = jaxroll.rollout_row(model, last)
+    expected = np.asarray(row / jnp.sum(row))
+    static = np.asarray(jaxroll.influence(model, n))
+    traced = np.asarray(jax.jit(lambda m: jaxroll.influence(m, n))(model))
+    for profile in (static, traced):
+        np.testing.assert_allclose(profile, expected, rtol=0, atol=1e-12)
+        assert abs(profile.sum() - 1.0) < 1e-12
+    # The stationary split would be wrong here by far more than the tolerance.
+    if not settled:
+        split = jaxroll.rollout._influence_with_mass(model, n, "structured", settled=True)[0]
+        assert np.abs(np.asarray(split) - expected).max() > 1e-9
+
+    target = jnp.full(n, 1.0 / n)
+
+    def by_row(m):
+        r = jaxroll.rollout_row(m, last)
+        return jaxroll.metrics.wasserstein(r / jnp.sum(r), target)
+
+    got = jax.jit(jax.grad(lambda m: jaxroll.metrics.wasserstein(jaxroll.influence(m, n), target)))(model)
+    want = jax.grad(by_row)(model)
+    for field in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
+        g, w = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * np.abs(w).max(), err_msg=field)
