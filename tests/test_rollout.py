@@ -206,6 +206,23 @@ def _long_model(slopes):
         head_weights=jnp.array([[1.0, 2.0], [1.0, 1.0]]), temperature=jnp.asarray(1.0))
 
 
+def _w1_uniform(profile):
+    n = profile.shape[-1]
+    return jaxroll.metrics.wasserstein(profile, jnp.full(n, 1.0 / n))
+
+
+def _by_row(model, n):
+    row = jaxroll.rollout_row(model, jnp.zeros(n).at[n - 1].set(1.0))
+    return row / jnp.sum(row)
+
+
+# Compiled once for both models of the test below (same shapes): its cost is compilation.
+_traced_profile = jax.jit(jaxroll.influence, static_argnums=1)
+_traced_gradient = jax.jit(jax.grad(lambda m, n: _w1_uniform(jaxroll.influence(m, n))), static_argnums=1)
+_row_profile = jax.jit(_by_row, static_argnums=1)
+_row_gradient = jax.jit(jax.grad(lambda m, n: _w1_uniform(_by_row(m, n))), static_argnums=1)
+
+
 @pytest.mark.parametrize("slopes", [[[0.5, 0.01], [0.02, 1.0]], [[0.5, 0.01], [1e-4, 1.0]]],
                          ids=["settled", "one head not settled"])
 def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
@@ -223,12 +240,8 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
     model = _long_model(slopes)
     settled = slopes[1][0] > 1e-3
     assert jaxroll.rollout._settles(model, n, "structured") is settled
-    last = jnp.zeros(n).at[n - 1].set(1.0)
-    row = jaxroll.rollout_row(model, last)
-    expected = np.asarray(row / jnp.sum(row))
-    static = np.asarray(jaxroll.influence(model, n))
-    traced = np.asarray(jax.jit(lambda m: jaxroll.influence(m, n))(model))
-    for profile in (static, traced):
+    expected = np.asarray(_row_profile(model, n))
+    for profile in (np.asarray(jaxroll.influence(model, n)), np.asarray(_traced_profile(model, n))):
         np.testing.assert_allclose(profile, expected, rtol=0, atol=1e-12)
         assert abs(profile.sum() - 1.0) < 1e-12
     # The stationary split would be wrong here by far more than the tolerance.
@@ -236,14 +249,7 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
         split = jaxroll.rollout._influence_with_mass(model, n, "structured", settled=True)[0]
         assert np.abs(np.asarray(split) - expected).max() > 1e-9
 
-    target = jnp.full(n, 1.0 / n)
-
-    def by_row(m):
-        r = jaxroll.rollout_row(m, last)
-        return jaxroll.metrics.wasserstein(r / jnp.sum(r), target)
-
-    got = jax.jit(jax.grad(lambda m: jaxroll.metrics.wasserstein(jaxroll.influence(m, n), target)))(model)
-    want = jax.grad(by_row)(model)
+    got, want = _traced_gradient(model, n), _row_gradient(model, n)
     for field in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
         g, w = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
         assert np.all(np.isfinite(g))
