@@ -98,7 +98,8 @@ def rollout_matrix(model: RolloutModel | KernelRolloutModel, n: int | None = Non
     return _rollout_matrix(model, _length(model, n))
 
 
-def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: bool = False, settled: bool = False):
+def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: bool = False, settled: bool = False,
+                      transient: int | None = None):
     """``(v, layer) -> v^T A_t`` by the chosen method.
 
     `shared_slopes`: every layer has the slopes of layer 0, which the product
@@ -106,8 +107,8 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: b
     geometric counts (one ``expm1`` per row and head) become loop-invariant,
     and XLA computes them once instead of once per layer (BLOOM-176B with
     per-head content, N = 256, float64: 32 -> 8 ms in one interleaved run).
-    `settled`: every layer passed `structured.causal_settled` (no run-time
-    branch per product).
+    `settled`: every layer passed `structured.causal_settled` at the prefix
+    `transient` (default: the dtype's), so no run-time branch per product.
     """
     if method == "dense":
         return lambda row, layer: row @ _dense_kernel(model, layer, n)
@@ -117,17 +118,18 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: b
         if shared_slopes:
             slopes = model.alibi_slopes[0]
         return structured.row_times_kernel(
-            row, slopes, diagonal, base, weights, model.temperature, model.mask, model.window, settled=settled
+            row, slopes, diagonal, base, weights, model.temperature, model.mask, model.window,
+            transient=transient, settled=settled,
         )
 
     return product
 
 
-@functools.partial(jax.jit, static_argnames=("n", "method", "shared", "shared_slopes", "settled"))
+@functools.partial(jax.jit, static_argnames=("n", "method", "shared", "shared_slopes", "settled", "transient"))
 def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool = False,
-                         shared_slopes: bool = False, settled: bool | None = False):
+                         shared_slopes: bool = False, settled: bool | None = False, transient: int | None = None):
     def rollout(settled: bool):
-        row_times_kernel = _row_times_kernel(model, method, n, shared_slopes, settled)
+        row_times_kernel = _row_times_kernel(model, method, n, shared_slopes, settled, transient)
 
         def apply_layer(row, layer):
             weight = layer[0]
@@ -152,20 +154,27 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool 
     return row / mass, mass
 
 
-def _settles(model: RolloutModel, n: int, method: str) -> bool | None:
-    """Whether every layer's causal product may skip its run-time branch (`structured.causal_settled`).
+def _settles(model: RolloutModel, n: int, method: str) -> tuple[bool | None, int | None]:
+    """``(settled, transient)``: whether every layer's causal product may skip its run-time branch, and where.
 
-    Decided before compilation for concrete arrays; ``None`` for traced ones,
-    which then take one `lax.cond` around the whole rollout. ``False`` where
-    there is no branch to skip (other masks and methods, ``n <= P``).
+    Concrete arrays decide before compilation (`structured.settled_prefix`):
+    ``(True, P)`` with the shortest prefix P every weighted head settles
+    within, when ``n > P``; ``(False, None)`` otherwise (exact rows up to
+    n, or a per-product branch at the dtype's prefix). Traced arrays give
+    ``(None, None)`` beyond the dtype's prefix: one `lax.cond` around the
+    whole rollout (`structured.causal_settled`). Other masks and methods
+    have no branch: ``(False, None)``.
     """
     dtype = jnp.result_type(float)
-    if method != "structured" or model.mask != "causal" or n <= structured._prefix_length(dtype):
-        return False
+    if method != "structured" or model.mask != "causal":
+        return False, None
     arrays = (model.alibi_slopes, model.head_weights, model.temperature)
     if any(isinstance(array, jax.core.Tracer) for array in arrays):
-        return None
-    return bool(structured.causal_settled(*arrays, dtype))
+        return (None if n > structured._prefix_length(dtype) else False), None
+    prefix = structured.settled_prefix(*arrays, dtype)
+    if prefix is None or n <= prefix:
+        return False, None
+    return True, prefix
 
 
 def _takes_shared_path(model: RolloutModel, n: int, method: str) -> bool:
@@ -237,7 +246,7 @@ def influence_with_mass(
         return _kernel_influence_with_mass(model, n, method)
     shared = _takes_shared_path(model, n, method)
     return _influence_with_mass(model, n, method, shared, not shared and _shares_slopes(model, method),
-                                _settles(model, n, method))
+                                *_settles(model, n, method))
 
 
 def influence(model: RolloutModel | KernelRolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:

@@ -46,8 +46,11 @@ pass and in reverse mode.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .structured_adjoint import (  # noqa: F401  (private names the tests and benchmarks reach)
     ADJOINT_ROWS,
@@ -74,7 +77,7 @@ from .structured_products import (  # noqa: F401  (TRANSIENT and _causal_mixture
 )
 
 __all__ = ["BLOCK", "HEAD_CHUNK", "SHARED_DENSE_MAX", "reverse_discounted_cumsum", "head_products", "row_times_kernel",
-           "causal_settled", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
+           "causal_settled", "settled_prefix", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
            "ADJOINT_ROWS"]
 
 # The VJP before issue 24 (re-run the branch under autodiff), kept so that
@@ -155,3 +158,28 @@ def causal_settled(
     prefix = _prefix_length(dtype) if transient is None else transient
     a = jnp.asarray(slopes).astype(dtype) / temperature
     return _settled(a, jnp.asarray(head_weights), prefix)
+
+
+def settled_prefix(slopes: ArrayLike, head_weights: ArrayLike, temperature: ArrayLike, dtype) -> int | None:
+    """The shortest prefix P (a multiple of `BLOCK`) after which every weighted causal head has settled.
+
+    ``P = ceil(-log(eps) / min_h a_h)`` over the heads with ``w_h != 0`` of
+    every layer (``a = m / tau``, eps the dtype's machine epsilon), so
+    ``e^{-a_h P} < eps`` for all of them (`causal_settled` at P), rounded
+    up to a multiple of `BLOCK`. ``None`` when that is beyond the dtype's
+    `TRANSIENT` (or a weighted slope is 0). NumPy, for concrete arrays: the
+    rows below P take exact normalisers, so a model whose smallest slope is
+    ALiBi's 2^-8 needs 4096 rows in float32 instead of `TRANSIENT`'s 8192.
+    """
+    a = np.asarray(slopes, np.float64) / float(np.asarray(temperature))
+    weighted = np.asarray(head_weights) != 0
+    if not weighted.any():
+        return None
+    smallest = float(a[weighted].min())
+    limit = TRANSIENT[jnp.dtype(dtype).itemsize > 4]
+    if not smallest > 0:
+        return None
+    rows = -math.log(float(jnp.finfo(dtype).eps)) / smallest
+    if rows >= limit:
+        return None
+    return min(limit, BLOCK * math.ceil(rows / BLOCK))

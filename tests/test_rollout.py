@@ -239,7 +239,8 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
     n = jaxroll.structured.TRANSIENT[True] + 64
     model = _long_model(slopes)
     settled = slopes[1][0] > 1e-3
-    assert jaxroll.rollout._settles(model, n, "structured") is settled
+    # Concrete and settled: the split at the shortest prefix, -log(eps) / 0.01 = 3604 -> 3648 rows.
+    assert jaxroll.rollout._settles(model, n, "structured") == ((True, 3648) if settled else (False, None))
     expected = np.asarray(_row_profile(model, n))
     for profile in (np.asarray(jaxroll.influence(model, n)), np.asarray(_traced_profile(model, n))):
         np.testing.assert_allclose(profile, expected, rtol=0, atol=1e-12)
@@ -254,3 +255,47 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
         g, w = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * np.abs(w).max(), err_msg=field)
+
+
+def _brute_force_prefix(slopes, weights, temperature, eps, block, limit):
+    """The smallest multiple of `block` with e^{-a P} < eps for every weighted head, by trying them all."""
+    a = np.asarray(slopes, float) / temperature
+    a = a[np.asarray(weights) != 0]
+    for prefix in range(block, limit + 1, block):
+        if np.all(a * prefix >= -np.log(eps)):
+            return prefix
+    return None
+
+
+@pytest.mark.parametrize("slopes, weights, temperature", [
+    ([[0.5, 0.01], [0.02, 1.0]], [[1.0, 2.0], [1.0, 1.0]], 1.0),
+    ([[0.5, 0.01], [0.02, 1.0]], [[1.0, 0.0], [1.0, 1.0]], 1.0),   # the smallest slope carries no weight
+    ([[0.5, 0.01], [0.02, 1.0]], [[1.0, 2.0], [1.0, 1.0]], 4.0),   # a = m / tau
+    ([[2.0 ** -8, 1.0]], [[1.0, 1.0]], 1.0),                       # ALiBi's smallest slope
+    ([[1e-4, 1.0]], [[1.0, 1.0]], 1.0),                            # beyond TRANSIENT: None
+    ([[0.0, 1.0]], [[1.0, 1.0]], 1.0),                             # a weighted slope 0 never settles
+])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_settled_prefix_is_the_shortest_block_multiple(slopes, weights, temperature, dtype):
+    """`settled_prefix` against trying every multiple of BLOCK up to the dtype's TRANSIENT."""
+    eps = float(np.finfo(dtype).eps)
+    limit = jaxroll.structured.TRANSIENT[dtype == "float64"]
+    expected = _brute_force_prefix(slopes, weights, temperature, eps, jaxroll.structured.BLOCK, limit)
+    got = jaxroll.structured.settled_prefix(np.asarray(slopes), np.asarray(weights), temperature, np.dtype(dtype))
+    assert got == expected
+
+
+def test_the_shortest_prefix_splits_rows_that_were_exact_before():
+    """N = 4000 is below TRANSIENT (all rows exact before); every weighted slope >= 0.01 splits it at 3648.
+
+    Oracle: the NumPy float64 rollout head by head (tests/oracle.py's
+    `influence_by_correlation`, no (n, n) kernel), 1e-12.
+    """
+    model = _long_model([[0.5, 0.01], [0.02, 1.0]])
+    n = 4000
+    assert jaxroll.rollout._settles(model, n, "structured") == (True, 3648)
+    arrays = {"lambdas": np.asarray(model.lambdas), "slopes": np.asarray(model.alibi_slopes),
+              "diagonal": np.asarray(model.diagonal_scores), "base": np.zeros((2, 2)),
+              "weights": np.asarray(model.head_weights), "temperature": 1.0, "mask": "causal", "window": None}
+    expected = oracle.influence_by_correlation(arrays, n)
+    np.testing.assert_allclose(np.asarray(jaxroll.influence(model, n)), expected, rtol=0, atol=1e-12)
