@@ -293,7 +293,11 @@ def rollout_row(model: RolloutModel | KernelRolloutModel, row: Float[Array, " n"
     if isinstance(model, KernelRolloutModel):
         layers, row_times_kernel = (model.lambdas, model.kernel), lambda vector, layer: layer[1].row_times_kernel(vector)
     else:
-        layers, row_times_kernel = _layers(model), _row_times_kernel(model, _resolve(method), row.shape[-1])
+        n, method = row.shape[-1], _resolve(method)
+        # Concrete kernel arrays settle statically (`_settles`); traced ones keep a branch per product.
+        settled, transient = _settles(model, n, method)
+        row_times_kernel = _row_times_kernel(model, method, n, settled=bool(settled), transient=transient)
+        layers = _layers(model)
 
     def apply_layer(vector, layer):
         weight = layer[0]

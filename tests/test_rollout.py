@@ -288,6 +288,10 @@ def test_settled_prefix_is_the_shortest_block_multiple(slopes, weights, temperat
 def test_the_shortest_prefix_splits_rows_that_were_exact_before():
     """N = 4000 is below TRANSIENT (all rows exact before); every weighted slope >= 0.01 splits it at 3648.
 
+    Both `influence` and `rollout_row`. This model's profile barely reads
+    rows far from the end, so a too-short prefix would pass here too:
+    test_structured's product-level test is the one that sees it.
+
     Oracle: the NumPy float64 rollout head by head (tests/oracle.py's
     `influence_by_correlation`, no (n, n) kernel), 1e-12.
     """
@@ -299,3 +303,6 @@ def test_the_shortest_prefix_splits_rows_that_were_exact_before():
               "weights": np.asarray(model.head_weights), "temperature": 1.0, "mask": "causal", "window": None}
     expected = oracle.influence_by_correlation(arrays, n)
     np.testing.assert_allclose(np.asarray(jaxroll.influence(model, n)), expected, rtol=0, atol=1e-12)
+    # rollout_row (rows beyond the last, sweeps) makes the same static choice for concrete arrays.
+    row = np.asarray(jaxroll.rollout_row(model, jnp.zeros(n).at[n - 1].set(1.0)))
+    np.testing.assert_allclose(row / row.sum(), expected, rtol=0, atol=1e-12)

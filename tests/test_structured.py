@@ -21,7 +21,7 @@ from conftest import ROLLOUT_CONFIGS
 import oracle
 
 _product = jax.jit(structured.row_times_kernel,
-               static_argnames=("mask", "window", "head_chunk", "block", "transient"))
+               static_argnames=("mask", "window", "head_chunk", "block", "transient", "settled"))
 
 
 def _oracle_product(v, slopes, diagonal, weights, temperature, mask, window):
@@ -322,3 +322,25 @@ def test_geometric_counts_match_the_direct_sums(slope, derivative_rtol):
     np.testing.assert_allclose(-slope_derivative[:, 0], h, rtol=derivative_rtol, atol=derivative_rtol)
     np.testing.assert_allclose(counts[:, 1], np.concatenate([[0.0], np.cumsum(np.exp(-0.5 * k))[:-1]]),
                                rtol=1e-13)
+
+
+def test_the_shortest_settled_prefix_is_exact_and_a_shorter_one_is_not():
+    """`settled_prefix`'s P makes the stationary split exact to rounding; half of it does not.
+
+    One layer, N = 4000, a random v (every row of A carries weight), slopes
+    0.6 and 0.01 with content: P = ceil(36.04 / 0.01) -> 3648 rows in
+    float64. Oracle: v @ the dense NumPy float64 kernel (tests/oracle.py).
+    At P the products agree to 1e-12 relative to their largest entry; at
+    P / 2 the normalisers beyond row 1824 are off by up to e^{-18} ~ 1.5e-8
+    relative, which the same comparison must see.
+    """
+    n, slopes, diagonal, weights = 4000, [0.6, 0.01], [0.5, -1.0], [1.0, 2.0]
+    prefix = structured.settled_prefix(np.asarray(slopes), np.asarray(weights), 1.0, np.float64)
+    assert prefix == 3648
+    v = np.random.default_rng(3).random(n)
+    expected = _oracle_product(v, slopes, diagonal, weights, 1.0, "causal", None)
+    scale = np.abs(expected).max()
+    exact = _structured_product(v, slopes, diagonal, weights, 1.0, "causal", None, transient=prefix, settled=True)
+    np.testing.assert_allclose(exact, expected, rtol=0, atol=1e-12 * scale)
+    short = _structured_product(v, slopes, diagonal, weights, 1.0, "causal", None, transient=prefix // 2, settled=True)
+    assert np.abs(short - expected).max() > 1e-10 * scale
