@@ -12,8 +12,9 @@ after a change) can be compared by running this script on each in turn.
 ``--branches`` compares, in one process and interleaved, where a traced
 model's causal products decide between the stationary split and the exact
 per-head path beyond row P: one `lax.cond` per product and per adjoint
-(``per-layer``), one around the whole rollout (``one``, what `influence`
-does for traced arrays), and none (``none``, what it does for concrete
+(``per-layer``), one `lax.switch` around the whole rollout (``one``, what
+`influence` does for traced arrays: `jaxroll.structured.settled_rung`),
+and none (``none``, what it does for concrete
 arrays that passed `jaxroll.structured.causal_settled`).
 Never run in CI.
 """

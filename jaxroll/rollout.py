@@ -128,7 +128,7 @@ def _row_times_kernel(model: RolloutModel, method: str, n: int, shared_slopes: b
 @functools.partial(jax.jit, static_argnames=("n", "method", "shared", "shared_slopes", "settled", "transient"))
 def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool = False,
                          shared_slopes: bool = False, settled: bool | None = False, transient: int | None = None):
-    def rollout(settled: bool):
+    def rollout(settled: bool, transient: int | None = transient):
         row_times_kernel = _row_times_kernel(model, method, n, shared_slopes, settled, transient)
 
         def apply_layer(row, layer):
@@ -144,10 +144,10 @@ def _influence_with_mass(model: RolloutModel, n: int, method: str, shared: bool 
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
     if shared:
         row = _shared_row(_layers(model), model.temperature, last)
-    elif settled is None:  # traced arrays (`_settles`): one branch for the whole rollout
-        row = jax.lax.cond(structured.causal_settled(model.alibi_slopes, model.head_weights, model.temperature,
-                                                     last.dtype),
-                           lambda: rollout(True), lambda: rollout(False))
+    elif settled is None:  # traced arrays (`_settles`): one switch for the whole rollout
+        rung = structured.settled_rung(model.alibi_slopes, model.head_weights, model.temperature, last.dtype)
+        row = jax.lax.switch(rung, [lambda: rollout(True, structured.alibi_prefix(last.dtype)),
+                                    lambda: rollout(True), lambda: rollout(False)])
     else:
         row = rollout(settled)
     mass = jnp.sum(row)
@@ -161,8 +161,9 @@ def _settles(model: RolloutModel, n: int, method: str) -> tuple[bool | None, int
     ``(True, P)`` with the shortest prefix P every weighted head settles
     within, when ``n > P``; ``(False, None)`` otherwise (exact rows up to
     n, or a per-product branch at the dtype's prefix). Traced arrays give
-    ``(None, None)`` beyond the dtype's prefix: one `lax.cond` around the
-    whole rollout (`structured.causal_settled`). Other masks and methods
+    ``(None, None)`` beyond the dtype's prefix: one `lax.switch` around the
+    whole rollout (`structured.settled_rung`: split at `alibi_prefix`, at
+    the dtype's prefix, or per-product branches). Other masks and methods
     have no branch: ``(False, None)``.
     """
     dtype = jnp.result_type(float)

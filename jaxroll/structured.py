@@ -50,7 +50,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from .structured_adjoint import (  # noqa: F401  (private names the tests and benchmarks reach)
     ADJOINT_ROWS,
@@ -77,7 +77,7 @@ from .structured_products import (  # noqa: F401  (TRANSIENT and _causal_mixture
 )
 
 __all__ = ["BLOCK", "HEAD_CHUNK", "SHARED_DENSE_MAX", "reverse_discounted_cumsum", "head_products", "row_times_kernel",
-           "causal_settled", "settled_prefix", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
+           "causal_settled", "settled_prefix", "alibi_prefix", "settled_rung", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
            "ADJOINT_ROWS"]
 
 # The VJP before issue 24 (re-run the branch under autodiff), kept so that
@@ -150,10 +150,11 @@ def causal_settled(
     for every head with ``w_h != 0``; P is `transient` or the dtype's
     `TRANSIENT`. Then the stationary split of `row_times_kernel` is exact to
     rounding beyond row P, and ``settled=True`` may skip its run-time branch.
-    A rollout checks this once for all its layers, so a traced model
-    (jit, grad) takes one `lax.cond` around the whole scan instead of one in
-    every layer's product and another in its adjoint (BLOOM-176B grad W1,
-    N = 262,144, 2-core CPU: 851 -> 685 ms in one run with both removed).
+    A rollout checks this once for all its layers (`settled_rung`), so a
+    traced model (jit, grad) takes one branch around the whole scan instead
+    of one in every layer's product and another in its adjoint (BLOOM-176B
+    grad W1, N = 262,144, 2-core CPU: 0.877 -> 0.768 s in one same-run
+    comparison, `benchmarks/gradient_ratio.py --branches`).
     """
     prefix = _prefix_length(dtype) if transient is None else transient
     a = jnp.asarray(slopes).astype(dtype) / temperature
@@ -183,3 +184,32 @@ def settled_prefix(slopes: ArrayLike, head_weights: ArrayLike, temperature: Arra
     if rows >= limit:
         return None
     return min(limit, BLOCK * math.ceil(rows / BLOCK))
+
+
+def alibi_prefix(dtype) -> int:
+    """`settled_prefix` of standard ALiBi at tau = 1: 4096 rows in float32, 9280 in float64.
+
+    Every ALiBi slope set of Press et al. (2022) has smallest slope 2^-8, so
+    ``ceil(-log(eps) 2^8)`` rows, rounded up to a multiple of `BLOCK`.
+    """
+    prefix = settled_prefix(np.array([2.0 ** -8]), np.ones(1), 1.0, dtype)
+    assert prefix is not None  # below TRANSIENT in both dtypes
+    return prefix
+
+
+def settled_rung(
+    slopes: Float[Array, "*layers heads"],
+    head_weights: Float[Array, "*layers heads"],
+    temperature: Float[Array, ""],
+    dtype,
+) -> Int[Array, ""]:
+    """Which prefix a traced model's causal products may split at: 0, 1 or 2.
+
+    0: every weighted head of every layer has settled within `alibi_prefix`
+    rows (`causal_settled` there); 1: within the dtype's `TRANSIENT`; 2: not
+    within that (some products need their exact per-head path). A rollout
+    switches on it once (`jax.lax.switch`), so standard ALiBi at tau = 1
+    under `jit` or `grad` computes half the exact rows of `TRANSIENT`.
+    """
+    at_rung = causal_settled(slopes, head_weights, temperature, dtype, alibi_prefix(dtype))
+    return jnp.where(at_rung, 0, jnp.where(causal_settled(slopes, head_weights, temperature, dtype), 1, 2))

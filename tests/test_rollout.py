@@ -223,24 +223,31 @@ _row_profile = jax.jit(_by_row, static_argnums=1)
 _row_gradient = jax.jit(jax.grad(lambda m, n: _w1_uniform(_by_row(m, n))), static_argnums=1)
 
 
-@pytest.mark.parametrize("slopes", [[[0.5, 0.01], [0.02, 1.0]], [[0.5, 0.01], [1e-4, 1.0]]],
-                         ids=["settled", "one head not settled"])
-def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes):
-    """Beyond row P (16,384 in float64) a causal product needs `e^{-a P} < eps` for the stationary split.
+@pytest.mark.parametrize("slopes, rung, concrete", [
+    ([[0.5, 0.01], [0.02, 1.0]], 0, (True, 3648)),      # settled within alibi_prefix (9280 rows)
+    ([[0.5, 0.01], [0.003, 1.0]], 1, (True, 12032)),    # within TRANSIENT (16,384), not 9280
+    ([[0.5, 0.01], [1e-4, 1.0]], 2, (False, None)),     # not within TRANSIENT: per-product branches
+], ids=["settled early", "settled late", "one head not settled"])
+def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes, rung, concrete):
+    """Beyond row P a causal product needs `e^{-a P} < eps` for the stationary split (float64 here).
 
     `influence` decides that once for all layers: before compilation for
-    concrete arrays (no branch at all), by one `lax.cond` around the scan for
-    traced ones (jit, grad). Oracle: `rollout_row`, whose products keep their
-    own per-call branch (tested against dense kernels in test_structured and
-    test_adjoint); slope 1e-4 has e^{-a P} = 0.19, so the second model must
-    take the exact branch. Profiles agree to 1e-12 and sum to 1; gradients of
-    W1 (every model array) agree to 1e-10 relative to their largest entry.
+    concrete arrays (the shortest settled prefix, no branch at all), by one
+    `lax.switch` around the scan for traced ones (jit, grad): split at
+    `alibi_prefix`, at `TRANSIENT`, or per-product branches. Oracle:
+    `rollout_row` under jit, whose products keep their own per-call branch
+    at TRANSIENT (tested against dense kernels in test_structured and
+    test_adjoint); slope 1e-4 has e^{-a P} = 0.19 at P = 16,384, so the
+    third model must take the exact branch. Profiles agree to 1e-12 and sum
+    to 1; gradients of W1 (every model array) to 1e-10 of their largest
+    entry.
     """
     n = jaxroll.structured.TRANSIENT[True] + 64
     model = _long_model(slopes)
-    settled = slopes[1][0] > 1e-3
-    # Concrete and settled: the split at the shortest prefix, -log(eps) / 0.01 = 3604 -> 3648 rows.
-    assert jaxroll.rollout._settles(model, n, "structured") == ((True, 3648) if settled else (False, None))
+    settled = rung < 2
+    assert jaxroll.rollout._settles(model, n, "structured") == concrete
+    assert int(jaxroll.structured.settled_rung(model.alibi_slopes, model.head_weights, model.temperature,
+                                               jnp.float64)) == rung
     expected = np.asarray(_row_profile(model, n))
     for profile in (np.asarray(jaxroll.influence(model, n)), np.asarray(_traced_profile(model, n))):
         np.testing.assert_allclose(profile, expected, rtol=0, atol=1e-12)
@@ -306,3 +313,31 @@ def test_the_shortest_prefix_splits_rows_that_were_exact_before():
     # rollout_row (rows beyond the last, sweeps) makes the same static choice for concrete arrays.
     row = np.asarray(jaxroll.rollout_row(model, jnp.zeros(n).at[n - 1].set(1.0)))
     np.testing.assert_allclose(row / row.sum(), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("smallest", [2.0 ** -8, 0.9 * 2.0 ** -8, 0.3 * 2.0 ** -8, 1e-5, 0.0])
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_settled_rung_against_the_settling_condition(dtype, smallest, temperature):
+    """`settled_rung` against e^{-a P} < eps (NumPy) at P = alibi_prefix and P = TRANSIENT.
+
+    alibi_prefix is ceil(-log(eps) 2^8) rounded up to 64 rows (4096 / 9280)
+    and ALiBi's own smallest slope 2^-8 settles there at tau = 1 only.
+    """
+    eps = float(np.finfo(dtype).eps)
+    rung_rows = 64 * int(np.ceil(-np.log(eps) * 2.0 ** 8 / 64))
+    assert jaxroll.structured.alibi_prefix(np.dtype(dtype)) == rung_rows
+    slopes = np.array([[1.0, smallest], [0.5, 0.25]])
+    weights = np.ones((2, 2))
+    a = slopes / temperature
+    if np.all(a * rung_rows >= -np.log(eps)):
+        expected = 0
+    elif np.all(a * jaxroll.structured.TRANSIENT[dtype == "float64"] >= -np.log(eps)):
+        expected = 1
+    else:
+        expected = 2
+    got = jaxroll.structured.settled_rung(jnp.asarray(slopes), jnp.asarray(weights), jnp.asarray(temperature),
+                                          np.dtype(dtype))
+    assert int(got) == expected
+    if smallest == 2.0 ** -8 and temperature == 1.0:
+        assert expected == 0
