@@ -177,13 +177,12 @@ def settled_prefix(slopes: ArrayLike, head_weights: ArrayLike, temperature: Arra
     if not weighted.any():
         return None
     smallest = float(a[weighted].min())
-    limit = TRANSIENT[jnp.dtype(dtype).itemsize > 4]
     if not smallest > 0:
         return None
     rows = -math.log(float(jnp.finfo(dtype).eps)) / smallest
-    if rows >= limit:
+    if rows >= _prefix_length(dtype):
         return None
-    return min(limit, BLOCK * math.ceil(rows / BLOCK))
+    return BLOCK * math.ceil(rows / BLOCK)  # TRANSIENT is a multiple of BLOCK: at most TRANSIENT
 
 
 def alibi_prefix(dtype) -> int:

@@ -20,7 +20,7 @@ from .structured_products import (
     TRANSIENT,
     _causal_mixture,
     _chunked_product,
-    _geometric_rows,
+    _geometric,
     _powers,
     _tables,
     reverse_discounted_cumsum,
@@ -58,9 +58,7 @@ def _causal_product(v, a, c, weights, prefix, head_chunk, block, settled=False):
     keeps only the inputs (O(n) per call) and runs the hand-written adjoint
     (`_causal_adjoint`) of the branch that ran.
     """
-    if v.shape[-1] <= prefix:
-        return _causal_mixture(v, a, c, weights, v.shape[-1], block)
-    if settled:
+    if v.shape[-1] <= prefix or settled:  # _causal_mixture takes min(prefix, n) exact rows
         return _causal_mixture(v, a, c, weights, prefix, block)
     return _causal_exact_or_split(v, a, c, weights, prefix, head_chunk, block)
 
@@ -94,9 +92,7 @@ def _autodiff_backward(prefix, head_chunk, block, settled, inputs, cotangent):
         return lambda: jax.vjp(function, *inputs)[1](cotangent)
 
     split = pull(lambda *x: _causal_mixture(*x, min(prefix, n), block))
-    if n <= prefix:
-        return split()
-    if settled:
+    if n <= prefix or settled:
         return split()
     exact = pull(lambda *x: _chunked_product(*x, "causal", None, head_chunk, block))
     return jax.lax.cond(_settled(a, weights, prefix), split, exact)
@@ -232,7 +228,7 @@ def _exact_adjoint(v, g, a, c, weights, block: int, rows: int | None = None):
     `jax.lax.scan` over steps of ceil(`rows` / B) blocks (`_exact_rows`;
     zero blocks padded in front, which add nothing). Every block's entering
     sums ``E_b``, its ``G_P`` and their slope derivatives come first
-    (`_block_carries`, `_geometric_rows`; O(P H / B) memory), so no step
+    (`_block_carries`, `_geometric`; O(P H / B) memory), so no step
     waits for the one before. Returns ``(vbar, abar, cbar, wbar)`` of these rows and
     ``(F_P, dF_P/da)``, the forward sums carried past row P.
     """
@@ -252,7 +248,7 @@ def _exact_adjoint(v, g, a, c, weights, block: int, rows: int | None = None):
     (entering, carried), (d_entering, d_carried) = jax.jvp(
         lambda x: _block_carries(g_blocks, x, length), (a,), (ones,))
     starts = size * jnp.arange(count)
-    counts_start, d_counts_start = jax.jvp(lambda x: _geometric_rows(x, count, starts), (a,), (ones,))
+    counts_start, d_counts_start = jax.jvp(lambda x: _geometric(x, starts.astype(x.dtype)[:, None]), (a,), (ones,))
 
     def steps_of(x, fill=0):
         padded = jnp.pad(x, ((front, 0),) + ((0, 0),) * (x.ndim - 1), constant_values=fill)
@@ -265,7 +261,7 @@ def _exact_adjoint(v, g, a, c, weights, block: int, rows: int | None = None):
     lags = jnp.maximum(lag, 0).astype(dtype)[..., None]
     decay = jnp.where((lag >= 0)[..., None], jnp.exp(-clamped * lags), 0.0)  # (B, B, H)
     toeplitz = jnp.stack([decay, -lags * decay], axis=1).reshape(size, 2 * size * heads)
-    g_local, d_local = jax.jvp(lambda x: _geometric_rows(x, size), (a,), (ones,))
+    g_local, d_local = jax.jvp(lambda x: _geometric(x, jnp.arange(size, dtype=x.dtype)[:, None]), (a,), (ones,))
     top = jnp.maximum(c, -a)
     local = (toeplitz, _powers(clamped, offsets.astype(dtype)).T, g_local, d_local,
              jnp.exp(c - top), jnp.exp(-a - top), weights)

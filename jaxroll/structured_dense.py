@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .structured_products import _MAX_LOG_DECAY, _geometric, _powers
+from .structured_products import _MAX_LOG_DECAY, _geometric_table, _powers
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.structured
 
@@ -26,27 +26,13 @@ SHARED_DENSE_MAX = 1024
 2-core CPU (docs/fast-kernels.md, measured crossover)."""
 
 
-def _geometric_counts(a, n: int, block: int):
-    """``g_i = sum_{k<i} r^k``, i = 0..n-1, for every entry of `a` (shape ``(..., n)``), n a multiple of B.
-
-    With ``i = C B + k``, ``g_i = g_k + r^k g_{CB}``: a sum of non-negative
-    terms (no ``1 - r^i`` cancellation) and one FMA per entry; the
-    transcendental functions run on ``B + n / B`` values per head.
-    """
-    starts = _geometric(a, block * jnp.arange(n // block, dtype=a.dtype))  # g_{CB}
-    offsets = jnp.arange(block, dtype=a.dtype)
-    within = _geometric(a, offsets)  # g_k
-    table = within[..., None, :] + _powers(a, offsets)[..., None, :] * starts[..., :, None]
-    return table.reshape(a.shape + (n,))
-
-
 def _row_tables(a, c, n: int, block: int):
     """``A_h[i, i]`` and ``s_h[i] = q / Z_i`` for rows i < n (n a multiple of B), shapes ``(..., n)``; row 0 exact."""
     top = jnp.maximum(c, -a)
     p = jnp.exp(c - top)[..., None]
     q = jnp.exp(-a - top)[..., None]
     first = jnp.arange(n) == 0
-    counts = _geometric_counts(a, n, block)
+    counts = _geometric_table(a, n, block)
     inverse = jnp.where(first, 1.0, 1.0 / jnp.where(first, 1.0, p + q * counts))
     return jnp.where(first, 1.0, p * inverse), jnp.where(first, 0.0, q * inverse)
 

@@ -85,35 +85,40 @@ def reverse_discounted_cumsum(
 
 
 def _geometric(log_decay, count):
-    """``g = sum_{k=0}^{count-1} r^k = expm1(-a count) / expm1(-a)``, stable at a -> 0.
+    """``g = sum_{k=0}^{count-1} r^k = expm1(-a count) / expm1(-a)``, `log_decay` and `count` broadcast.
 
-    For ``a`` below float's smallest normal number the series' first two
-    terms ``count - a count (count - 1) / 2`` are exact to rounding and give
-    the right derivative at ``a = 0``.
+    ``expm1`` has no ``1 - r^count`` cancellation. Below ``1e4 sqrt(tiny)``
+    (1e-150 in float64) the series' first two terms ``count - a count
+    (count - 1) / 2`` are used: exact to rounding there, with the right
+    derivative at ``a = 0``, while the closed form's derivative divides by
+    ``expm1(-a)^2`` (``a^2`` must not underflow). Its derivative in ``a``
+    loses about ``log10(1 / (a count))`` digits for ``0 < a count << 1``:
+    slopes between 0 and ~1e-6 get less accurate gradients than the product
+    itself.
     """
-    a = log_decay[..., None]
-    tiny = 1e4 * jnp.finfo(count.dtype).tiny
-    positive = a > tiny
-    safe = jnp.where(positive, a, 1.0)
+    tiny = 1e4 * math.sqrt(jnp.finfo(log_decay.dtype).tiny)
+    positive = log_decay > tiny
+    safe = jnp.where(positive, log_decay, 1.0)
     closed = jnp.expm1(-safe * count) / jnp.expm1(-safe)
-    series = count - a * count * (count - 1) / 2
+    series = count - log_decay * count * (count - 1) / 2
     return jnp.where(positive, closed, series)
 
 
 def _geometric_table(log_decay, n: int, block: int):
-    """``g_i = sum_{k<i} r^k`` for i = 0..n-1, shape ``(heads, n)``, one FMA per entry.
+    """``g_i = sum_{k<i} r^k`` for i = 0..n-1, shape ``log_decay.shape + (n,)`` (heads first), one FMA per entry.
 
     With ``i = C B + k``: ``g_i = g_k + r^k g_{CB}``, a sum of non-negative
     terms (no ``1 - r^i`` cancellation), so the transcendental functions run
-    on B + n / B values per head instead of n.
+    on B + n / B values per head instead of n. `_geometric_rows` builds the
+    same table rows first.
     """
     size = min(n, block)
-    count = -(-n // size)
     offsets = jnp.arange(size, dtype=log_decay.dtype)
-    within = _geometric(log_decay, offsets)  # g_k
-    starts = _geometric(log_decay, size * jnp.arange(count, dtype=log_decay.dtype))  # g_{CB}
-    table = within[:, None, :] + _powers(log_decay, offsets)[:, None, :] * starts[:, :, None]
-    return table.reshape(-1, count * size)[:, :n]
+    a = log_decay[..., None]
+    within = _geometric(a, offsets)  # g_k
+    starts = _geometric(a, size * jnp.arange(-(-n // size), dtype=log_decay.dtype))  # g_{CB}
+    table = within[..., None, :] + _powers(log_decay, offsets)[..., None, :] * starts[..., :, None]
+    return table.reshape(log_decay.shape + (-1,))[..., :n]
 
 
 def _shift_left(x):
@@ -181,8 +186,8 @@ def _full_products(v, a, c, block):
     remaining = (n - 1) - positions
     a_ = a[:, None]
     offset = a_ * remaining
-    backward_count = _geometric(a, positions)
-    forward_count = _geometric(a, remaining)
+    backward_count = _geometric(a_, positions)
+    forward_count = _geometric(a_, remaining)
     log_backward = jnp.where(positions > 0, jnp.log(jnp.where(positions > 0, backward_count, 1.0)), -jnp.inf)
     log_forward = jnp.where(remaining > 0, jnp.log(jnp.where(remaining > 0, forward_count, 1.0)), -jnp.inf)
     parts = jnp.stack(jnp.broadcast_arrays(c[:, None] - offset, -a_ - offset + log_backward, log_forward))
@@ -197,48 +202,27 @@ def _full_products(v, a, c, block):
     return v * diagonal + earlier + later
 
 
-def _geometric_rows(log_decay, n: int, positions=None):
-    """``g_i = expm1(-a i) / expm1(-a)`` for i = 0..n-1 (or `positions`), shape ``(n, heads)``.
-
-    One vectorised ``expm1`` per entry (`_geometric_counts` builds long
-    tables from a few of these). ``expm1`` has no ``1 - r^i`` cancellation; below ``1e4 sqrt(tiny)``
-    (1e-150 in float64) the series ``i - a i (i - 1) / 2`` is used. Its
-    derivative in ``a`` (reverse mode) loses about ``log10(1 / (a i))``
-    digits for ``0 < a i << 1``: slopes between 0 and ~1e-6 get less
-    accurate gradients than the product itself.
-    """
-    count = (jnp.arange(n) if positions is None else positions).astype(log_decay.dtype)[:, None]
-    # The derivative of the closed form divides by expm1(-a)^2: a^2 must not underflow.
-    tiny = 1e4 * math.sqrt(jnp.finfo(log_decay.dtype).tiny)
-    positive = log_decay > tiny
-    safe = jnp.where(positive, log_decay, 1.0)
-    return jnp.where(positive, jnp.expm1(-safe * count) / jnp.expm1(-safe),
-                     count - log_decay * count * (count - 1) / 2)
-
-
 _COUNT_BLOCK = 64
-"""Rows per block of `_geometric_counts` (64 and 16 alike at 8192 rows, 64 ahead at 2048, 2-core CPU)."""
+"""Rows per block of `_geometric_rows` (64 and 16 alike at 8192 rows, 64 ahead at 2048, 2-core CPU)."""
 
 
-def _geometric_counts(log_decay, n: int):
-    """`_geometric_rows` for i = 0..n-1, shape ``(n, heads)``, one FMA per entry.
+def _geometric_rows(log_decay, n: int):
+    """`_geometric_table` rows first, shape ``(n, heads)``, built in that layout.
 
-    With ``i = b K + l`` (K = `_COUNT_BLOCK`): ``g_i = g_l + r^l g_{bK}``, a
-    sum of non-negative terms (no ``1 - r^i`` cancellation), so ``expm1``
-    runs on ``K + n / K`` values per head instead of n; its derivative in
-    ``a`` (reverse mode, the tables' backward pass) is the same FMA of
-    non-positive terms. BLOOM-176B's tables of 8192 rows, float32, 2-core
-    CPU (2026-12-04 21:30 UTC): 1.01 -> 0.41 ms, entries within 3.6e-7 of
-    the expm1 form (3 ulp).
+    The tables' matmuls contract over heads, so they read ``(n, heads)``.
+    BLOOM-176B's tables of 8192 rows, float32, 2-core CPU (2026-12-04
+    23:10-23:20 UTC, least of 30): the heads-first table transposed
+    1.4-1.6 ms, its pieces transposed 0.95-1.09 ms, built rows first
+    0.28-0.36 ms; one ``expm1`` per entry was 1.01 ms (21:30 UTC). Entries
+    within 3.6e-7 of the ``expm1`` form (3 ulp).
     """
     size = min(n, _COUNT_BLOCK)
-    count = -(-n // size)
-    offsets = jnp.arange(size, dtype=log_decay.dtype)
-    within = _geometric_rows(log_decay, size)  # (K, H): g_l
-    starts = _geometric_rows(log_decay, count, size * jnp.arange(count))  # (count, H): g_{bK}
-    powers = _powers(jnp.minimum(log_decay, _MAX_LOG_DECAY), offsets).T  # (K, H): r^l
+    offsets = jnp.arange(size, dtype=log_decay.dtype)[:, None]
+    within = _geometric(log_decay, offsets)  # (K, H): g_l
+    starts = _geometric(log_decay, size * jnp.arange(-(-n // size), dtype=log_decay.dtype)[:, None])  # g_{bK}
+    powers = jnp.exp(-jnp.minimum(log_decay, _MAX_LOG_DECAY) * offsets)  # (K, H): r^l
     table = within[None] + powers[None] * starts[:, None, :]
-    return table.reshape(count * size, -1)[:n]
+    return table.reshape(-1, log_decay.shape[-1])[:n]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -251,7 +235,7 @@ def _causal_tables(a, c, length: int, block: int):
     ``(length, heads)`` (position-major: the matmuls that read them contract
     over heads) and ``(heads,)``.
     """
-    return _tables(a, c, _geometric_counts(a, length))
+    return _tables(a, c, _geometric_rows(a, length))
 
 
 def _tables(a, c, counts, first=None):
@@ -269,7 +253,7 @@ def _tables(a, c, counts, first=None):
 
 
 def _tables_forward(a, c, length, block):
-    return _tables(a, c, _geometric_counts(a, length)), (a, c)
+    return _tables(a, c, _geometric_rows(a, length)), (a, c)
 
 
 def _tables_backward(length, block, residuals, cotangents):
@@ -279,7 +263,7 @@ def _tables_backward(length, block, residuals, cotangents):
     use ``g_inf = 1 / (1 - r)`` and ``h_inf = r / (1 - r)^2``."""
     a, c = residuals
     d_diagonal, d_share, d_diagonal_limit, d_kappa = cotangents
-    counts, slope = jax.jvp(lambda x: _geometric_counts(x, length), (a,), (jnp.ones_like(a),))
+    counts, slope = jax.jvp(lambda x: _geometric_rows(x, length), (a,), (jnp.ones_like(a),))
     diagonal, share, diagonal_limit, kappa = _tables(a, c, counts)
     moments = -slope  # h_i, column h depends on a_h only
     gap = -jnp.expm1(-a)

@@ -301,12 +301,12 @@ def test_geometric_counts_match_the_direct_sums(slope, derivative_rtol):
     """The tables' row counts ``g_i = sum_{k<i} r^k`` and ``h_i = -dg/da = sum_{k<i} k r^k``, i < 300.
 
     Oracle: NumPy float64 cumulative sums of ``r^k`` and ``k r^k`` (terms
-    non-negative, so accurate to ~i ulp). `_geometric_counts` builds them
+    non-negative, so accurate to ~i ulp). `_geometric_rows` builds them
     from blocks of 64 (``g_{bK+l} = g_l + r^l g_{bK}``); its forward-mode
     derivative is ``h``. Counts: relative 1e-13 (a few hundred ulp). The
     derivative of the closed form ``expm1(-a i) / expm1(-a)`` at the block
     level loses about ``log10(1 / (a i))`` digits for ``0 < a i << 1``
-    (`_geometric_rows`' docstring): 1e-8 at a = 1e-7 (observed 2.7e-9, as
+    (`_geometric`'s docstring): 1e-8 at a = 1e-7 (observed 2.7e-9, as
     with the expm1 form of every row), 1e-12 at a = 0.004.
     """
     n = 300
@@ -315,7 +315,7 @@ def test_geometric_counts_match_the_direct_sums(slope, derivative_rtol):
     g = np.concatenate([[0.0], np.cumsum(powers)[:-1]])
     h = np.concatenate([[0.0], np.cumsum(k * powers)[:-1]])
     a = jnp.array([slope, 0.5])
-    counts, slope_derivative = jax.jvp(lambda x: structured_products._geometric_counts(x, n), (a,),
+    counts, slope_derivative = jax.jvp(lambda x: structured_products._geometric_rows(x, n), (a,),
                                        (jnp.array([1.0, 0.0]),))
     assert counts.shape == (n, 2)
     np.testing.assert_allclose(counts[:, 0], g, rtol=1e-13, atol=0)
