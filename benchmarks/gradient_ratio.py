@@ -13,15 +13,16 @@ after a change) can be compared by running this script on each in turn.
 model's causal products decide between the stationary split and the exact
 per-head path beyond row P: one `lax.cond` per product and per adjoint
 (``per-layer``), one `lax.switch` around the whole rollout (``one``, what
-`influence` does for traced arrays: `jaxroll.structured.settled_rung`),
+`influence` does for traced arrays: `jaxroll.engine.structured.settled_rung`),
 and none (``none``, what it does for concrete
-arrays that passed `jaxroll.structured.causal_settled`).
+arrays that passed `jaxroll.engine.structured.causal_settled`).
 Never run in CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -30,6 +31,14 @@ import jax
 import jax.numpy as jnp
 
 import jaxroll
+from jaxroll.engine.plan import plan
+
+
+def _with_settled(path, settled):
+    """`path` with its run-time branch forced: per product (False), one switch (None), none (True)."""
+    if settled is None:
+        return path
+    return dataclasses.replace(path, settled=settled, rungs=())
 
 
 def compiled(function, *args):
@@ -50,7 +59,7 @@ def main(argv=None) -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {device.platform}:{device.device_kind}, "
           f"jax {jax.__version__}, jaxroll from {os.path.dirname(jaxroll.__file__)}, least of {arguments.repeats}")
     print("preset | N | branch | forward s | grad W1 s | grad / forward | load")
-    # `_influence_with_mass`'s static `settled`: False, None (one lax.cond), True.
+    # The planner's `settled`: False (a branch per product), None (one lax.switch), True.
     variants = {"per-layer": False, "one": None, "none": True} if arguments.branches else {"-": "influence"}
     for name in arguments.presets:
         model = jaxroll.presets.get(name)
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
                     profile = lambda m: jaxroll.influence(m, n)  # noqa: E731
                 else:
                     profile = lambda m, s=settled: jaxroll.rollout._influence_with_mass(  # noqa: E731
-                        m, n, "structured", settled=s)[0]
+                        m, n, _with_settled(plan(m, n), s))[0]
                 functions[label, "forward"] = compiled(profile, model)
                 functions[label, "grad"] = compiled(
                     jax.grad(lambda m, p=profile: jaxroll.metrics.wasserstein(p(m), target)), model)

@@ -186,12 +186,13 @@ def _compiled(function, *args):
 def gradient_cases(lengths, presets, repeats: int = 3):
     """grad of W1 / forward, with the hand-written adjoint and with the autodiff VJP before it, interleaved.
 
-    The autodiff VJP (`structured._causal_product_autodiff`, re-running the
-    forward under `jax.vjp`) is chosen by the private flag
-    `structured._AUTODIFF_ADJOINT` at trace time; both gradients are
-    compiled ahead of time, so they are timed round by round in one run.
+    The autodiff VJP (`structured_adjoint._causal_product_autodiff`, re-running the
+    forward under `jax.vjp`) is put in place of `structured._causal_product`
+    while its gradient is traced (the library has no switch for it); both
+    gradients are compiled ahead of time, so they are timed round by round
+    in one run.
     """
-    from jaxroll import structured
+    from jaxroll.engine import structured, structured_adjoint
 
     rows = []
     for name in presets:
@@ -203,11 +204,15 @@ def gradient_cases(lengths, presets, repeats: int = 3):
                 return jaxroll.metrics.wasserstein(jaxroll.influence(m, n, method="structured"), target)
 
             functions = {"forward": _compiled(lambda m: jaxroll.influence(m, n, method="structured"), model)}
-            for label, flag in (("grad W1, autodiff VJP (before)", True), ("grad W1, hand-written adjoint", False)):
-                structured._AUTODIFF_ADJOINT = flag
+            adjoint = structured._causal_product
+            for label, product in (("grad W1, autodiff VJP (before)", structured_adjoint._causal_product_autodiff),
+                                   ("grad W1, hand-written adjoint", adjoint)):
+                structured._causal_product = product
                 jax.clear_caches()
-                functions[label] = _compiled(jax.grad(loss), model)
-            structured._AUTODIFF_ADJOINT = False
+                try:
+                    functions[label] = _compiled(jax.grad(loss), model)
+                finally:
+                    structured._causal_product = adjoint
             jax.clear_caches()
             times = timed_together({k: functools.partial(f, model) for k, f in functions.items()}, repeats)
             for label, seconds in times.items():

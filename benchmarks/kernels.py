@@ -111,7 +111,7 @@ def accuracy_cases(n=256, T=4, H=4):
     alibi = jaxroll.RolloutModel.create(num_layers=T, num_heads=H, lambdas=lambdas, alibi_slopes=slopes,
                                         diagonal_scores=diagonal, head_weights=weights, sequence_length=n)
     alibi_scores = [np.where(k == 0, diagonal[t][:, None], -slopes[t][:, None] * k) for t in range(T)]
-    cases["AlibiKernel"] = (jaxroll.AlibiKernel.from_model(alibi),
+    cases["AlibiKernel"] = (alibi.kernel,
                             [numpy_relative_kernel(alibi_scores[t], weights[t]) for t in range(T)])
     rising = table.copy()
     rising[:, :, n // 2:] += 30.0  # rises 30 logits above f(1): the exact direct product (issue 19)

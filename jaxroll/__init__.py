@@ -68,7 +68,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TableKernel": (".kernel_types", "TableKernel"),
     "KernelRolloutModel": (".model", "KernelRolloutModel"),
     "RolloutModel": (".model", "RolloutModel"),
-    "alibi_slopes": (".kernels", "alibi_slopes"),
+    "alibi_slopes": (".engine.alibi", "alibi_slopes"),
     "attention_kernel": (".rollout", "attention_kernel"),
     "influence": (".rollout", "influence"),
     "influence_with_mass": (".rollout", "influence_with_mass"),
@@ -162,7 +162,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
         PowerKernel as PowerKernel,
         TableKernel as TableKernel,
     )
-    from .kernels import alibi_slopes as alibi_slopes
+    from .engine.alibi import alibi_slopes as alibi_slopes
     from .model import KernelRolloutModel as KernelRolloutModel, RolloutModel as RolloutModel
     from .rollout import (
         attention_kernel as attention_kernel,

@@ -25,8 +25,8 @@ so padded and unpadded profiles agree to rounding (tests/test_bucket.py:
 a compilation costs at small n: `influence_with_mass` pads when the work
 ``T H n`` is at most `SMALL_WORK` and runs the model as it is otherwise.
 
-A `KernelRolloutModel` is run as it is (its kernel types have no
-shared padding rule).
+A model over another kernel than ALiBi + content is run as it is (those
+kernel types have no shared padding rule).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import dataclasses
 
 import numpy as np
 
+from .engine.alibi import AlibiKernel
 from .model import RolloutModel
 
 __all__ = ["SMALL_WORK", "bucket", "pad", "influence_with_mass"]
@@ -83,14 +84,15 @@ def pad(model: RolloutModel, num_layers: int | None = None, num_heads: int | Non
         return np.concatenate([values, np.repeat(values[-1:], num_layers - layers, axis=0)], axis=0)
 
     lambdas = np.asarray(model.lambdas)
-    return dataclasses.replace(
-        model,
-        lambdas=np.concatenate([lambdas, np.zeros(num_layers - layers, dtype=lambdas.dtype)]),
+    kernel = dataclasses.replace(
+        model.kernel,
         alibi_slopes=per_head(model.alibi_slopes),
         diagonal_scores=per_head(model.diagonal_scores),
         base_scores=per_head(model.base_scores),
         head_weights=per_head(model.head_weights, fill_weight=True),
     )
+    lambdas = np.concatenate([lambdas, np.zeros(num_layers - layers, dtype=lambdas.dtype)])
+    return dataclasses.replace(model, lambdas=lambdas, kernel=kernel)
 
 
 def influence_with_mass(model, n: int | None = None, method: str = "auto"):
@@ -107,7 +109,7 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
     from .rollout import influence_with_mass as unpadded
 
     n = model.sequence_length if n is None else n
-    if not (isinstance(model, RolloutModel) and model.num_layers * model.num_heads * n <= SMALL_WORK):
+    if not (isinstance(model.kernel, AlibiKernel) and model.num_layers * model.num_heads * n <= SMALL_WORK):
         return unpadded(model, n, method)
     model = dataclasses.replace(pad(model), sequence_length=n)
     from . import cache
@@ -116,16 +118,14 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
         # The command line: the executable from the cache, no tracing or lowering.
         import jax
 
-        from .rollout import _influence_with_mass, _resolve, _shares_slopes, _takes_shared_path
+        from .engine.plan import plan
+        from .rollout import _influence_with_mass
 
-        method = _resolve(method)
-        shared = _takes_shared_path(model, n, method)
-        slopes = not shared and _shares_slopes(model, method)
+        path = plan(model, n, method)
         leaves, structure = jax.tree_util.tree_flatten(model)
 
         def flat(*leaves):
-            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, method, shared, slopes)
+            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, path)
 
-        return cache.compiled("influence_with_mass", flat, leaves,
-                              static=(structure, n, method, shared, slopes))(*leaves)
+        return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, path))(*leaves)
     return unpadded(model, n, method)

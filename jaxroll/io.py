@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from .errors import ConfigError
-from .model import KernelRolloutModel, RolloutModel
+from .model import RolloutModel
 from .schema import config_from_model, kernel_arrays, model_from_config
 
 __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text",
@@ -168,10 +168,10 @@ def read_yaml(path) -> dict:
     return data
 
 
-def load_config(path) -> RolloutModel | KernelRolloutModel:
+def load_config(path) -> RolloutModel:
     """Read a rollout configuration file into a `RolloutModel`.
 
-    A file with a ``kernel_config`` section gives a `KernelRolloutModel`; its
+    A file with a ``kernel_config`` section gives a model over that kernel; its
     ``file`` (an npz of kernel arrays) is read relative to the config's folder.
 
     Raises:
@@ -191,7 +191,7 @@ def kernel_file_path(path) -> Path:
     return path.with_name(path.stem + ".kernels.npz")
 
 
-def save_config(model: RolloutModel | KernelRolloutModel, path, *, overwrite: bool = False,
+def save_config(model: RolloutModel, path, *, overwrite: bool = False,
                 schedule: dict | None = None) -> Path:
     """Write `model` in the rollout YAML schema; `load_config` reads it back exactly.
 

@@ -45,8 +45,8 @@ from .errors import ConfigError
 from .fit.optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state,
                            _minimise, _stop_reason, _tolerances, default_lbfgs)
 from .kernel_types import DenseKernel, PowerKernel, TableKernel
-from .kernels import alibi_slopes
-from .model import KernelRolloutModel
+from .engine.alibi import alibi_slopes
+from .model import RolloutModel, is_model
 
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
            "DROPPED_WEIGHT"]
@@ -59,7 +59,7 @@ class KernelFitResult(NamedTuple):
     """What `fit_kernel` returns.
 
     Attributes:
-        model: the `KernelRolloutModel` with the fitted relative kernel and the
+        model: the `RolloutModel` with the fitted relative kernel and the
             measured lambdas.
         losses: ``(steps + 1,)``, the mean over layers of the loss at each
             iterate (a layer that stopped keeps its last value).
@@ -75,7 +75,7 @@ class KernelFitResult(NamedTuple):
             `stop_reason`).
     """
 
-    model: KernelRolloutModel
+    model: RolloutModel
     losses: np.ndarray
     divergence: np.ndarray
     max_abs_error: np.ndarray
@@ -187,7 +187,7 @@ def _with_extra_args(optimizer):
     return optax.with_extra_args_support(optimizer)
 
 
-def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,
+def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,
                learning_rate: float = 0.1, optimizer: optax.GradientTransformation | None = None,
                gradient_tolerance: float = GRADIENT_TOLERANCE,
                loss_tolerance: float = LOSS_TOLERANCE, samples: int = GLOBAL_SAMPLES, starts: int = GLOBAL_STARTS,
@@ -195,7 +195,7 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     """Fit a relative-position kernel to a model's dense kernels (module docstring).
 
     Args:
-        model: a `KernelRolloutModel` whose kernel is a `DenseKernel` (e.g. the
+        model: a `RolloutModel` whose kernel is a `DenseKernel` (e.g. the
             ``config.yaml`` that ``jaxroll measure`` writes for a rotary model).
         family: ``"power"`` (``-m k^alpha``), ``"alibi"`` (``-m k``) or
             ``"table"`` (free ``f(k)``, k = 1..N-1).
@@ -216,7 +216,7 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     Raises:
         ConfigError: a model without dense kernels, an unknown family, a bad count.
     """
-    if not isinstance(model, KernelRolloutModel) or not isinstance(model.kernel, DenseKernel):
+    if not is_model(model) or not isinstance(model.kernel, DenseKernel):
         kind = type(getattr(model, "kernel", model)).__name__
         raise ConfigError(f"model: its kernel is {kind}; allowed: a DenseKernel (measured attention)")
     if not model.kernel.causal:
@@ -264,8 +264,8 @@ def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: i
     fitted = jax.vmap(lambda layer: layer.dense(n))(kernel)
     divergence = np.asarray(kernel_divergence(target, fitted), dtype=np.float64)
     error = np.asarray(jnp.max(jnp.abs(fitted - target), axis=(-1, -2)), dtype=np.float64)
-    fitted_model = KernelRolloutModel(lambdas=model.lambdas, kernel=jax.tree.map(np.asarray, kernel),
-                                      sequence_length=model.sequence_length)
+    fitted_model = RolloutModel(lambdas=model.lambdas, kernel=jax.tree.map(np.asarray, kernel),
+                                sequence_length=model.sequence_length)
     weights = np.asarray(kernel.head_weights, dtype=np.float64)
     dropped = [(int(t), int(h)) for t, h in zip(*np.nonzero(weights < DROPPED_WEIGHT))] if num_heads > 1 else []
     if dropped:  # the data preferred fewer heads: said, not hidden

@@ -56,21 +56,8 @@ def influence_bytes(n: int, num_heads: int, method: str, itemsize: int = 4) -> i
 
 
 def model_influence_bytes(model, n: int, method: str = "auto", itemsize: int = 4) -> int:
-    """`influence_bytes` of either model type: a `KernelRolloutModel`'s kernel picks the path.
-
-    Relative-position kernels (`PowerKernel`, `TableKernel`) take the FFT
-    path unless ``method == "dense"``; a measured `DenseKernel` holds its
-    ``(T, N, N)`` array and multiplies ``(n, n)`` blocks. Duck-typed on the
-    kernel's class name: this module sits below the model.
-    """
-    kernel = getattr(model, "kernel", None)
-    name = type(kernel).__name__
-    if name == "DenseKernel":
-        size = kernel.kernels.shape[-1]
-        return int(model.num_layers * size * size + 3 * n * n) * itemsize
-    if name in ("PowerKernel", "TableKernel"):
-        return influence_bytes(n, model.num_heads, "dense" if method == "dense" else "fft", itemsize)
-    return influence_bytes(n, model.num_heads, method, itemsize)
+    """`influence_bytes` of a model: its kernel says what one pass holds (`AbstractKernel.influence_bytes`)."""
+    return model.kernel.influence_bytes(n, "dense" if method == "dense" else "structured", itemsize)
 
 
 def parse_size(text: str) -> int:

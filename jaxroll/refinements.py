@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .engine.step import layer_step
 from .errors import ConfigError
 
 __all__ = ["RefinedRollout", "SWITCHES", "STATS_FOR", "compatible", "compose", "refined_kernels", "refined_transition", "refined_influence"]
@@ -117,7 +118,7 @@ def refined_transition(model: RefinedRollout, layer: int) -> Float[Array, "n n"]
     """``R_t = I - diag(lambda_t) + diag(lambda_t) A_t`` of layer `layer` (0-based), ``(N, N)``."""
     kernel = jnp.einsum("h,hij->ij", model.head_weights[layer], model.head_kernels[layer])
     weight = model.lambdas[layer][:, None]
-    return jnp.eye(kernel.shape[-1], dtype=kernel.dtype) * (1.0 - weight) + weight * kernel
+    return layer_step(jnp.eye(kernel.shape[-1], dtype=kernel.dtype), weight, kernel)
 
 
 @jax.jit

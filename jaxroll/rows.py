@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import ConfigError
-from .model import KernelRolloutModel, RolloutModel
+from .model import RolloutModel
 
 __all__ = ["query_positions", "predicted_rows", "normalised_rows"]
 
@@ -59,12 +59,12 @@ def query_positions(length: int, queries) -> np.ndarray:
     return np.unique(positions.astype(np.int64))
 
 
-def predicted_rows(model: RolloutModel | KernelRolloutModel, queries, n: int | None = None) -> np.ndarray:
+def predicted_rows(model: RolloutModel, queries, n: int | None = None) -> np.ndarray:
     """Rows ``P_T[q_k, :]`` of the rollout, float64 NumPy ``(K, N)``; each sums to 1.
 
     ``P_T[i, :] = e_i^T R_T ... R_1`` (`jaxroll.rollout_row`, vmapped over the
     K start rows: O(K T H N) for an ALiBi model, the kernel type's own
-    products for a `KernelRolloutModel`); `P_T` is never formed.
+    products for any other kernel); `P_T` is never formed.
     """
     from .rollout import rollout_row
 

@@ -17,7 +17,8 @@ from . import schedules
 from ._checks import as_float_array, as_float_scalar, check_positive_int, check_range
 from .errors import ConfigError
 from .kernel_types import DenseKernel, PowerKernel, TableKernel
-from .model import KernelRolloutModel, RolloutModel
+from .engine.alibi import AlibiKernel
+from .model import RolloutModel
 
 __all__ = ["model_from_config", "config_from_model", "kernel_arrays", "KERNEL_FILE_ARRAYS"]
 
@@ -50,7 +51,7 @@ _SCHEMA_PATHS = {
 }
 
 
-def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | KernelRolloutModel:
+def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     """Build a model from a configuration in the rollout YAML schema.
 
     Lists of length 1 broadcast over layers (outer) or heads (inner);
@@ -60,7 +61,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | 
     accepted and ignored. See the README for the schema.
 
     A ``kernel_config`` section (instead of ``attention_config``,
-    ``content_config`` and ``mask_config``) gives a `KernelRolloutModel`;
+    ``content_config`` and ``mask_config``) gives a model over that kernel;
     its ``file`` is resolved relative to `directory` (the config's folder).
 
     Raises:
@@ -111,7 +112,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel | 
         raise ConfigError(f"{_SCHEMA_PATHS.get(field, field)}:{rest}") from None
 
 
-def config_from_model(model: RolloutModel | KernelRolloutModel, kernel_file: str | None = None) -> dict[str, Any]:
+def config_from_model(model: RolloutModel, kernel_file: str | None = None) -> dict[str, Any]:
     """`model` in the rollout YAML schema, as plain Python numbers.
 
     Values that are equal across layers or heads are written as 1-element
@@ -119,10 +120,10 @@ def config_from_model(model: RolloutModel | KernelRolloutModel, kernel_file: str
     layer as a ``constant`` schedule, anything else as ``custom``. Reading
     the result back with `model_from_config` gives the same arrays exactly.
 
-    A `KernelRolloutModel` is written with a ``kernel_config`` section; its
+    A model with another kernel than ALiBi + content is written with a ``kernel_config`` section; its
     large arrays (`kernel_arrays`) go to the npz named `kernel_file`.
     """
-    if isinstance(model, KernelRolloutModel):
+    if not isinstance(model.kernel, AlibiKernel):
         return _kernel_config_from_model(model, kernel_file)
     schedule = _schedule_to_config(model.lambdas)
     weights = np.asarray(model.head_weights, dtype=np.float64)
@@ -257,7 +258,7 @@ def _kernel_model_from_config(config, directory):
     if kernel.num_layers != num_layers:
         raise ConfigError(f"{section}.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
     try:
-        return KernelRolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
+        return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
     except ConfigError as error:
         field, _, rest = str(error).partition(":")
         raise ConfigError(f"{_KERNEL_PATHS.get(field, section + '.' + field)}:{rest}") from None
@@ -325,7 +326,7 @@ def kernel_arrays(model) -> dict[str, np.ndarray]:
     return {}
 
 
-def _kernel_config_from_model(model: KernelRolloutModel, kernel_file):
+def _kernel_config_from_model(model: RolloutModel, kernel_file):
     schedule = _schedule_to_config(model.lambdas)
     kernel = model.kernel
     if isinstance(kernel, DenseKernel):
@@ -345,6 +346,6 @@ def _kernel_config_from_model(model: KernelRolloutModel, kernel_file):
                     "head_weights": None if np.all(weights == weights.flat[0]) else _compact(weights)}
     else:
         raise ConfigError(f"kernel: {type(kernel).__name__} has no YAML form; allowed: DenseKernel, "
-                          "PowerKernel, TableKernel (an AlibiKernel is a RolloutModel)")
+                          "PowerKernel, TableKernel, AlibiKernel")
     return {"sequence_length": int(model.sequence_length), "num_layers": int(model.num_layers),
             "kernel_config": section, "lambda_schedule_config": schedule}

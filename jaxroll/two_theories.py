@@ -46,9 +46,10 @@ from jaxtyping import Array, Float
 
 from . import metrics, presets
 from .errors import ConfigError
-from .kernels import layer_kernel
+from .engine.alibi import layer_kernel
 from .model import RolloutModel
-from .structured import dense_causal_kernel
+from .engine.step import layer_step
+from .engine.structured import dense_causal_kernel
 from .theory import kinetic
 
 __all__ = ["to_distribution", "kinetic_distribution", "rollout_distribution", "TheoryFit",
@@ -119,7 +120,7 @@ def _rollout_profile(slopes, weights, temperature, layers, max_layers: int, lamb
     lambdas = jnp.where(depth < layers, jnp.clip(lambda_0 / (depth + 1) ** gamma, 0.0, 1.0), 0.0)
 
     def layer(row, weight):
-        return (1 - weight) * row + weight * (row @ kernel), None
+        return layer_step(row, weight, row @ kernel), None
 
     row, _ = jax.lax.scan(layer, jnp.zeros(n, dtype).at[n - 1].set(1.0), lambdas)
     return row / jnp.sum(row)

@@ -1,7 +1,7 @@
 """The hand-written adjoint of the causal structured product (issue 24).
 
-`structured._causal_product`'s backward pass is written out
-(`structured._causal_adjoint`), not autodiff of the forward. Oracles: JAX
+`structured_adjoint._causal_product`'s backward pass is written out
+(`structured_adjoint._causal_adjoint`), not autodiff of the forward. Oracles: JAX
 autodiff of the dense softmax kernel (`kernels.layer_kernel`, no structured
 code) and central finite differences of a plain NumPy float64 product
 (tests/oracle.py). Every branch of the product is exercised: exact
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import jaxroll
-from jaxroll import rollout, structured, structured_adjoint
+from jaxroll import rollout
+from jaxroll.engine.plan import plan
+from jaxroll.engine import structured, structured_adjoint
 
 import oracle
 
@@ -33,7 +35,7 @@ def _losses(g, n, heads, transient, head_chunk):
                                                       head_chunk=head_chunk))
 
     def dense_loss(v, m, d, w, tau):
-        return jnp.dot(g, v @ jaxroll.kernels.layer_kernel(m, d, zeros, w, tau, n, "causal", None))
+        return jnp.dot(g, v @ jaxroll.engine.alibi.layer_kernel(m, d, zeros, w, tau, n, "causal", None))
 
     return structured_loss, dense_loss
 
@@ -154,7 +156,7 @@ def test_shared_kernel_path_gives_every_layer_its_gradient(equal_layers):
             assert abs(float(got[index]) - difference) < 1e-8, (name, index, float(got[index]), difference)
     # The kernel's arrays concrete, lambdas and temperature traced: the shared
     # path itself runs under grad; the same gradients as the per-layer ones above.
-    assert rollout._takes_shared_path(model, n, "structured") == equal_layers
+    assert plan(model, n, "structured").shared_kernel == equal_layers
 
     def partial(lambdas, temperature):
         return jnp.dot(jnp.asarray(g), jaxroll.influence(dataclasses.replace(model, lambdas=lambdas,

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import jaxroll
-from jaxroll import structured
+from jaxroll.engine.plan import plan
+from jaxroll.engine import structured
 
 import oracle
 
@@ -138,8 +139,8 @@ def test_shared_slopes_with_per_layer_content_matches_the_oracle(mask, window):
                                         alibi_slopes=rng.uniform(0.05, 1, H), diagonal_scores=rng.normal(0, 2, (T, H)),
                                         head_weights=rng.uniform(0.2, 1, (T, H)), temperature=0.7, mask=mask,
                                         window=window, sequence_length=n)
-    assert jaxroll.rollout._shares_slopes(model, "structured")
-    assert not jaxroll.rollout._takes_shared_path(model, n, "structured")
+    path = plan(model, n, "structured")
+    assert path.shared_slopes and not path.shared_kernel
     want = oracle.influence(_arrays(model), n)
     np.testing.assert_allclose(jaxroll.influence(model), want / want.sum(), rtol=0, atol=1e-12)
 

@@ -5,7 +5,7 @@ masked softmax of the scores ``f_h(i - j)`` (relative kernels) or takes the
 given matrices (dense), mixes heads, and multiplies the transitions
 ``R_t = (1 - lambda_t) I + lambda_t A_t`` in float64. It shares no code with
 jaxroll. Tolerance 1e-12 (float64): the FFT products' rounding is of order
-``eps log2(L) ||u|| ||g||`` (module docstring of jaxroll.relative), a few
+``eps log2(L) ||u|| ||g||`` (module docstring of jaxroll.engine.relative), a few
 1e-15 at these sizes even with tables that rise by e^3 above f(1).
 """
 
@@ -149,7 +149,7 @@ def test_alibi_kernel_and_power_alpha_one_equal_the_rollout_model():
                                             head_weights=rng.uniform(0.1, 1, (T, H)), sequence_length=n)
     arrays = oracle.config_arrays(yaml.safe_load(yaml.safe_dump(jaxroll.schema.config_from_model(reference))))
     kernels = [oracle.layer_kernel(arrays, t, n) for t in range(T)]
-    alibi = KernelRolloutModel.create(kernel=jaxroll.AlibiKernel.from_model(reference), lambdas=reference.lambdas,
+    alibi = KernelRolloutModel.create(kernel=reference.kernel, lambdas=reference.lambdas,
                                       sequence_length=n)
     check_model(alibi, kernels, n)
     power = KernelRolloutModel.create(
@@ -385,12 +385,12 @@ def test_rising_tables_are_exact(rise):
     np.testing.assert_allclose(profile, expected / expected.sum(), rtol=0, atol=1e-10)
     v = np.random.default_rng(2).uniform(0, 1, n)
     import jax.numpy as jnp
-    exact = np.asarray(jaxroll.relative.row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
+    exact = np.asarray(jaxroll.engine.relative.row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
     np.testing.assert_allclose(exact, v @ dense, rtol=0, atol=1e-10)
-    alpha = float(jaxroll.relative.amplification(jnp.asarray(scores)))
+    alpha = float(jaxroll.engine.relative.amplification(jnp.asarray(scores)))
     if 20.0 <= rise <= 60.0:  # the FFT alone would be wrong here: the fallback matters
-        assert alpha > jaxroll.relative.MAX_AMPLIFICATION
-        fft = np.asarray(jaxroll.relative.fft_row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
+        assert alpha > jaxroll.engine.relative.MAX_AMPLIFICATION
+        fft = np.asarray(jaxroll.engine.relative.fft_row_times_kernel(jnp.asarray(v), jnp.asarray(scores), jnp.ones(1)))
         assert np.max(np.abs(fft - v @ dense)) > 1e-9
     if rise == 0.0:
         assert alpha <= 1.0
@@ -405,6 +405,6 @@ def test_direct_product_matches_the_oracle_for_random_tables():
         scores = rng.uniform(-30, 30, (3, n))
         weights = rng.uniform(0.1, 1, 3)
         v = rng.uniform(0, 1, n)
-        got = np.asarray(jaxroll.relative.direct_row_times_kernel(
+        got = np.asarray(jaxroll.engine.relative.direct_row_times_kernel(
             jnp.asarray(v), jnp.asarray(scores), jnp.asarray(weights)))
         np.testing.assert_allclose(got, v @ oracle_relative_kernel(scores, weights), rtol=0, atol=1e-12)

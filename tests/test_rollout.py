@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxroll
+from jaxroll.engine.plan import Path, plan
 from conftest import ROLLOUT_CONFIGS
 
 import oracle
@@ -198,6 +199,12 @@ def test_bad_arguments():
         jaxroll.attention_kernel(model, 4, 5)
 
 
+def _settles(model, n):
+    """The planner's ``(settled, transient)`` for `model` at length n."""
+    path = plan(model, n, "structured")
+    return path.settled, path.transient
+
+
 def _long_model(slopes):
     """Two layers, two heads, content on the diagonal: every causal product's branch matters beyond row P."""
     return jaxroll.RolloutModel(
@@ -242,11 +249,11 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes, rung
     to 1; gradients of W1 (every model array) to 1e-10 of their largest
     entry.
     """
-    n = jaxroll.structured.TRANSIENT[True] + 64
+    n = jaxroll.engine.structured_products.TRANSIENT[True] + 64
     model = _long_model(slopes)
     settled = rung < 2
-    assert jaxroll.rollout._settles(model, n, "structured") == concrete
-    assert int(jaxroll.structured.settled_rung(model.alibi_slopes, model.head_weights, model.temperature,
+    assert _settles(model, n) == concrete
+    assert int(jaxroll.engine.structured.settled_rung(model.alibi_slopes, model.head_weights, model.temperature,
                                                jnp.float64)) == rung
     expected = np.asarray(_row_profile(model, n))
     for profile in (np.asarray(jaxroll.influence(model, n)), np.asarray(_traced_profile(model, n))):
@@ -254,7 +261,7 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes, rung
         assert abs(profile.sum() - 1.0) < 1e-12
     # The stationary split would be wrong here by far more than the tolerance.
     if not settled:
-        split = jaxroll.rollout._influence_with_mass(model, n, "structured", settled=True)[0]
+        split = jaxroll.rollout._influence_with_mass(model, n, Path(settled=True))[0]
         assert np.abs(np.asarray(split) - expected).max() > 1e-9
 
     got, want = _traced_gradient(model, n), _row_gradient(model, n)
@@ -286,9 +293,9 @@ def _brute_force_prefix(slopes, weights, temperature, eps, block, limit):
 def test_settled_prefix_is_the_shortest_block_multiple(slopes, weights, temperature, dtype):
     """`settled_prefix` against trying every multiple of BLOCK up to the dtype's TRANSIENT."""
     eps = float(np.finfo(dtype).eps)
-    limit = jaxroll.structured.TRANSIENT[dtype == "float64"]
-    expected = _brute_force_prefix(slopes, weights, temperature, eps, jaxroll.structured.BLOCK, limit)
-    got = jaxroll.structured.settled_prefix(np.asarray(slopes), np.asarray(weights), temperature, np.dtype(dtype))
+    limit = jaxroll.engine.structured_products.TRANSIENT[dtype == "float64"]
+    expected = _brute_force_prefix(slopes, weights, temperature, eps, jaxroll.engine.structured.BLOCK, limit)
+    got = jaxroll.engine.structured.settled_prefix(np.asarray(slopes), np.asarray(weights), temperature, np.dtype(dtype))
     assert got == expected
 
 
@@ -304,7 +311,7 @@ def test_the_shortest_prefix_splits_rows_that_were_exact_before():
     """
     model = _long_model([[0.5, 0.01], [0.02, 1.0]])
     n = 4000
-    assert jaxroll.rollout._settles(model, n, "structured") == (True, 3648)
+    assert _settles(model, n) == (True, 3648)
     arrays = {"lambdas": np.asarray(model.lambdas), "slopes": np.asarray(model.alibi_slopes),
               "diagonal": np.asarray(model.diagonal_scores), "base": np.zeros((2, 2)),
               "weights": np.asarray(model.head_weights), "temperature": 1.0, "mask": "causal", "window": None}
@@ -326,17 +333,17 @@ def test_settled_rung_against_the_settling_condition(dtype, smallest, temperatur
     """
     eps = float(np.finfo(dtype).eps)
     rung_rows = 64 * int(np.ceil(-np.log(eps) * 2.0 ** 8 / 64))
-    assert jaxroll.structured.alibi_prefix(np.dtype(dtype)) == rung_rows
+    assert jaxroll.engine.structured.alibi_prefix(np.dtype(dtype)) == rung_rows
     slopes = np.array([[1.0, smallest], [0.5, 0.25]])
     weights = np.ones((2, 2))
     a = slopes / temperature
     if np.all(a * rung_rows >= -np.log(eps)):
         expected = 0
-    elif np.all(a * jaxroll.structured.TRANSIENT[dtype == "float64"] >= -np.log(eps)):
+    elif np.all(a * jaxroll.engine.structured_products.TRANSIENT[dtype == "float64"] >= -np.log(eps)):
         expected = 1
     else:
         expected = 2
-    got = jaxroll.structured.settled_rung(jnp.asarray(slopes), jnp.asarray(weights), jnp.asarray(temperature),
+    got = jaxroll.engine.structured.settled_rung(jnp.asarray(slopes), jnp.asarray(weights), jnp.asarray(temperature),
                                           np.dtype(dtype))
     assert int(got) == expected
     if smallest == 2.0 ** -8 and temperature == 1.0:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jaxroll
-from jaxroll import structured, structured_products
+from jaxroll.engine import structured, structured_products
 from conftest import ROLLOUT_CONFIGS
 
 import oracle
@@ -231,7 +231,7 @@ def test_stationary_split_matches_the_dense_oracle(data, n, heads):
     got = _structured_product(v, slopes, diagonal, weights, temperature, "causal", None, transient=64)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     w = np.asarray(weights) / np.sum(weights)
-    direct = structured._causal_mixture(jnp.asarray(v), jnp.asarray(slopes) / temperature,
+    direct = structured_products._causal_mixture(jnp.asarray(v), jnp.asarray(slopes) / temperature,
                                         jnp.asarray(diagonal) / temperature, jnp.asarray(w), 64, 16)
     np.testing.assert_allclose(direct, expected, rtol=0, atol=1e-12)
 
@@ -250,7 +250,7 @@ def test_unsettled_heads_fall_back_to_exact_normalisers(slopes, weights):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     if weights[0] > 0:  # the split really would be wrong here, so the fallback matters
         w = np.asarray(weights) / np.sum(weights)
-        split = structured._causal_mixture(jnp.asarray(v), jnp.asarray(slopes), jnp.asarray([0.5, -1.0]),
+        split = structured_products._causal_mixture(jnp.asarray(v), jnp.asarray(slopes), jnp.asarray([0.5, -1.0]),
                                            jnp.asarray(w), 32, 16)
         assert np.max(np.abs(np.asarray(split) - expected)) > 1e-6
 
@@ -285,7 +285,7 @@ def test_layer_gradients_match_autodiff_of_the_dense_kernel(data, n, mask, trans
         return jnp.dot(g, structured.row_times_kernel(v, m, d, zeros, w, tau, mask, window, transient=transient))
 
     def dense_loss(v, m, d, w, tau):
-        return jnp.dot(g, v @ jaxroll.kernels.layer_kernel(m, d, zeros, w, tau, n, mask, window))
+        return jnp.dot(g, v @ jaxroll.engine.alibi.layer_kernel(m, d, zeros, w, tau, n, mask, window))
 
     args = tuple(jnp.asarray(x) for x in (v, slopes, diagonal, weights, temperature))
     got = jax.grad(structured_loss, argnums=range(5))(*args)

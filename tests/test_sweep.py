@@ -214,7 +214,7 @@ def test_chunks_and_batch_size_do_not_change_the_profiles():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"temperature": []}, r"^temperature: the axis is empty"),
-    ({"slopes": [1.0]}, r"^axis 'slopes': a PowerKernel field; allowed for a RolloutModel: lambdas, "),
+    ({"slopes": [1.0]}, r"^axis 'slopes': not a field of a AlibiKernel model; allowed: lambdas, lambda_0, beta, alibi_slopes, "),
     ({"bogus": [1.0]}, r"^axis 'bogus': unknown field; allowed: one of lambdas, "),
     ({"temperature": [1.0, True]}, r"^temperature\[1\]: got True; allowed: a number \(not a boolean or a string\)$"),
     ({"slope_scale": ["2"]}, r"^slope_scale\[0\]: got '2'; allowed: a number"),

@@ -153,19 +153,16 @@ def check_memory(model, arguments) -> None:
 
 def check_kernel_length(model) -> None:
     """A kernel model's length, checked before anything is written (dense N, table offsets)."""
-    from ..model import KernelRolloutModel
-
-    if isinstance(model, KernelRolloutModel):
-        try:
-            model.kernel.check_length(model.sequence_length)
-        except ConfigError as error:
-            raise ConfigError(f"--length {model.sequence_length}: {str(error).partition(': ')[2]}") from None
+    try:
+        model.kernel.check_length(model.sequence_length)
+    except ConfigError as error:
+        raise ConfigError(f"--length {model.sequence_length}: {str(error).partition(': ')[2]}") from None
 
 
 def require_alibi_model(model, command: str) -> None:
-    from ..model import KernelRolloutModel
+    from ..kernel_types import AlibiKernel
 
-    if isinstance(model, KernelRolloutModel):
+    if not isinstance(model.kernel, AlibiKernel):
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))

@@ -198,26 +198,6 @@ def _add_kernel_fit_parser(commands) -> None:
     fit.set_defaults(run=_run_kernel_fit)
 
 
-def _dense_model(model):
-    """`model` with its layer kernels at its length as a `DenseKernel` (measured
-    configs already are)."""
-    import numpy as np
-
-    from ..kernel_types import DenseKernel
-    from ..model import KernelRolloutModel
-    from ..rollout import attention_kernel
-
-    if isinstance(model, KernelRolloutModel) and isinstance(model.kernel, DenseKernel):
-        return model
-    n = model.sequence_length
-    kernels = np.stack([np.asarray(attention_kernel(model, t, n), dtype=np.float64)
-                        for t in range(model.num_layers)])
-    # float32 kernels: renormalise the rows to float64 sums of 1.
-    kernels /= kernels.sum(axis=-1, keepdims=True)
-    return KernelRolloutModel.create(kernel=DenseKernel.create(kernels), lambdas=np.asarray(model.lambdas),
-                                      sequence_length=n)
-
-
 def _run_kernel_fit(arguments) -> None:
     import sys
 
@@ -229,6 +209,7 @@ def _run_kernel_fit(arguments) -> None:
 
     from .. import io
     from ..kernel_fit import fit_kernel
+    from ..model import as_dense_model
     from ..metrics import wasserstein
     from ..rollout import influence
 
@@ -237,7 +218,7 @@ def _run_kernel_fit(arguments) -> None:
     if bytes_needed > 4 * 2 ** 30:
         raise ConfigError(f"fit-kernel: {model.num_layers} dense {model.sequence_length}^2 kernels need "
                           f"{bytes_needed / 2 ** 30:.1f} GiB; allowed: up to 4 GiB (pass a smaller --length)")
-    model = _dense_model(model)
+    model = as_dense_model(model)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit_kernel(model, family=arguments.family, num_heads=arguments.heads, steps=arguments.steps)
     io.save_config(result.model, out / "fitted.yaml", overwrite=True)

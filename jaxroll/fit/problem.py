@@ -17,7 +17,8 @@ from jaxtyping import Array
 from .. import metrics
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..model import KernelRolloutModel, RolloutModel
+from ..engine.alibi import AlibiKernel
+from ..model import RolloutModel, check_model
 from ..rollout import METHODS, influence
 from .losses import _loss_function
 from .parametrisation import CONTENTS, SCHEDULES, _check_names, _Parametrisation
@@ -77,17 +78,11 @@ def _check_non_negative_int(field: str, value) -> int:
 
 
 def _as_numpy_model(model, n: int):
-    """The model re-checked by `RolloutModel.create` (`KernelRolloutModel.create`), NumPy float64 arrays."""
-    if isinstance(model, KernelRolloutModel):  # only the lambdas were free; the kernel is as measured
-        return KernelRolloutModel.create(kernel=model.kernel, lambdas=np.asarray(model.lambdas, dtype=np.float64),
-                                         sequence_length=n)
-    arrays = {name: np.asarray(getattr(model, name), dtype=np.float64)
-              for name in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores", "head_weights")}
+    """The model as NumPy float64 arrays, re-checked by `RolloutModel.create` (the kernel's own ranges)."""
+    kernel = jax.tree.map(lambda x: np.asarray(x, dtype=np.float64), model.kernel)
     try:
-        return RolloutModel.create(
-            num_layers=model.num_layers, num_heads=model.num_heads,
-            temperature=np.asarray(model.temperature, dtype=np.float64),
-            mask=model.mask, window=model.window, sequence_length=n, **arrays)
+        return RolloutModel.create(kernel=kernel, lambdas=np.asarray(model.lambdas, dtype=np.float64),
+                                   sequence_length=n)
     except ConfigError as error:
         raise ConfigError(f"fit: the optimisation left the valid range ({error}); "
                           "try fewer free arrays or a smaller learning rate") from None
@@ -100,17 +95,17 @@ def _compare(p, target) -> metrics.Comparison:
 
 def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
     """Check the arguments; the static problem, the fixed part of the model, the target."""
-    if not isinstance(model, (RolloutModel, KernelRolloutModel)):
-        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel or KernelRolloutModel")
+    check_model(model)
     names = _check_names(names)
-    if isinstance(model, KernelRolloutModel):
-        # Any kernel (dense measured attention, a table, a power kernel): held fixed, only lambda is fitted.
+    alibi = isinstance(model.kernel, AlibiKernel)
+    if not alibi:
+        # Any other kernel (dense measured attention, a table, a power kernel): held fixed, only lambda is fitted.
         if names != ("lambdas",):
-            raise ConfigError(f"fit: {','.join(names)} on a KernelRolloutModel ({type(model.kernel).__name__}); "
+            raise ConfigError(f"fit: {','.join(names)} on a model with a {type(model.kernel).__name__}; "
                               "allowed: lambdas (the kernel is held fixed; fit it with jaxroll fit-kernel)")
-        n_checked = model.sequence_length if n is None else n
-        if isinstance(n_checked, (int, np.integer)) and n_checked >= 1:
-            model.kernel.check_length(int(n_checked))
+    n_checked = model.sequence_length if n is None else n
+    if isinstance(n_checked, (int, np.integer)) and n_checked >= 1:
+        model.kernel.check_length(int(n_checked))
     if schedule not in SCHEDULES:
         raise ConfigError(f"schedule: got {schedule!r}; allowed: one of {', '.join(SCHEDULES)}")
     if schedule != "free" and "lambdas" not in names:
@@ -122,7 +117,7 @@ def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
     n = model.sequence_length if n is None else check_positive_int("n", n)
     target = jnp.asarray(_check_target(target, n))
-    heads = model.num_heads if isinstance(model, RolloutModel) else 1  # a kernel model fits lambdas alone
+    heads = model.num_heads if alibi else 1  # another kernel's model fits lambdas alone
     parametrisation = _Parametrisation(names, schedule, content, model.num_layers, heads)
     problem = _Problem(parametrisation, _loss_function(loss), n, method, optimizer)
     # The free/fixed split: the free arrays are rebuilt from the

@@ -80,21 +80,21 @@ def _finish(sums, count, shape: Shapes) -> dict:
 
 
 def offset_rollout_model(offsets, lambdas, sequence_length: int | None = None):
-    """A `KernelRolloutModel` with the Toeplitz kernel of `offsets` ``(L, H, N)`` (module docstring).
+    """A `RolloutModel` with the Toeplitz kernel of `offsets` ``(L, H, N)`` (module docstring).
 
     `lambdas` ``(L,)`` in [0, 1] (clipped). Defined for lengths up to the
     measured N.
     """
     from ..kernel_types import TableKernel
-    from ..model import KernelRolloutModel
+    from ..model import RolloutModel
 
     offsets = np.asarray(offsets, dtype=np.float64)
     layers, heads, n = offsets.shape
     scores = np.log(np.maximum(offsets, FLOOR))
     kernel = TableKernel.create(num_layers=layers, num_heads=heads, offset_scores=scores[:, :, 1:] if n > 1
                                 else scores, diagonal_scores=scores[:, :, 0])
-    return KernelRolloutModel.create(kernel=kernel, lambdas=np.clip(np.asarray(lambdas, dtype=np.float64), 0, 1),
-                                     sequence_length=sequence_length or n)
+    return RolloutModel.create(kernel=kernel, lambdas=np.clip(np.asarray(lambdas, dtype=np.float64), 0, 1),
+                               sequence_length=sequence_length or n)
 
 
 def _summary(offsets) -> str:

@@ -73,7 +73,7 @@ class Measurement:
 
         A model without ALiBi (rotary: Llama, Mistral, Qwen2; learned
         positions: GPT-2) whose mean attention was measured gets a
-        `KernelRolloutModel` instead: its kernels are the measured
+        `RolloutModel` over a `DenseKernel` instead: its kernels are the measured
         ``attention_mean`` (L, N, N) as a `DenseKernel`, exactly as the
         model computed it (eager Llama takes its softmax in float32, so rows
         sum to 1 within ~1e-7). Only where a row misses 1 by more than
@@ -81,7 +81,7 @@ class Measurement:
         rows divided by their sums.
         """
         from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
-        from ..model import KernelRolloutModel, RolloutModel
+        from ..model import RolloutModel
 
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
@@ -91,8 +91,8 @@ class Measurement:
             if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
                 attention = attention / sums
             kernel = DenseKernel.create(attention, field="attention_mean")
-            return KernelRolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
-                                             sequence_length=sequence_length or self.sequence_length)
+            return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
+                                       sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)
         diagonal = 0.0 if self.content_diagonal is None else scale * self.content_diagonal
         base = 0.0 if self.content_base is None else scale * self.content_base

@@ -119,7 +119,7 @@ def sweep(
     (arXiv 2602.16837).
 
     Args:
-        model: the base `RolloutModel`, or a `KernelRolloutModel` (lambda
+        model: the base `RolloutModel`, over any kernel (lambda
             axes over any kernel; kernel fields by `KERNEL_AXES`).
         lengths: sequence lengths to evaluate at every point (default: the
             model's ``sequence_length`` only), all in one compiled call:

@@ -6,14 +6,13 @@ Errors are one line naming the axis and the index of the value
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from .. import schedules
 from .._checks import as_float_scalar, check_positive_int, check_range, is_concrete
 from ..errors import ConfigError
-from ..model import KernelRolloutModel, RolloutModel
+from ..model import RolloutModel
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
@@ -25,17 +24,23 @@ mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
 grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
 `RolloutModel.create` takes for that field.
 
-A `KernelRolloutModel` sweeps the lambda axes over any kernel (a schedule
-over measured `DenseKernel`s, say) and, for a `PowerKernel`, ``slopes``,
+Any kernel sweeps the lambda axes (a schedule over measured `DenseKernel`s,
+say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
+ones above, for a `PowerKernel`, ``slopes``,
 ``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
 ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
 ``head_weights`` (see `KERNEL_AXES`)."""
 
 
-KERNEL_AXES = {"PowerKernel": ("slopes", "exponents", "slope_scale", "diagonal_scores", "head_weights"),
+KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores", "head_weights", "temperature"),
+               "PowerKernel": ("slopes", "exponents", "slope_scale", "diagonal_scores", "head_weights"),
                "TableKernel": ("diagonal_scores", "head_weights"),
-               "DenseKernel": (), "AlibiKernel": ()}
-"""The kernel fields a `KernelRolloutModel` sweep may vary, by kernel type (besides the lambda axes)."""
+               "DenseKernel": ()}
+"""The kernel fields a sweep may vary, by kernel type (besides the lambda axes); a kernel type
+not listed sweeps the lambda axes only."""
+
+SLOPE_FIELDS = ("alibi_slopes", "slopes")
+"""The field a ``slope_scale`` axis multiplies: the first of these the kernel has."""
 
 
 _LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
@@ -80,17 +85,6 @@ def _scalar(axis: str, index: int, value) -> float:
     return number
 
 
-def _base_fields(model: RolloutModel) -> dict[str, Any]:
-    return {"num_layers": model.num_layers, "num_heads": model.num_heads,
-            "lambdas": np.asarray(model.lambdas, np.float64),
-            "alibi_slopes": np.asarray(model.alibi_slopes, np.float64),
-            "diagonal_scores": np.asarray(model.diagonal_scores, np.float64),
-            "base_scores": np.asarray(model.base_scores, np.float64),
-            "head_weights": np.asarray(model.head_weights, np.float64),
-            "temperature": float(model.temperature), "mask": model.mask, "window": model.window,
-            "sequence_length": model.sequence_length}
-
-
 def _schedule(model: RolloutModel, value) -> np.ndarray:
     """One value of a ``lambdas`` axis as ``(T,)`` lambdas, never clipped.
 
@@ -125,8 +119,14 @@ def _kernel_fields(kernel) -> dict[str, np.ndarray]:
             if not field.metadata.get("static", False)}
 
 
-def _checked_kernel_axis(model: KernelRolloutModel, name: str, values: list) -> np.ndarray:
-    """A kernel axis' values, each checked by the kernel type's own `create`."""
+def slope_field(kernel) -> str:
+    """The kernel field a ``slope_scale`` axis multiplies (`SLOPE_FIELDS`)."""
+    names = {field.name for field in dataclasses.fields(kernel)}
+    return next((name for name in SLOPE_FIELDS if name in names), "")
+
+
+def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
+    """The axis' values as stacked arrays, each checked as the model's (kernel's) `create` checks it."""
     kernel = model.kernel
     allowed = KERNEL_AXES.get(type(kernel).__name__, ())
     if name not in allowed and name not in _LAMBDA_AXES:
@@ -134,54 +134,21 @@ def _checked_kernel_axis(model: KernelRolloutModel, name: str, values: list) -> 
                           + ", ".join(("lambdas", "lambda_0", "beta") + allowed))
     if name in _SCALAR_AXES:
         return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
-    if name == "lambdas":
-        stacked = []
-        for k, value in enumerate(values):
-            try:
-                if not is_concrete(value):
-                    raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
-                stacked.append(np.asarray(KernelRolloutModel.create(
-                    kernel=kernel, lambdas=_schedule(model, value),
-                    sequence_length=model.sequence_length).lambdas, np.float64))
-            except ConfigError as error:
-                raise _reword(name, k, error) from None
-        return np.stack(stacked)
-    base = _kernel_fields(kernel)
-    stacked = []
-    for k, value in enumerate(values):
-        try:
-            if not is_concrete(value):
-                raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
-            checked = type(kernel).create(num_layers=kernel.num_layers, num_heads=kernel.num_heads,
-                                          **{**base, name: value})
-        except ConfigError as error:
-            raise _reword(name, k, error) from None
-        stacked.append(np.asarray(getattr(checked, name), np.float64))
-    return np.stack(stacked)
-
-
-def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
-    """The axis' values as stacked arrays, each checked as `RolloutModel.create` checks it."""
-    if isinstance(model, KernelRolloutModel):
-        return _checked_kernel_axis(model, name, values)
-    if name in ("slopes", "exponents"):
-        raise ConfigError(f"axis {name!r}: a PowerKernel field; allowed for a RolloutModel: "
-                          + ", ".join(a for a in AXES if a not in ("slopes", "exponents")))
-    if name in _SCALAR_AXES:
-        return np.array([_scalar(name, k, value) for k, value in enumerate(values)])
-    base = _base_fields(model)
-    field = name
     stacked = []
     for k, value in enumerate(values):
         try:
             if not is_concrete(value):
                 raise ConfigError(f"got {type(value).__name__}; allowed: concrete numbers")
             if name == "lambdas":
-                value = _schedule(model, value)
-            checked = RolloutModel.create(**{**base, field: value})
+                checked = RolloutModel.create(kernel=kernel, lambdas=_schedule(model, value),
+                                              sequence_length=model.sequence_length)
+            else:
+                arguments = {field.name: getattr(kernel, field.name) for field in dataclasses.fields(kernel)}
+                checked = type(kernel).create(num_layers=kernel.num_layers, num_heads=kernel.num_heads,
+                                              **{**arguments, name: value})
         except ConfigError as error:
             raise _reword(name, k, error) from None
-        stacked.append(np.asarray(getattr(checked, field), np.float64))
+        stacked.append(np.asarray(getattr(checked, name), np.float64))
     return np.stack(stacked)
 
 

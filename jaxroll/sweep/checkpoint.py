@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
-from ..model import KernelRolloutModel
 from .plan import _Plan
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
@@ -31,9 +30,8 @@ def _fingerprint(plan: _Plan) -> str:
     for name in sorted(plan.columns):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(plan.columns[name], np.float64).tobytes())
-    if isinstance(plan.base, KernelRolloutModel):  # the fixed kernel arrays are not in the leaves
-        for leaf in jax.tree.leaves(plan.base.kernel):
-            digest.update(np.ascontiguousarray(np.asarray(leaf, np.float64)).tobytes())
+    for leaf in jax.tree.leaves(plan.base.kernel):  # the fixed kernel arrays are not in the leaves
+        digest.update(np.ascontiguousarray(np.asarray(leaf, np.float64)).tobytes())
     digest.update(repr((plan.lengths, plan.method, plan.batch_size, plan.base.mask, getattr(plan.base, "window", None),
                         str(jnp.result_type(float)))).encode())
     return digest.hexdigest()

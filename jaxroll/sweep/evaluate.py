@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..model import KernelRolloutModel, RolloutModel
+from ..model import RolloutModel
 from ..rollout import rollout_row
 from .plan import _groups, _mesh_context, _Plan
 from .statistics import shape_statistics
@@ -19,13 +19,11 @@ from .statistics import shape_statistics
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
 def _point_model(base, leaves: dict, n: int):
-    """One point of a sweep: a `RolloutModel` from the point's arrays (every array is a leaf), or
-    a kernel model's `base` (replicated) with the point's `leaves` put in."""
-    if isinstance(base, RolloutModel):
-        return RolloutModel(**leaves, mask=base.mask, window=base.window, sequence_length=n)
+    """One point of a sweep: `base` (replicated) with the point's `leaves` put in (``lambdas`` and
+    ``kernel.<field>`` for the kernel fields an axis varies)."""
     fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name != "lambdas"}
-    return KernelRolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
-                              sequence_length=n)
+    return RolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
+                        sequence_length=n)
 
 
 def _one_hot_rows(starts, size: int, dtype):

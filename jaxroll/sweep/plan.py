@@ -14,8 +14,8 @@ from jax.sharding import AxisType, Mesh
 from .. import memory
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..model import KernelRolloutModel, RolloutModel
-from .axes import _LAMBDA_AXES, _SCALAR_AXES, _axis_values, _base_fields, _check_lengths, _checked_axis, _kernel_fields
+from ..model import RolloutModel, check_model
+from .axes import _LAMBDA_AXES, _SCALAR_AXES, _axis_values, _check_lengths, _checked_axis, _kernel_fields, slope_field
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
@@ -176,7 +176,7 @@ class _Plan(NamedTuple):
             lambda_0, beta = self.columns["lambda_0"][take, None], self.columns["beta"][take, None]
             leaves["lambdas"] = lambda_0 / (layers + 1.0) ** beta
         if "slope_scale" in self.columns:
-            slopes = "kernel.slopes" if isinstance(self.base, KernelRolloutModel) else "alibi_slopes"
+            slopes = f"kernel.{slope_field(self.base.kernel)}"
             leaves[slopes] = leaves[slopes] * self.columns["slope_scale"][take, None, None]
         return leaves
 
@@ -195,12 +195,9 @@ def _points(sizes: list[int], names: list[str], zipped: bool) -> tuple[tuple[int
 
 
 def _equal_layers(model: RolloutModel) -> bool:
-    """True when every layer has the same kernel (slopes, content, weights)."""
-    if isinstance(model, KernelRolloutModel):
-        arrays = tuple(_kernel_fields(model.kernel).values())
-    else:
-        arrays = (model.alibi_slopes, model.diagonal_scores, model.base_scores, model.head_weights)
-    return all(np.all(np.asarray(x) == np.asarray(x)[:1]) for x in arrays)
+    """True when every layer has the same kernel (every per-layer array equal to layer 0's)."""
+    arrays = [x for x in _kernel_fields(model.kernel).values() if x.ndim > 0]
+    return all(np.all(x == x[:1]) for x in arrays)
 
 
 def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
@@ -208,20 +205,12 @@ def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
     rows = len(lengths) * n * itemsize
     if method == "krylov":
         return 3 * rows  # the product, its normalised copy, and the gathered copy on the host
-    if isinstance(base, KernelRolloutModel):
-        # Each start row runs the kernel's own product: the FFT path for relative kernels.
-        per_row = memory.model_influence_bytes(base, n, "auto", itemsize)
-        if type(base.kernel).__name__ == "DenseKernel":  # the shared (T, N, N) array is not per point
-            per_row = 3 * n * itemsize
-        return len(lengths) * per_row + rows
-    # A vmapped layer step holds a few (head chunk, n) arrays per row (see jaxroll.structured).
-    return rows * (6 * min(base.num_heads, 16) + 4)
+    # Each start row runs the kernel's own product (`AbstractKernel.row_bytes`).
+    return len(lengths) * base.kernel.row_bytes(n, itemsize) + rows
 
 
 def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bool = False) -> _Plan:
-    if not isinstance(model, (RolloutModel, KernelRolloutModel)):
-        raise ConfigError(f"model: got {type(model).__name__}; allowed: a jaxroll.RolloutModel or "
-                          "jaxroll.KernelRolloutModel")
+    check_model(model)
     names = list(axes)
     values = {name: _axis_values(name, axes[name]) for name in names}
     if "lambdas" in values and values.keys() & {"lambda_0", "beta"}:
@@ -232,12 +221,11 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
                               "give a one-value list to hold it fixed")
     checked = {name: _checked_axis(model, name, values[name]) for name in names}
     lengths = _check_lengths(lengths)
-    if isinstance(model, KernelRolloutModel):
-        for n in lengths or (model.sequence_length,):
-            try:
-                model.kernel.check_length(n)
-            except ConfigError as error:
-                raise ConfigError(f"lengths: {n}: {str(error).partition(': ')[2]}") from None
+    for n in lengths or (model.sequence_length,):
+        try:
+            model.kernel.check_length(n)
+        except ConfigError as error:
+            raise ConfigError(f"lengths: {n}: {str(error).partition(': ')[2]}") from None
     mesh = make_mesh(mesh)
     if batch_size is not None:
         batch_size = check_positive_int("batch_size", batch_size)
@@ -245,29 +233,21 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     shape, indices = _points([len(values[n]) for n in names], names, zipped)
     count = int(np.prod(shape)) if shape else 1
     index = dict(builtins.zip(names, indices)) if names else {}
-    if isinstance(model, KernelRolloutModel):
-        # Only what varies is batched: a measured kernel (T, N, N) is not copied per point.
-        varied = {name for name in names if name not in _LAMBDA_AXES}
-        varied |= {"slopes"} if "slope_scale" in names else set()
-        base_leaves = {"lambdas": np.asarray(model.lambdas, np.float64)}
-        base_leaves |= {f"kernel.{field}": value for field, value in _kernel_fields(model.kernel).items()
-                        if field in varied}
-    else:
-        base_leaves = {field: value for field, value in _base_fields(model).items()
-                       if field in ("lambdas", "alibi_slopes", "diagonal_scores", "base_scores",
-                                    "head_weights", "temperature")}
+    # Only what varies is batched: a measured kernel (T, N, N) is not copied per point.
+    varied = {name for name in names if name not in _LAMBDA_AXES}
+    varied |= {slope_field(model.kernel)} if "slope_scale" in names else set()
+    base_leaves = {"lambdas": np.asarray(model.lambdas, np.float64)}
+    base_leaves |= {f"kernel.{field}": value for field, value in _kernel_fields(model.kernel).items()
+                    if field in varied}
     if "lambda_0" in names:
         base_leaves.pop("lambdas")  # every point's own schedule (Plan.chunk_leaves)
     picks = []
     columns = {f"{name}_index": index[name] for name in names}
     for name in names:
-        if isinstance(model, KernelRolloutModel):
-            if name in ("slopes", "exponents", "diagonal_scores", "head_weights"):
-                picks.append((f"kernel.{name}", checked[name], index[name]))
-            elif name == "lambdas":
-                picks.append((name, checked[name], index[name]))
-        elif name in ("lambdas", "alibi_slopes", "diagonal_scores", "head_weights", "temperature"):
+        if name == "lambdas":
             picks.append((name, checked[name], index[name]))
+        elif name not in _LAMBDA_AXES and name != "slope_scale":
+            picks.append((f"kernel.{name}", checked[name], index[name]))
         if name in _SCALAR_AXES:
             columns[name] = checked[name][index[name]]
         elif all(np.ndim(v) == 0 and not isinstance(v, dict) for v in values[name]):  # np.ndim(dict) is 0

@@ -34,8 +34,9 @@ from jaxtyping import Array, Float, Int
 from .. import metrics
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..kernels import layer_kernel
-from ..model import RolloutModel
+from ..engine.alibi import layer_kernel
+from ..engine.step import layer_step
+from ..model import RolloutModel, is_model
 from ..rollout import influence
 
 __all__ = [
@@ -160,7 +161,7 @@ def _first_column(model: RolloutModel, n: int):
         weight, slopes, content, base, weights = layer
         kernel = layer_kernel(slopes, content, base, weights, model.temperature, n,
                               model.mask, model.window)
-        return (1.0 - weight) * column + weight * (kernel @ column), None
+        return layer_step(column, weight, kernel @ column), None
 
     first = jnp.zeros(n, dtype=jnp.result_type(float)).at[0].set(1.0)
     layers = (model.lambdas, model.alibi_slopes, model.diagonal_scores, model.base_scores,
@@ -210,8 +211,8 @@ def _depth_scan(kernel, schedule, slot_of_layer, slots: int):
         # The kernels are all the same A, so the R_t commute and
         # P_T = P_{T-1} R_T as well as R_T P_{T-1}: the last row and the first
         # column both advance forward, one layer at a time.
-        row = (1.0 - weight) * row + weight * (row @ kernel)
-        column = (1.0 - weight) * column + weight * (kernel @ column)
+        row = layer_step(row, weight, row @ kernel)
+        column = layer_step(column, weight, kernel @ column)
         log_diagonal = log_diagonal + jnp.log1p(-weight * (1.0 - kernel_diagonal))
         log_bound = log_bound + jnp.log1p(-weight * delta)
         mixing = mixing + weight
@@ -268,7 +269,7 @@ def depth_profile(kernel, schedule, depths, n: int | None = None) -> DepthProfil
             kernel that is not square, lower triangular and row-stochastic, a
             schedule outside [0, 1], depths not increasing within 1..T_max.
     """
-    if isinstance(kernel, RolloutModel):
+    if is_model(kernel):
         if kernel.num_layers != 1:
             raise ConfigError(f"kernel: a model with {kernel.num_layers} layers; allowed: exactly 1 "
                               "(the layer-independent kernel)")
@@ -343,7 +344,7 @@ def is_stochastically_monotone(kernel, tolerance: float | None = None, n: int | 
         A `Monotonicity` with the worst violating pair (or the largest excess
         when it holds).
     """
-    if isinstance(kernel, RolloutModel):
+    if is_model(kernel):
         model = kernel
         size = _length(model, n)
         kernel = jax.vmap(lambda *layer: layer_kernel(*layer, model.temperature, size, model.mask,

@@ -76,7 +76,7 @@ _causal_product.defvjp(_causal_product_forward, _causal_product_backward)
 
 
 # The VJP before issue 24 (re-run the branch under autodiff), kept so that
-# benchmarks/influence.py can time both in one run (`structured._AUTODIFF_ADJOINT`).
+# benchmarks/influence.py can time both in one run (put in place of `_causal_product` there).
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))

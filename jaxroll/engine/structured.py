@@ -52,40 +52,18 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from .structured_adjoint import (  # noqa: F401  (private names the tests and benchmarks reach)
-    ADJOINT_ROWS,
-    _causal_adjoint,
-    _causal_product,
-    _causal_product_autodiff,
-    _prefix_length,
-    _settled,
-)
+from .structured_adjoint import ADJOINT_ROWS, _causal_product, _prefix_length, _settled
 from .structured_dense import (
     SHARED_DENSE_MAX,
     dense_causal_kernel,
     shared_kernel_rollout_row,
     shares_one_kernel,
 )
-from .structured_products import (  # noqa: F401  (TRANSIENT and _causal_mixture: tests, docs)
-    BLOCK,
-    HEAD_CHUNK,
-    TRANSIENT,
-    _causal_mixture,
-    _chunked_product,
-    head_products,
-    reverse_discounted_cumsum,
-)
+from .structured_products import BLOCK, HEAD_CHUNK, _chunked_product, head_products, reverse_discounted_cumsum
 
 __all__ = ["BLOCK", "HEAD_CHUNK", "SHARED_DENSE_MAX", "reverse_discounted_cumsum", "head_products", "row_times_kernel",
-           "causal_settled", "settled_prefix", "alibi_prefix", "settled_rung", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
+           "causal_settled", "settled_prefix", "alibi_prefix", "transient_rows", "settled_rung", "dense_causal_kernel", "shares_one_kernel", "shared_kernel_rollout_row",
            "ADJOINT_ROWS"]
-
-# The VJP before issue 24 (re-run the branch under autodiff), kept so that
-# benchmarks/influence.py can time both in one run: `row_times_kernel` picks
-# `_causal_product_autodiff` when this is set (read at trace time; clear
-# JAX's caches after changing it).
-_AUTODIFF_ADJOINT = False
-
 
 def row_times_kernel(
     row: Float[Array, " n"],
@@ -132,8 +110,7 @@ def row_times_kernel(
     c = diagonal_scores.astype(dtype) / temperature
     if mask == "causal":
         prefix = _prefix_length(dtype) if transient is None else transient
-        product = _causal_product_autodiff if _AUTODIFF_ADJOINT else _causal_product
-        return product(row, a, c, weights, prefix, head_chunk, block, settled)
+        return _causal_product(row, a, c, weights, prefix, head_chunk, block, settled)
     return _chunked_product(row, a, c, weights, mask, window, head_chunk, block)
 
 
@@ -183,6 +160,11 @@ def settled_prefix(slopes: ArrayLike, head_weights: ArrayLike, temperature: Arra
     if rows >= _prefix_length(dtype):
         return None
     return BLOCK * math.ceil(rows / BLOCK)  # TRANSIENT is a multiple of BLOCK: at most TRANSIENT
+
+
+def transient_rows(dtype) -> int:
+    """The exact prefix a causal product takes per head when nothing settled earlier: the dtype's `TRANSIENT`."""
+    return _prefix_length(dtype)
 
 
 def alibi_prefix(dtype) -> int:

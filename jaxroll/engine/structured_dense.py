@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .step import layer_step
 from .structured_products import _MAX_LOG_DECAY, _geometric_table, _powers
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.structured
@@ -107,7 +108,7 @@ def shared_kernel_rollout_row(
                                  weights, row.shape[-1])
 
     def step(vector, weight):
-        return (1.0 - weight) * vector + weight * (vector @ kernel), None
+        return layer_step(vector, weight, vector @ kernel), None
 
     return jax.lax.scan(step, row, lambdas.astype(dtype), reverse=True)[0]
 

@@ -1,0 +1,12 @@
+"""The rollout engine: kernels behind one interface, their fast products, and the planner.
+
+- `kernel`: `AbstractKernel`, what the engine needs of a kernel type;
+- `alibi`, `dense`, `offset`: the kernel types (ALiBi + content with its dense
+  reference, measured dense, relative-position);
+- `structured*`: the O(H N) ALiBi products, their adjoint and the shared dense kernel;
+- `relative`: the FFT products of relative-position kernels;
+- `plan`: `plan(model, n, method)`, the one place a path is chosen;
+- `step`: the layer step ``(1 - lambda) v + lambda v^T A``, written once.
+
+`jaxroll.rollout` runs the scans; users reach kernels through `jaxroll.kernel_types`.
+"""
