@@ -43,7 +43,8 @@ import optax
 from ._checks import check_positive_int
 from .errors import ConfigError
 from .fit.optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state,
-                           _minimise, _stop_reason, _tolerances, default_lbfgs)
+                           _minimise, _stop_reason, _tolerances, _with_extra_args, cosine_adam,
+                           default_lbfgs)
 from .kernel_types import DenseKernel, PowerKernel, TableKernel
 from .kernels import alibi_slopes
 from .model import KernelRolloutModel
@@ -179,12 +180,8 @@ def _run(target, candidates, tolerances, *, family, optimizer, max_steps, starts
 
 @functools.lru_cache(maxsize=64)
 def _adam(steps: int, learning_rate: float) -> optax.GradientTransformation:
-    return optax.with_extra_args_support(optax.adam(optax.cosine_decay_schedule(learning_rate, steps)))
-
-
-@functools.lru_cache(maxsize=64)
-def _with_extra_args(optimizer):
-    return optax.with_extra_args_support(optimizer)
+    """`cosine_adam` (to 0 over `steps`) with extra-args support, cached: one object per (steps, rate)."""
+    return _with_extra_args(cosine_adam(steps, learning_rate))
 
 
 def fit_kernel(model: KernelRolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,

@@ -46,6 +46,7 @@ from jaxtyping import Array, Float
 
 from . import metrics, presets
 from .errors import ConfigError
+from .fit.optimise import cosine_adam
 from .kernels import layer_kernel
 from .model import RolloutModel
 from .structured import dense_causal_kernel
@@ -137,13 +138,13 @@ class TheoryFit(NamedTuple):
 
 
 def _adam(loss, start, steps: int, learning_rate: float):
-    """``steps`` Adam updates (optax, cosine-decayed rate) from `start`; returns (best x, best loss, history).
+    """``steps`` Adam updates (`jaxroll.fit.cosine_adam`, to 2% of the rate) from `start`; returns (best x, best loss, history).
 
     Adam rather than L-BFGS: the problems have 3 to 10 parameters and a loss
     (W1) with kinks, and optax's L-BFGS line search took ~90 s to compile
     here against a few seconds for this scan.
     """
-    optimiser = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.02))
+    optimiser = cosine_adam(steps, learning_rate, final_fraction=0.02)
     value_and_grad = jax.value_and_grad(loss)
 
     def step(carry, _):

@@ -65,6 +65,7 @@ from .optimise import (
     LOSS_TOLERANCE as LOSS_TOLERANCE,
     PATIENCE as PATIENCE,
     FitResult as FitResult,
+    cosine_adam as cosine_adam,
     default_lbfgs as default_lbfgs,
     default_optimizer as default_optimizer,
     fit as fit,
@@ -77,4 +78,4 @@ __all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "VARIANTS", "BOX", "GLOB
            "GLOBAL_POINTS", "DETERMINED_THRESHOLD", "IDENTIFIABILITY_MAX_PARAMETERS", "TARGET_SUM_TOLERANCE",
            "GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
            "FitResult", "Identifiability", "fit", "objective", "identifiability", "compare_variants",
-           "default_optimizer", "default_lbfgs", "halton"]
+           "cosine_adam", "default_optimizer", "default_lbfgs", "halton"]
