@@ -228,7 +228,7 @@ def _run_kernel_fit(arguments) -> None:
     import numpy as np
 
     from .. import io
-    from ..kernel_fit import fit_kernel
+    from ..fit.kernel_fit import fit_kernel
     from ..metrics import wasserstein
     from ..rollout import influence
 

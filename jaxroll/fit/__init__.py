@@ -47,7 +47,10 @@ solution and reports which parameter combinations it determines.
 Modules, one idea each: `parametrisation` (unconstrained vectors -> model
 arrays, `BOX`), `losses`, `problem` (the objective and its checks), `design`
 (the global stage), `optimise` (the local stage and its stopping test, `fit`,
-`FitResult`), `identifiability`, `variants` (`compare_variants`).
+`FitResult`, `cosine_adam`), `identifiability`, `variants` (`compare_variants`).
+`kernel_fit` (imported on its own, ``from jaxroll.fit.kernel_fit import
+fit_kernel``) fits a relative-position kernel to measured dense kernels with
+the same loop.
 """
 
 from .design import GLOBAL_DIMENSIONS as GLOBAL_DIMENSIONS, GLOBAL_POINTS as GLOBAL_POINTS, halton as halton

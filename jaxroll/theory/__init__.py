@@ -15,6 +15,9 @@
   `cesaro_profile`, `cesaro_density`, `cesaro_atom`, `cesaro_poisson_density`;
   and the power law by distance (Brändel et al., arXiv 2606.29139):
   `power_law`, `fit_power_law`, `by_distance`.
+- `jaxroll.theory.two_theories` (imported on its own: it loads optax): both
+  theories fitted to one profile, `compare_theories` (also
+  `jaxroll.compare_theories`).
 """
 
 from . import baselines as baselines

@@ -19,7 +19,7 @@ box over log slopes, log exponents, diagonals and head weights; one head can
 settle on a local optimum that leaves another at weight 0), then the local
 loop from the `GLOBAL_STARTS` best, vmapped, keeping the lowest end point. A
 head fitted to a weight below `DROPPED_WEIGHT` is reported. The local loop
-is that of `jaxroll.fit` (`jaxroll.fit.optimise`:
+is that of `jaxroll.fit` (`jaxroll.fit.optimise`, beside this module:
 a compiled `lax.while_loop` that stops when the gradient norm and the
 relative change of ``L_t`` fall below tolerances, ``L_t`` reaches the floor,
 or `steps` is reached). The default optimiser is L-BFGS (``optax.lbfgs``)
@@ -40,14 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._checks import check_positive_int
-from .errors import ConfigError
-from .fit.optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state,
-                           _minimise, _stop_reason, _tolerances, _with_extra_args, cosine_adam,
-                           default_lbfgs)
-from .kernel_types import DenseKernel, PowerKernel, TableKernel
-from .kernels import alibi_slopes
-from .model import KernelRolloutModel
+from .._checks import check_positive_int
+from ..errors import ConfigError
+from ..kernel_types import DenseKernel, PowerKernel, TableKernel
+from ..kernels import alibi_slopes
+from ..model import KernelRolloutModel
+from .optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state, _minimise,
+                       _stop_reason, _tolerances, _with_extra_args, cosine_adam, default_lbfgs)
 
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
            "DROPPED_WEIGHT"]

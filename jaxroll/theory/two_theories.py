@@ -44,13 +44,14 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float
 
-from . import metrics, presets
-from .errors import ConfigError
-from .fit.optimise import cosine_adam
-from .kernels import layer_kernel
-from .model import RolloutModel
-from .structured import dense_causal_kernel
-from .theory import kinetic
+from .. import metrics, presets
+from ..bucket import pad
+from ..errors import ConfigError
+from ..fit.optimise import cosine_adam
+from ..kernels import layer_kernel
+from ..model import RolloutModel
+from ..structured import dense_causal_kernel
+from . import kinetic
 
 __all__ = ["to_distribution", "kinetic_distribution", "rollout_distribution", "TheoryFit",
            "fit_kinetic", "fit_rollout", "compare_theories", "KINETIC_HEADS"]
@@ -95,14 +96,13 @@ def rollout_distribution(geometry: RolloutModel, lambda_0, gamma, slope_scale, n
 
 
 def _padded_heads(geometry: RolloutModel, heads: int):
-    """First-layer slopes and head weights padded to `heads` with weight-0 heads (they drop out of
-    ``A = sum_h w_h A_h``), so geometries of different widths share one compiled fit."""
+    """First-layer slopes and normalised head weights of `jaxroll.bucket.pad` to `heads` (weight-0
+    heads drop out of ``A = sum_h w_h A_h``), so geometries of different widths share one compiled fit."""
     dtype = jnp.result_type(float)
-    slopes = np.zeros(heads)
-    weights = np.zeros(heads)
-    slopes[:geometry.num_heads] = np.asarray(geometry.alibi_slopes)[0]
-    weights[:geometry.num_heads] = np.asarray(geometry.head_weights)[0]
-    return jnp.asarray(slopes, dtype), jnp.asarray(weights / weights.sum(), dtype), jnp.asarray(geometry.temperature, dtype)
+    padded = pad(geometry, geometry.num_layers, heads)
+    weights = np.asarray(padded.head_weights, dtype=np.float64)[0]
+    return (jnp.asarray(np.asarray(padded.alibi_slopes, dtype=np.float64)[0], dtype),
+            jnp.asarray(weights / weights.sum(), dtype), jnp.asarray(geometry.temperature, dtype))
 
 
 def _rollout_profile(slopes, weights, temperature, layers, max_layers: int, lambda_0, gamma, slope_scale, n: int,
@@ -322,7 +322,7 @@ def compare_theories(profile, geometry: RolloutModel | None = None, *, heads=KIN
 
     Example:
         >>> import jaxroll
-        >>> from jaxroll.two_theories import compare_theories
+        >>> from jaxroll.theory.two_theories import compare_theories
         >>> q = jaxroll.influence(jaxroll.presets.get("mpt-7b", 64))
         >>> fits = compare_theories(q, jaxroll.presets.get("mpt-7b", 64), heads=(1,), steps=10)
         >>> sorted(fits)
