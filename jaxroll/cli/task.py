@@ -207,13 +207,13 @@ def _run_compare(arguments) -> None:
 
     from .. import io
     from ..rollout import influence
-    from ..task import bridge, grid
+    from ..task import grid, versus_influence
 
     rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
     if not rows:
         raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
                           "--out of jaxroll task")
-    task, length, _ = bridge.select_rows(rows, arguments.task, arguments.length)
+    task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
     if arguments.measured is not None:
         if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
             raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
@@ -228,7 +228,7 @@ def _run_compare(arguments) -> None:
         source = f"measured {arguments.measured}"
     io.prepare_output_dir(arguments.out, force=arguments.force)
     profile = np.asarray(influence(model, length), dtype=np.float64)
-    result = bridge.compare_task(rows, profile, task=task, length=length, score=arguments.score,
+    result = versus_influence.compare_task(rows, profile, task=task, length=length, score=arguments.score,
                                  resamples=arguments.resamples, source=source)
     _write_compare(result, arguments.out)
 
@@ -236,7 +236,7 @@ def _run_compare(arguments) -> None:
 def _write_compare(result, out: Path) -> None:
     import csv
 
-    from ..task import bridge
+    from ..task import versus_influence
 
     table = result.table()
     with open(out / "compare.csv", "w", newline="", encoding="utf-8") as handle:
@@ -250,7 +250,7 @@ def _write_compare(result, out: Path) -> None:
     (out / "compare.json").write_text(json.dumps(summary, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     lines = result.statement()
     (out / "compare.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    bridge.plot_comparison(result, out / "compare.png")
+    versus_influence.plot_comparison(result, out / "compare.png")
     print("jaxroll compare-task:")
     for line in lines:
         print(f"  {line}")
