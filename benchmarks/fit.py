@@ -165,7 +165,7 @@ def grid(path: Path, blocks) -> None:
 
 def kernel(path: Path) -> None:
     """fit_kernel on the power family, new default against Adam 2000 steps."""
-    from jaxroll.kernel_fit import fit_kernel
+    from jaxroll.fit.kernel_fit import fit_kernel
     from jaxroll.kernel_types import DenseKernel
 
     truths = [(0.05, 0.5, 0.0), (0.9, 1.3, 0.0), (1.5, 0.8, 0.0), (2.0, 2.0, 0.0), (0.05, 2.0, 0.0),

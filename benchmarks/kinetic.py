@@ -9,7 +9,7 @@
 2. Disagreement on one geometry: W1/(N-1) between the kinetic distribution
    and its matching rollout (`jaxroll.theory.bridge.matching_rollout`) over a
    grid of beta, lambda and t / t_crit.
-3. Fits: `jaxroll.two_theories.compare_theories` on the five published
+3. Fits: `jaxroll.theory.two_theories.compare_theories` on the five published
    models' profiles (`jaxroll.published.load(name)`, `jaxroll.influence`),
    with the fit times (each includes its compilation).
 
@@ -31,8 +31,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import jaxroll  # noqa: E402
-from jaxroll import two_theories  # noqa: E402
-from jaxroll.theory import bridge, kinetic  # noqa: E402
+from jaxroll.theory import bridge, kinetic, two_theories  # noqa: E402
 
 
 def convergence(depths):

@@ -85,7 +85,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "fit": (".fit", "fit"),
     "identifiability": (".fit", "identifiability"),
     "SweepResult": (".sweep", "SweepResult"),
-    "compare_theories": (".two_theories", "compare_theories"),
+    "compare_theories": (".theory.two_theories", "compare_theories"),
     "sweep": (".sweep", "sweep"),
     "kernel_types": (".kernel_types", None),
     "metrics": (".metrics", None),
@@ -173,6 +173,6 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
         transition as transition,
     )
     from .sweep import SweepResult as SweepResult, sweep as sweep
-    from .two_theories import compare_theories as compare_theories
+    from .theory.two_theories import compare_theories as compare_theories
 
     __version__: str

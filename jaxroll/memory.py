@@ -78,10 +78,15 @@ def format_size(size: float) -> str:
 
 
 def check_fits(needed: int, what: str, limit: int | None = None, *,
-               allowed: str = "a shorter --length (or --max-memory SIZE to override)") -> None:
-    """Raise a one-line `ConfigError` when `needed` bytes exceed `limit` (default: available memory)."""
+               allowed: str = "a shorter --length (or --max-memory SIZE to override)",
+               limit_source: str = "--max-memory allows") -> None:
+    """Raise a one-line `ConfigError` when `needed` bytes exceed `limit` (default: available memory).
+
+    The message names the budget as ``this machine has`` (no `limit`) or
+    `limit_source` (who set the limit).
+    """
     budget = available_bytes() if limit is None else limit
     if needed > budget:
-        source = "this machine has" if limit is None else "--max-memory allows"
+        source = "this machine has" if limit is None else limit_source
         raise ConfigError(f"{what}: needs about {format_size(needed)} of memory; {source} "
                           f"{format_size(budget)}; allowed: {allowed}")

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import jaxroll
-from jaxroll import two_theories
+from jaxroll.theory import two_theories
 from jaxroll.theory import bridge, kinetic
 
 plt.rcParams.update({"figure.dpi": 90, "figure.facecolor": "white", "axes.grid": True, "grid.alpha": 0.3})

@@ -85,8 +85,9 @@ def test_fit_and_sweep_stay_the_functions_after_their_modules_are_imported():
 
 
 def test_the_parser_names_equal_the_modules_names():
-    from jaxroll import kernel_fit, presets, published
     from jaxroll import fit as _  # noqa: F401
+    from jaxroll import presets, published
+    from jaxroll.fit import kernel_fit
     from jaxroll.cli import _names
 
     fit_module = sys.modules["jaxroll.fit"]

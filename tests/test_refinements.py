@@ -1,4 +1,4 @@
-"""Refined rollouts (jaxroll.refinements) and their measured ingredients (jaxroll.measure.refinements).
+"""Refined rollouts (jaxroll.theory.refinements) and their measured ingredients (jaxroll.measure.refinements).
 
 Oracles: a plain NumPy float64 rollout written here (dense transitions
 multiplied out, no scan, no einsum over heads); the existing
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxroll
-from jaxroll import refinements as R
+from jaxroll.theory import refinements as R
 from jaxroll.errors import ConfigError
 from leaf_gradients import leaf_gradient_share
 

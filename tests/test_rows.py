@@ -5,7 +5,7 @@ import pytest
 
 import jaxroll
 from jaxroll import ConfigError
-from jaxroll.rows import normalised_rows, predicted_rows, query_positions
+from jaxroll.theory.rows import normalised_rows, predicted_rows, query_positions
 
 import oracle
 

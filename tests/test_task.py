@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from tiny_tokenizer import WORDS  # noqa: E402
 
-from jaxroll.task import bridge, cases, grid, scoring, summary  # noqa: E402
+from jaxroll.task import cases, grid, scoring, summary, versus_influence  # noqa: E402
 
 PUNCTUATION = ['"', ":", ",", "{", "}", ".", "?"]
 
@@ -250,7 +250,7 @@ def test_bridge_recovers_a_monotone_link_and_its_ranks():
     profile /= profile.sum()
     curve = np.array([0.0, 0.25, 0.25, 0.5, 0.75, 1.0])  # increasing in depth, as the profile
     rows, depths = rows_with_curve(curve)
-    result = bridge.compare_task(rows, profile, score="exact")
+    result = versus_influence.compare_task(rows, profile, score="exact")
     x = np.array([profile[d: d + 3].sum() for d in depths])
     np.testing.assert_allclose(result.influence, x, rtol=1e-12)
     # Spearman by hand: Pearson correlation of average ranks (ties share their mean rank)
@@ -260,7 +260,7 @@ def test_bridge_recovers_a_monotone_link_and_its_ranks():
     assert result.spearman == pytest.approx(oracle, abs=1e-12)
     assert result.explained == pytest.approx(1.0, abs=1e-12)  # the ranks agree: isotonic fits exactly
     np.testing.assert_allclose(result.link, curve, atol=1e-12)
-    reverse = bridge.compare_task(rows_with_curve(curve[::-1])[0], profile, score="exact")
+    reverse = versus_influence.compare_task(rows_with_curve(curve[::-1])[0], profile, score="exact")
     assert reverse.spearman == pytest.approx(-oracle, abs=1e-12)
     # a non-decreasing fit of a decreasing curve is its (weighted) mean: explains nothing
     np.testing.assert_allclose(reverse.link, np.mean(curve), atol=1e-12)
@@ -270,7 +270,7 @@ def test_bridge_recovers_a_monotone_link_and_its_ranks():
 
 def test_flat_task_curve_has_no_rank_and_says_so():
     profile = np.full(50, 1 / 50)
-    result = bridge.compare_task(rows_with_curve(np.full(6, 0.5))[0], profile)
+    result = versus_influence.compare_task(rows_with_curve(np.full(6, 0.5))[0], profile)
     assert np.isnan(result.spearman)
     assert any("no curve to rank" in line for line in result.statement())
 

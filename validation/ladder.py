@@ -6,7 +6,7 @@ per-sequence gradient influence ``(S, N)`` give
 
 - the profile of every rung: the residual-aware rollout on the measured
   head-averaged attention (``base``), each refinement of
-  `jaxroll.refinements.SWITCHES` alone, and the best combination (lowest
+  `jaxroll.theory.refinements.SWITCHES` alone, and the best combination (lowest
   in-sample W1 among all compatible combinations of two or more switches);
 - every rung's `jaxroll.measure.uncertainty.score` against the
   measurement: W1 / noise of the mean (about 1 for a perfect prediction)
@@ -49,15 +49,15 @@ def means(ingredients, groups=None) -> dict:
 
 def profiles(mean_ingredients: dict, combinations) -> dict[tuple, np.ndarray]:
     """The refined-rollout profile of each switch combination (a tuple of switch names)."""
-    from jaxroll import refinements
+    from jaxroll.theory import refinements
 
     return {combo: np.asarray(refinements.refined_influence(refinements.compose(mean_ingredients, combo)))
             for combo in combinations}
 
 
 def all_combinations(switches=RUNGS_ALONE):
-    """Every subset of `switches` that `jaxroll.refinements.compatible` allows, smallest first."""
-    from jaxroll import refinements
+    """Every subset of `switches` that `jaxroll.theory.refinements.compatible` allows, smallest first."""
+    from jaxroll.theory import refinements
 
     return [combo for size in range(len(switches) + 1) for combo in itertools.combinations(switches, size)
             if refinements.compatible(combo)]

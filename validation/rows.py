@@ -12,7 +12,7 @@ out). For each, on held-out sequences (float64):
 - measured: lambda_t, content, the last-row influence (`jaxroll.measure.measure`)
   and the gradient influence on K query positions (`jaxroll.measure.rows`);
 - predicted: rows ``P_T[q_k, :]`` of the residual-aware rollout on the
-  measured configuration (`Measurement.to_rollout_model`, `jaxroll.rows.predicted_rows`);
+  measured configuration (`Measurement.to_rollout_model`, `jaxroll.theory.rows.predicted_rows`);
 - per row: ``W1 / q_k`` between predicted and measured on positions
   ``0..q_k``, the noise of the measured mean (the bootstrap median of
   ``W1(m*, m)`` over resampled sequences) and their ratio (about 1 for a
@@ -90,7 +90,7 @@ def analyse(model, token_ids, arguments, rng) -> dict:
     from jaxroll.measure import measure
     from jaxroll.measure.rows import influence_rows
     from jaxroll.measure.uncertainty import wasserstein
-    from jaxroll.rows import normalised_rows, predicted_rows
+    from jaxroll.theory.rows import normalised_rows, predicted_rows
     from jaxroll.theory.baselines import by_distance
 
     measurement = measure(model, token_ids, stats=("lambda", "content", "influence"))

@@ -55,7 +55,7 @@ def _run_kinetic(arguments) -> None:
 
     from .. import influence, io, metrics
     from ..theory import bridge, kinetic
-    from ..two_theories import to_distribution
+    from ..theory.two_theories import to_distribution
 
     model = kinetic.KineticModel.create(beta=arguments.beta, lam=arguments.lam, t=arguments.t, M=arguments.M,
                                         n_max=arguments.n_max)

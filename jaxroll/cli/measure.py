@@ -113,7 +113,7 @@ def _run_measure(arguments) -> None:
     if "content" in stats and arguments.length < 2:
         raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
     if arguments.queries is not None:
-        from ..rows import query_positions
+        from ..theory.rows import query_positions
 
         arguments.query_positions = query_positions(arguments.length, arguments.queries)
         if world.distributed:
@@ -182,7 +182,7 @@ def _add_rows(result, model, token_ids, positions, progress) -> None:
     """Rows of P_T measured on the same sequences, into `result.extra` (jaxroll.measure.rows)."""
     from ..measure.progress import Progress
     from ..measure.rows import influence_rows
-    from ..rows import normalised_rows
+    from ..theory.rows import normalised_rows
 
     bar = Progress(len(token_ids), label="jaxroll measure --queries") if progress else None
     try:
@@ -257,9 +257,9 @@ def _write(result, indices, documents, arguments, out, world, measure) -> None:
         result.metadata["refined"] = {"switches": list(refine), "file": "refined.csv"}
     written = measure.write_measurement(result, out, overwrite=True)
     if refine is not None:
-        from .. import refinements
         from ..io import write_profile
         from ..measure.refinements import ingredients_from_arrays
+        from ..theory import refinements
 
         model = refinements.compose(ingredients_from_arrays(result.arrays()), refine)
         written.append(write_profile(refinements.refined_influence(model), out / "refined.csv", overwrite=True))

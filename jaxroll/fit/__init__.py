@@ -47,7 +47,10 @@ solution and reports which parameter combinations it determines.
 Modules, one idea each: `parametrisation` (unconstrained vectors -> model
 arrays, `BOX`), `losses`, `problem` (the objective and its checks), `design`
 (the global stage), `optimise` (the local stage and its stopping test, `fit`,
-`FitResult`), `identifiability`, `variants` (`compare_variants`).
+`FitResult`, `cosine_adam`), `identifiability`, `variants` (`compare_variants`).
+`kernel_fit` (imported on its own, ``from jaxroll.fit.kernel_fit import
+fit_kernel``) fits a relative-position kernel to measured dense kernels with
+the same loop.
 """
 
 from .design import GLOBAL_DIMENSIONS as GLOBAL_DIMENSIONS, GLOBAL_POINTS as GLOBAL_POINTS, halton as halton
@@ -65,6 +68,7 @@ from .optimise import (
     LOSS_TOLERANCE as LOSS_TOLERANCE,
     PATIENCE as PATIENCE,
     FitResult as FitResult,
+    cosine_adam as cosine_adam,
     default_lbfgs as default_lbfgs,
     default_optimizer as default_optimizer,
     fit as fit,
@@ -77,4 +81,4 @@ __all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "VARIANTS", "BOX", "GLOB
            "GLOBAL_POINTS", "DETERMINED_THRESHOLD", "IDENTIFIABILITY_MAX_PARAMETERS", "TARGET_SUM_TOLERANCE",
            "GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
            "FitResult", "Identifiability", "fit", "objective", "identifiability", "compare_variants",
-           "default_optimizer", "default_lbfgs", "halton"]
+           "cosine_adam", "default_optimizer", "default_lbfgs", "halton"]

@@ -46,7 +46,7 @@ from .identifiability import Identifiability, _report
 from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
 
 __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
-           "FitResult", "fit", "default_optimizer", "default_lbfgs"]
+           "FitResult", "fit", "cosine_adam", "default_optimizer", "default_lbfgs"]
 
 # The stopping test (module docstring). The free coordinates are logits and
 # softplus arguments, O(1) per unit of effect, and the losses are O(1e-3..1)
@@ -152,9 +152,26 @@ class FitResult(eqx.Module):
         return None
 
 
+def cosine_adam(steps: int, learning_rate: float, final_fraction: float = 0.0) -> optax.GradientTransformation:
+    """``optax.adam`` whose learning rate decays along a half cosine over `steps`.
+
+    The package's one Adam (`default_optimizer`, the Adam of
+    `jaxroll.fit.kernel_fit.fit_kernel`, the fits of
+    `jaxroll.theory.two_theories`). At update ``k``, with ``r`` the
+    `learning_rate` and ``a`` the `final_fraction`,
+
+        r_k = r ((1 - a) (1 + cos(pi min(k, steps) / steps)) / 2 + a),
+
+    from ``r`` at ``k = 0`` down to ``a r`` at ``k = steps`` and held there
+    (``optax.cosine_decay_schedule(r, steps, alpha=a)``); Adam's other
+    constants are optax's defaults (``b1 = 0.9``, ``b2 = 0.999``, ``eps = 1e-8``).
+    """
+    return optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=final_fraction))
+
+
 @functools.lru_cache(maxsize=64)
 def default_optimizer(steps: int, learning_rate: float = 0.05) -> optax.GradientTransformation:
-    """``optax.adam`` with a cosine decay of the learning rate from 0.05 to 0 over `steps`.
+    """`cosine_adam`: Adam with a cosine decay of the learning rate from 0.05 to 0 over `steps`.
 
     The default for more than `LBFGS_MAX_PARAMETERS` free parameters. The
     free vectors are logits (lambda, head weights), softplus arguments
@@ -162,7 +179,7 @@ def default_optimizer(steps: int, learning_rate: float = 0.05) -> optax.Gradient
     effect, so one learning rate serves them all. Cached, so that the same
     `steps` gives the same object and a repeated fit hits the jit cache.
     """
-    return optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
+    return cosine_adam(steps, learning_rate)
 
 
 @functools.lru_cache(maxsize=1)

@@ -19,7 +19,7 @@ import types
 
 _NAMES = {
     "LAYER_MAPS": "layer_maps", "LayerMap": "layer_maps", "layer_map_for": "layer_maps",
-    "DEFAULT_STATS": "registry", "STATS": "registry", "Statistic": "registry", "Shapes": "registry",
+    "BUILTIN_STATS": "registry", "DEFAULT_STATS": "registry", "Statistic": "registry", "Shapes": "registry",
     "allowed_stats": "registry", "check_stats_allowed": "registry", "default_stats": "registry",
     "register_statistic": "registry", "statistic_names": "registry", "stats_bytes": "registry",
     "parse_stats": "registry", "Measurement": "result", "PartialSums": "partial_sums",

@@ -1,4 +1,7 @@
-"""The measured ingredients of the rollout refinements (`jaxroll.refinements`).
+"""Refined rollouts, the measured half: the ingredients the predicted half composes.
+
+The predicted half is `jaxroll.theory.refinements` (JAX, no torch): it turns
+these ingredients into a refined rollout and its profile.
 
 Forward hooks (and, for ``gradient``, tensor hooks on the backward pass) on
 the modules of a Hugging Face causal LM's `LayerMap`. For a model with L
@@ -36,11 +39,11 @@ bias), ``W_O^h`` the columns of the output projection that read head h:
   a share ``1 - lambda_t`` of the mass on the identity path; here that share
   is the residual path's gradient norm against the total gradient norm at
   the block input. It is negative where the attention path cancels part of
-  the residual gradient (`jaxroll.refinements.compose` clips it to [0, 1]).
+  the residual gradient (`jaxroll.theory.refinements.compose` clips it to [0, 1]).
 
 Two ways to get them: `measure_refinements` (sums per group of sequences,
 for in- and out-of-sample checks; ingredients named by the switches of
-`jaxroll.refinements.SWITCHES`), and the statistics registered with
+`jaxroll.theory.refinements.SWITCHES`), and the statistics registered with
 `jaxroll.measure.measure` under `STATISTICS` (``jaxroll measure --stats
 lambda,influence,attention_heads,lambda_positions,...``), which write the
 same arrays into ``measurement.npz``; `refined_profile` turns a measurement
@@ -424,7 +427,7 @@ for _name in STATISTICS:
 
 
 def ingredients_from_arrays(arrays: dict) -> dict[str, np.ndarray]:
-    """The ingredient means `jaxroll.refinements.compose` reads, from the arrays of ``measurement.npz``.
+    """The ingredient means `jaxroll.theory.refinements.compose` reads, from the arrays of ``measurement.npz``.
 
     ``lambdas`` is the measured ``lambda_t``; ``attention_heads`` as measured,
     or, without it, the head-averaged ``attention_mean (L, N, N)`` as one
@@ -445,10 +448,10 @@ def refined_profile(directory, switches=()) -> np.ndarray:
     Needs in ``measurement.npz``: ``lambdas`` (stat ``lambda``) unless a
     switch replaces it, ``attention_heads`` or ``attention_mean`` (stat
     ``attention``; ``heads`` needs ``attention_heads``), and the stat of each
-    switch (`jaxroll.refinements.STATS_FOR`). Raises `ConfigError` naming the
+    switch (`jaxroll.theory.refinements.STATS_FOR`). Raises `ConfigError` naming the
     missing stat.
     """
-    from .. import refinements
+    from ..theory import refinements
     from .outputs import read_measurement
 
     arrays, _ = read_measurement(directory)

@@ -21,8 +21,9 @@ STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "ja
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
-STATS = BUILTIN_STATS  # the built-in names; `statistic_names()` adds the registered ones
-"""What `measure` can measure (``--stats``): lambda_t, content scores, gradient influence, mean attention, mean q.k."""
+"""What `measure` measures itself (``--stats``): lambda_t, content scores, gradient influence, mean attention, mean q.k.
+
+`statistic_names` adds the registered statistics to these."""
 DEFAULT_STATS = ("lambda", "content", "influence")
 """What `measure` measures unless told otherwise (rotary models: see `default_stats`)."""
 HOOK_KINDS = ("block_input", "attention_output", "query_key", "probabilities")

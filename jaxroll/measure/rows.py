@@ -1,4 +1,7 @@
-"""Gradient influence on many query positions: measured rows of ``P_T`` (torch).
+"""Every row of the rollout, the measured half: gradient influence on many query positions (torch).
+
+The predicted half is `jaxroll.theory.rows` (`predicted_rows`; its
+`normalised_rows` puts these norms on the predicted rows' scale).
 
 For token ids ``(S, N)`` and query positions ``q_1 < ... < q_K``:
 
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..rows import query_positions
+from ..theory.rows import query_positions
 from .layer_maps import LayerMap, resolve
 
 __all__ = ["influence_rows"]
@@ -38,7 +41,7 @@ def influence_rows(model, token_ids, queries, *, batch_size: int = 8, layer_map:
     Args:
         model: a Hugging Face ``*ForCausalLM`` (eval mode for the run, restored after).
         token_ids: ``(S, N)`` integer token ids.
-        queries: a count K or positions (`jaxroll.rows.query_positions`).
+        queries: a count K or positions (`jaxroll.theory.rows.query_positions`).
         batch_size: sequences per forward pass (B >= 1).
         progress: an object with ``update(n)`` (sequences done), or None.
 

@@ -10,7 +10,7 @@ match, no generation loop) over a depth x length grid
 and summarises accuracy by depth and the effective context length
 (`jaxroll.task.summary`). ``jaxroll compare-task`` sets a task curve beside
 the influence the rollout predicts at the same positions
-(`jaxroll.task.bridge`).
+(`jaxroll.task.versus_influence`).
 
 The scoring needs torch and transformers (``jaxroll[measure]``); the
 summaries and the bridge read ``cases.jsonl`` with NumPy, SciPy and JAX
@@ -25,7 +25,8 @@ _NAMES = {
     "grid_cases": "grid", "run_grid": "grid", "read_rows": "grid",
     "Cell": "summary", "cells": "summary", "effective_length": "summary", "depth_average": "summary",
     "bootstrap_interval": "summary", "write_summary": "summary", "plot_task": "summary", "THRESHOLD": "summary",
-    "TaskComparison": "bridge", "compare_task": "bridge", "plot_comparison": "bridge", "record_influence": "bridge",
+    "TaskComparison": "versus_influence", "compare_task": "versus_influence", "plot_comparison": "versus_influence",
+    "record_influence": "versus_influence",
 }
 
 __all__ = sorted(_NAMES)

@@ -15,11 +15,21 @@
   `cesaro_profile`, `cesaro_density`, `cesaro_atom`, `cesaro_poisson_density`;
   and the power law by distance (Brändel et al., arXiv 2606.29139):
   `power_law`, `fit_power_law`, `by_distance`.
+- `jaxroll.theory.refinements`: refined rollouts, the predicted half
+  (measured per-position mixing, per-head kernels and head weights composed
+  into a rollout; `jaxroll.measure.refinements` measures them).
+- `jaxroll.theory.rows`: rows of ``P_T`` at query positions, the predicted
+  half (`jaxroll.measure.rows` measures them).
+- `jaxroll.theory.two_theories` (imported on its own: it loads optax): both
+  theories fitted to one profile, `compare_theories` (also
+  `jaxroll.compare_theories`).
 """
 
 from . import baselines as baselines
 from . import bridge as bridge
 from . import kinetic as kinetic
+from . import refinements as refinements
+from . import rows as rows
 from .baselines import (
     cesaro_profile as cesaro_profile,
     cesaro_density as cesaro_density,

@@ -253,7 +253,7 @@ def profile(s: ArrayLike, t: ArrayLike, beta: ArrayLike, lam: ArrayLike, M: Arra
         n_max: modes kept (static).
 
     Returns:
-        ``S_t(s)``, unnormalised and positive (``jaxroll.two_theories`` turns it
+        ``S_t(s)``, unnormalised and positive (``jaxroll.theory.two_theories`` turns it
         into a distribution over N positions).
 
     Example:

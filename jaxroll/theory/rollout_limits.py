@@ -88,16 +88,6 @@ def _kernel_diagonal(slopes, diagonal_scores, head_weights, temperature, n, mask
     return weights @ per_head
 
 
-def _layer_diagonals(model: RolloutModel, n: int):
-    """``(lambda_t, A_t[:, i, i])`` for every layer, by `lax.map` over layers."""
-    def one(layer):
-        slopes, content, weights = layer
-        return _kernel_diagonal(slopes, content, weights, model.temperature, n,
-                                model.mask, model.window)
-
-    return jax.lax.map(one, (model.alibi_slopes, model.diagonal_scores, model.head_weights))
-
-
 @functools.partial(jax.jit, static_argnames=("n",))
 def _diagonal(model: RolloutModel, n: int):
     def apply_layer(log_diagonal, layer):

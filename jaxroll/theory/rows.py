@@ -1,4 +1,8 @@
-"""Every row of the rollout: predicted rows of ``P_T`` at query positions, and influence by distance.
+"""Every row of the rollout, the predicted half: rows of ``P_T`` at query positions, and influence by distance.
+
+The measured half is `jaxroll.measure.rows` (torch): gradient influence on
+the same query positions; `normalised_rows` puts its norms on this module's
+scale.
 
 The theory predicts the whole matrix ``P_T = R_T ... R_1`` (arXiv
 2602.16837), not only its last row: ``P_T[i, j]`` is the predicted influence
@@ -23,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ConfigError
-from .model import RolloutModel
+from ..errors import ConfigError
+from ..model import RolloutModel
 
 __all__ = ["query_positions", "predicted_rows", "normalised_rows"]
 
@@ -66,7 +70,7 @@ def predicted_rows(model: RolloutModel, queries, n: int | None = None) -> np.nda
     K start rows: O(K T H N) for an ALiBi model, the kernel type's own
     products for any other kernel); `P_T` is never formed.
     """
-    from .rollout import rollout_row
+    from ..rollout import rollout_row
 
     n = model.sequence_length if n is None else int(n)
     positions = query_positions(n, queries)

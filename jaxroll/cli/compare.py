@@ -1,4 +1,4 @@
-"""``jaxroll compare`` and ``jaxroll forces``."""
+"""``jaxroll compare``: distances and shape statistics of two profiles, and its figure."""
 
 from __future__ import annotations
 
@@ -34,16 +34,6 @@ def add_parser(commands) -> None:
     compare.add_argument("--seed", type=_common.non_negative_int, default=0,
                          help="random seed of a band (default 0)")
     compare.set_defaults(run=_run_compare)
-
-    forces = commands.add_parser(
-        "forces", help="the four forces: causal, residual, ALiBi, content",
-        description="Decompose a configuration's profile by an ablation ladder: causal "
-                    "masking alone (lambda = 1, no slopes, no content), + residuals, + "
-                    "ALiBi, + content. Writes forces.csv and forces.png into --out and "
-                    "prints the drift each force adds.")
-    _common.add_model_arguments(forces)
-    _common.add_output_arguments(forces)
-    forces.set_defaults(run=_run_forces)
 
 
 def _run_compare(arguments) -> None:
@@ -153,37 +143,3 @@ def _cell(value, digits: int, width: int = 0) -> str:
     """A number with `digits` significant digits, or a word, right-aligned to `width`."""
     text = value if isinstance(value, str) else f"{value:.{digits}g}"
     return f"{text:>{width}}"
-
-
-def _run_forces(arguments) -> None:
-    import jax
-
-    if arguments.float64:
-        jax.config.update("jax_enable_x64", True)
-    import numpy as np
-
-    from .. import io, plot, theory
-
-    model, source = _common.model_from_arguments(arguments)
-    _common.require_alibi_model(model, "forces")
-    out = io.prepare_output_dir(arguments.out, force=arguments.force)
-
-    result = theory.forces(model)
-    profiles = np.asarray(result.profiles, dtype=np.float64)
-    if not np.all(np.isfinite(profiles)):
-        raise ConfigError("forces: a profile is not finite; try --float64")
-    positions = np.arange(profiles.shape[1])
-    np.savetxt(out / "forces.csv", np.column_stack([positions, profiles.T]), delimiter=",",
-               header="token_position," + ",".join(result.names), comments="",
-               fmt=["%d"] + ["%.17g"] * len(result.names))
-    label = arguments.config.name if arguments.config is not None else source
-    plot.plot_forces(out / "forces.png", profiles, result.names,
-                     title=f"{label}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
-    print(f"jaxroll forces: {source} (N = {profiles.shape[1]}, T = {model.num_layers}, H = {model.num_heads})")
-    print(f"  {'force':10} {'center':>9} {'first10%':>9} {'last10%':>9} "
-          f"{'d center':>9} {'d first':>9} {'d last':>9}")
-    for k, name in enumerate(result.names):
-        print(f"  +{name:9} {float(result.center_of_mass[k]):9.4f} {float(result.first_mass[k]):9.4f} "
-              f"{float(result.last_mass[k]):9.4f} {float(result.drift_center_of_mass[k]):+9.4f} "
-              f"{float(result.drift_first[k]):+9.4f} {float(result.drift_last[k]):+9.4f}")
-    print(f"  wrote {out}/forces.csv, forces.png")

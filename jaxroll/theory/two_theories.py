@@ -44,13 +44,15 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float
 
-from . import metrics, presets
-from .errors import ConfigError
-from .engine.alibi import layer_kernel
-from .model import RolloutModel
-from .engine.step import layer_step
-from .engine.structured import dense_causal_kernel
-from .theory import kinetic
+from .. import metrics, presets
+from ..bucket import pad
+from ..engine.alibi import layer_kernel
+from ..engine.step import layer_step
+from ..engine.structured import dense_causal_kernel
+from ..errors import ConfigError
+from ..fit.optimise import cosine_adam
+from ..model import RolloutModel
+from . import kinetic
 
 __all__ = ["to_distribution", "kinetic_distribution", "rollout_distribution", "TheoryFit",
            "fit_kinetic", "fit_rollout", "compare_theories", "KINETIC_HEADS"]
@@ -95,14 +97,13 @@ def rollout_distribution(geometry: RolloutModel, lambda_0, gamma, slope_scale, n
 
 
 def _padded_heads(geometry: RolloutModel, heads: int):
-    """First-layer slopes and head weights padded to `heads` with weight-0 heads (they drop out of
-    ``A = sum_h w_h A_h``), so geometries of different widths share one compiled fit."""
+    """First-layer slopes and normalised head weights of `jaxroll.bucket.pad` to `heads` (weight-0
+    heads drop out of ``A = sum_h w_h A_h``), so geometries of different widths share one compiled fit."""
     dtype = jnp.result_type(float)
-    slopes = np.zeros(heads)
-    weights = np.zeros(heads)
-    slopes[:geometry.num_heads] = np.asarray(geometry.alibi_slopes)[0]
-    weights[:geometry.num_heads] = np.asarray(geometry.head_weights)[0]
-    return jnp.asarray(slopes, dtype), jnp.asarray(weights / weights.sum(), dtype), jnp.asarray(geometry.temperature, dtype)
+    padded = pad(geometry, geometry.num_layers, heads)
+    weights = np.asarray(padded.head_weights, dtype=np.float64)[0]
+    return (jnp.asarray(np.asarray(padded.alibi_slopes, dtype=np.float64)[0], dtype),
+            jnp.asarray(weights / weights.sum(), dtype), jnp.asarray(geometry.temperature, dtype))
 
 
 def _rollout_profile(slopes, weights, temperature, layers, max_layers: int, lambda_0, gamma, slope_scale, n: int,
@@ -138,13 +139,13 @@ class TheoryFit(NamedTuple):
 
 
 def _adam(loss, start, steps: int, learning_rate: float):
-    """``steps`` Adam updates (optax, cosine-decayed rate) from `start`; returns (best x, best loss, history).
+    """``steps`` Adam updates (`jaxroll.fit.cosine_adam`, to 2% of the rate) from `start`; returns (best x, best loss, history).
 
     Adam rather than L-BFGS: the problems have 3 to 10 parameters and a loss
     (W1) with kinks, and optax's L-BFGS line search took ~90 s to compile
     here against a few seconds for this scan.
     """
-    optimiser = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.02))
+    optimiser = cosine_adam(steps, learning_rate, final_fraction=0.02)
     value_and_grad = jax.value_and_grad(loss)
 
     def step(carry, _):
@@ -322,7 +323,7 @@ def compare_theories(profile, geometry: RolloutModel | None = None, *, heads=KIN
 
     Example:
         >>> import jaxroll
-        >>> from jaxroll.two_theories import compare_theories
+        >>> from jaxroll.theory.two_theories import compare_theories
         >>> q = jaxroll.influence(jaxroll.presets.get("mpt-7b", 64))
         >>> fits = compare_theories(q, jaxroll.presets.get("mpt-7b", 64), heads=(1,), steps=10)
         >>> sorted(fits)

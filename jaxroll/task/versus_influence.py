@@ -1,4 +1,8 @@
-"""The bridge: a task curve beside the influence the rollout predicts at the same positions.
+"""Task scores versus predicted influence: a task curve beside the influence the rollout predicts at the same positions.
+
+What ``jaxroll compare-task`` reports (the docs call it the bridge from the
+rollout to task accuracy; `jaxroll.theory.bridge` is another bridge, from
+the kinetic theory to the rollout).
 
 For a task at prompt length L, cell d (one requested depth) holds n_d cases
 whose relevant record covers tokens ``[depth_d, depth_d + r)``. The rollout
@@ -39,7 +43,7 @@ from ..errors import ConfigError
 __all__ = ["SCORES", "TaskComparison", "compare_task", "record_influence", "plot_comparison", "select_rows"]
 
 SCORES = ("exact", "logprob", "correct")
-"""Task scores the bridge can compare: exact match, gold log-probability (nats), answer tokens right (fraction)."""
+"""Task scores `compare_task` can compare: exact match, gold log-probability (nats), answer tokens right (fraction)."""
 LEVEL = 0.95
 MIN_DEPTHS = 5
 """Fewer depths than this: the statement draws no conclusion from Spearman."""

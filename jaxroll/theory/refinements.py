@@ -1,4 +1,7 @@
-"""Refined rollouts: measured per-position mixing, per-head kernels and head weights.
+"""Refined rollouts, the predicted half: the profile from measured mixing, per-head kernels and head weights.
+
+The measured half is `jaxroll.measure.refinements` (torch): it measures the
+ingredients this module composes into a prediction.
 
 The residual-aware rollout (arXiv 2602.16837) uses one mixing coefficient
 per layer and a head-averaged kernel. A `RefinedRollout` replaces each by a
@@ -30,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .engine.step import layer_step
-from .errors import ConfigError
+from ..engine.step import layer_step
+from ..errors import ConfigError
 
 __all__ = ["RefinedRollout", "SWITCHES", "STATS_FOR", "compatible", "compose", "refined_kernels", "refined_transition", "refined_influence"]
 

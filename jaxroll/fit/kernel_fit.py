@@ -19,7 +19,7 @@ box over log slopes, log exponents, diagonals and head weights; one head can
 settle on a local optimum that leaves another at weight 0), then the local
 loop from the `GLOBAL_STARTS` best, vmapped, keeping the lowest end point. A
 head fitted to a weight below `DROPPED_WEIGHT` is reported. The local loop
-is that of `jaxroll.fit` (`jaxroll.fit.optimise`:
+is that of `jaxroll.fit` (`jaxroll.fit.optimise`, beside this module:
 a compiled `lax.while_loop` that stops when the gradient norm and the
 relative change of ``L_t`` fall below tolerances, ``L_t`` reaches the floor,
 or `steps` is reached). The default optimiser is L-BFGS (``optax.lbfgs``)
@@ -40,13 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._checks import check_positive_int
-from .errors import ConfigError
-from .fit.optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state,
-                           _minimise, _stop_reason, _tolerances, default_lbfgs)
-from .kernel_types import DenseKernel, PowerKernel, TableKernel
-from .engine.alibi import alibi_slopes
-from .model import RolloutModel, is_model
+from .._checks import check_positive_int
+from ..engine.alibi import alibi_slopes
+from ..errors import ConfigError
+from ..kernel_types import DenseKernel, PowerKernel, TableKernel
+from ..model import RolloutModel, is_model
+from .optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state, _minimise,
+                       _stop_reason, _tolerances, _with_extra_args, cosine_adam, default_lbfgs)
 
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
            "DROPPED_WEIGHT"]
@@ -179,12 +179,8 @@ def _run(target, candidates, tolerances, *, family, optimizer, max_steps, starts
 
 @functools.lru_cache(maxsize=64)
 def _adam(steps: int, learning_rate: float) -> optax.GradientTransformation:
-    return optax.with_extra_args_support(optax.adam(optax.cosine_decay_schedule(learning_rate, steps)))
-
-
-@functools.lru_cache(maxsize=64)
-def _with_extra_args(optimizer):
-    return optax.with_extra_args_support(optimizer)
+    """`cosine_adam` (to 0 over `steps`) with extra-args support, cached: one object per (steps, rate)."""
+    return _with_extra_args(cosine_adam(steps, learning_rate))
 
 
 def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,

@@ -1,0 +1,93 @@
+"""``jaxroll compare-task``: a task curve (``jaxroll task``) beside the influence the rollout predicts there."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+from . import _common
+
+
+def add_parser(commands) -> None:
+    compare = commands.add_parser(
+        "compare-task", help="a task curve beside the influence the rollout predicts at the same positions",
+        description="Read TASK_DIR/cases.jsonl (from jaxroll task), take one task at one length, and compare its "
+                    "score by depth with the predicted influence of the record: from a measurement (--measured "
+                    "DIR, its config.yaml), a rollout CONFIG, --preset or --published. Prints and writes Spearman "
+                    "with a bootstrap interval, a monotone (isotonic) link and the share of the depth effect it "
+                    "explains, and what can and cannot be concluded; writes compare.csv, compare.json, "
+                    "compare.txt and compare.png.")
+    compare.add_argument("task_dir", type=Path, metavar="TASK_DIR", help="the --out of jaxroll task")
+    _common.add_model_arguments(compare)
+    compare.add_argument("--measured", type=Path, default=None, metavar="DIR",
+                         help="the --out of jaxroll measure on the same model (its config.yaml)")
+    compare.add_argument("--task", default=None, help="which task (default: the only one in cases.jsonl)")
+    compare.add_argument("--score", choices=("exact", "logprob", "correct"), default="exact",
+                         help="exact match (default), gold log-probability, or fraction of answer tokens right")
+    compare.add_argument("--resamples", type=_common.positive_int, default=2000, help="bootstrap resamples")
+    _common.add_output_arguments(compare)
+    compare.set_defaults(run=_run_compare)
+
+
+def _run_compare(arguments) -> None:
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
+
+    from .. import io
+    from ..rollout import influence
+    from ..task import grid, versus_influence
+
+    rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
+    if not rows:
+        raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
+                          "--out of jaxroll task")
+    task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
+    if arguments.measured is not None:
+        if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
+            raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
+        arguments.config = arguments.measured / "config.yaml"
+        if not arguments.config.is_file():
+            raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
+                              "measure with lambda measured")
+    arguments.length = length
+    model, source = _common.model_from_arguments(arguments)
+    model = dataclasses.replace(model, sequence_length=length)
+    if arguments.measured is not None:
+        source = f"measured {arguments.measured}"
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    profile = np.asarray(influence(model, length), dtype=np.float64)
+    result = versus_influence.compare_task(rows, profile, task=task, length=length, score=arguments.score,
+                                           resamples=arguments.resamples, source=source)
+    _write_compare(result, arguments.out)
+
+
+def _write_compare(result, out: Path) -> None:
+    import csv
+
+    from ..task import versus_influence
+
+    table = result.table()
+    with open(out / "compare.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    summary = {"task": result.task, "length": result.length, "score": result.score, "source": result.source,
+               "spearman": result.spearman, "spearman_interval": [result.spearman_low, result.spearman_high],
+               "explained_in_sample": result.explained, "explained_leave_one_depth_out": result.explained_out_of_sample,
+               "depth_effect_to_noise": result.depth_effect_to_noise, "cells": table}
+    (out / "compare.json").write_text(json.dumps(summary, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    lines = result.statement()
+    (out / "compare.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    versus_influence.plot_comparison(result, out / "compare.png")
+    print("jaxroll compare-task:")
+    for line in lines:
+        print(f"  {line}")
+    print(f"  wrote {out}/compare.csv, compare.json, compare.txt, compare.png")
+    sys.stdout.flush()
