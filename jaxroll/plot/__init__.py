@@ -3,8 +3,10 @@
 One module per subject builds its figures (the ``*_figure`` functions,
 pure: data in, a `Figure` out): `profile` (a rollout and its attention-only
 contrast), `forces` (the forces ladder), `fit` (a fit and its loss curve),
-`measured` (lambdas, measured influence, two profiles with bands) and
-`sweep` (lines and heatmaps of a sweep); `_canvas` holds the axes they share. The ``plot_*`` functions
+`measured` (lambdas, measured influence, two profiles with bands), `sweep`
+(lines and heatmaps of a sweep), `task` (task accuracy by depth, a task
+curve beside the prediction) and `kinetic` (the kinetic closed form beside
+its rollout); `_canvas` holds the axes they share. The ``plot_*`` functions
 here write one of them to a file, all through `_save`, so that one wrapper
 of ``jaxroll.plot._save`` (as the tests use) sees every figure written.
 
@@ -20,16 +22,19 @@ from ._canvas import FLOOR_DECADES, INFLUENCE_LABEL, POSITION_LABEL, _save
 from ._canvas import _figure, _log_axis, _log_floor  # noqa: F401  (as before the split: tests draw on them)
 from .fit import CLIP_FACTOR, fit_figure
 from .forces import COINCIDE, FORCE_LABELS, RUNG_STYLES, forces_figure
+from .kinetic import kinetic_figure
 from .measured import lambdas_figure, measured_influence_figure, two_profiles_figure
 from .profile import COLLAPSE_THRESHOLD, collapsed, profile_figure
 from .sweep import sweep_figures
+from .task import SCORE_LABELS, task_accuracy_figure, task_comparison_figure
 
 __all__ = [
     "CLIP_FACTOR", "COINCIDE", "COLLAPSE_THRESHOLD", "FLOOR_DECADES", "FORCE_LABELS", "INFLUENCE_LABEL",
-    "POSITION_LABEL", "RUNG_STYLES", "collapsed", "fit_figure", "forces_figure", "lambdas_figure",
-    "measured_influence_figure", "plot_fit", "plot_forces", "plot_lambdas", "plot_measured_influence",
-    "plot_prediction_against_measurement", "plot_profile", "plot_sweep", "plot_two_profiles", "profile_figure",
-    "sweep_figures", "two_profiles_figure",
+    "POSITION_LABEL", "RUNG_STYLES", "SCORE_LABELS", "collapsed", "fit_figure", "forces_figure", "kinetic_figure",
+    "lambdas_figure", "measured_influence_figure", "plot_fit", "plot_forces", "plot_kinetic", "plot_lambdas",
+    "plot_measured_influence", "plot_prediction_against_measurement", "plot_profile", "plot_sweep",
+    "plot_task_accuracy", "plot_task_comparison", "plot_two_profiles", "profile_figure", "sweep_figures",
+    "task_accuracy_figure", "task_comparison_figure", "two_profiles_figure",
 ]
 
 def plot_profile(path, profile, attention_only=None, *, title: str = "", attention_only_model: bool = False) -> Path:
@@ -88,3 +93,17 @@ def plot_sweep(directory, statistics, axes, *, title: str = "") -> list[Path]:
     return [_save(figure, directory / name)
             for name, figure in sweep_figures(statistics, axes, title=title).items()]
 
+
+def plot_task_accuracy(path, table, task: str, *, threshold: float, level: float, title: str = "") -> Path:
+    """`task_accuracy_figure` (exact match by depth and length), written to `path`."""
+    return _save(task_accuracy_figure(table, task, threshold=threshold, level=level, title=title), path)
+
+
+def plot_task_comparison(path, result, *, level: float, title: str = "") -> Path:
+    """`task_comparison_figure` (a task curve beside the predicted influence), written to `path`."""
+    return _save(task_comparison_figure(result, level=level, title=title), path)
+
+
+def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, title: str = "") -> Path:
+    """`kinetic_figure` (the kinetic profile beside the matching rollout), written to `path`."""
+    return _save(kinetic_figure(distribution, rollout, fine, mode, s_rollout, scaled, title=title), path)
