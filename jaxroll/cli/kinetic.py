@@ -53,7 +53,7 @@ def _run_kinetic(arguments) -> None:
         jax.config.update("jax_enable_x64", True)
     import numpy as np
 
-    from .. import influence, io, metrics
+    from .. import influence, io, metrics, plot
     from ..theory import bridge, kinetic
     from ..theory.two_theories import to_distribution
 
@@ -86,10 +86,10 @@ def _run_kinetic(arguments) -> None:
     fine = np.linspace(0.5 / n, 1.0, 400)
     mode = np.asarray(kinetic.mode(c, fine, arguments.lam), dtype=np.float64)
     s_rollout, scaled = (np.asarray(x, dtype=np.float64) for x in bridge.mode_from_rollout(rollout, c))
-    plot_kinetic(out / "kinetic.png", off_kinetic, off_rollout, fine, mode, s_rollout, scaled,
-                 title=(f"kinetic beta={arguments.beta:g}, lambda={arguments.lam:g}, t={arguments.t:g}, "
-                        f"M={arguments.M:g} (t/t_crit = {arguments.t / t_crit:.3g}) vs rollout "
-                        f"N={n}, T={layers}, m={arguments.lam / n:.3g}, c={c:.3g}"))
+    plot.plot_kinetic(out / "kinetic.png", off_kinetic, off_rollout, fine, mode, s_rollout, scaled,
+                      title=(f"kinetic beta={arguments.beta:g}, lambda={arguments.lam:g}, t={arguments.t:g}, "
+                             f"M={arguments.M:g} (t/t_crit = {arguments.t / t_crit:.3g}) vs rollout "
+                             f"N={n}, T={layers}, m={arguments.lam / n:.3g}, c={c:.3g}"))
 
     regime = "interior minimum (rises into the query)" if arguments.t < t_crit else "no rise into the query"
     print(f"jaxroll kinetic: beta = {arguments.beta:g}, lambda = {arguments.lam:g}, t = {arguments.t:g}, "
@@ -102,36 +102,3 @@ def _run_kinetic(arguments) -> None:
     print(f"  off the query (j < N-1, each renormalised): W1/(N-1) = {distance:.6g}, "
           f"argmin rollout = {int(np.argmin(off_rollout))}, kinetic = {int(np.argmin(off_kinetic))}")
     print(f"  wrote {out}/kinetic.csv, profile.csv, config.yaml, kinetic.png")
-
-
-def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, title: str = ""):
-    """Left: the kinetic distribution and the rollout profile over positions j < N-1 (each
-    renormalised there; the query's point mass has no kinetic counterpart). Right: the bridge,
-    the mode ``g(c; s)`` against ``N e^c P_T[N-1, j]`` at ``s = j/N``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
-    positions = np.arange(distribution.size)
-    left.plot(positions, distribution, color="C0", label="kinetic S_t(s_j), s_j = (j + 1/2)/N, all modes")
-    left.plot(positions, rollout, color="C1", label="matching rollout p_T(j), one rate c = a_eff t")
-    left.set_xlabel("input position j (0 = first token)")
-    left.set_ylabel("probability (influence on the last position)")
-    left.set_ylim(bottom=0.0)
-    left.legend(fontsize=8)
-    left.set_title("both profiles over j < N-1, each renormalised (query point mass left out)", fontsize=9)
-    right.plot(fine, mode, color="C0", label="kinetic mode g(c; s), one rate")
-    right.plot(s_rollout, scaled, ".", color="C1", markersize=2.5, label="rollout N e^c P_T[N-1, j], s = j/N")
-    right.set_xlabel("relative position s")
-    right.set_ylabel("g(c; s)")
-    right.set_yscale("log")
-    right.legend(fontsize=8)
-    right.set_title("the bridge: a single mode and the rollout on the kinetic scale", fontsize=9)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path

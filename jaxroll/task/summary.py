@@ -117,44 +117,10 @@ def _format(value):
 
 
 def plot_task(table, task: str, path, *, title: str = "") -> Path:
-    """Heatmap (depth fraction x length, exact match) and one accuracy-by-depth line per length."""
-    import matplotlib
+    """Heatmap (depth fraction x length, exact match) and one accuracy-by-depth line per length.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn by `jaxroll.plot.task_accuracy_figure`, with this module's `THRESHOLD` and interval level.
+    """
+    from ..plot import plot_task_accuracy
 
-    mine = [cell for cell in table if cell.task == task]
-    lengths = sorted({cell.length for cell in mine})
-    fractions = sorted({cell.depth_fraction for cell in mine})
-    grid = np.full((len(fractions), len(lengths)), np.nan)
-    for cell in mine:
-        grid[fractions.index(cell.depth_fraction), lengths.index(cell.length)] = cell.accuracy
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    image = left.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="upper")
-    left.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    left.set_yticks(range(len(fractions)), [f"{f:.2g}" for f in fractions])
-    left.set_xlabel("prompt length (tokens)")
-    left.set_ylabel("record depth fraction (0: first, 1: last)")
-    for (i, j), value in np.ndenumerate(grid):
-        if np.isfinite(value):
-            left.text(j, i, f"{value:.2f}", ha="center", va="center", color="w" if value < 0.6 else "k", fontsize=8)
-    figure.colorbar(image, ax=left, label="exact match (greedy = gold)")
-    left.set_title("exact match by depth and length")
-    for index, length in enumerate(lengths):
-        line = sorted((cell for cell in mine if cell.length == length), key=lambda cell: cell.depth_fraction)
-        x = np.array([cell.depth_fraction for cell in line])
-        y = np.array([cell.accuracy for cell in line])
-        error = np.array([[cell.accuracy - cell.accuracy_low for cell in line],
-                          [cell.accuracy_high - cell.accuracy for cell in line]])
-        right.errorbar(x, y, yerr=np.clip(error, 0, None), marker="o", capsize=3, color=f"C{index}",
-                       label=f"L = {length}")
-    right.axhline(THRESHOLD, color="0.6", linestyle=":", linewidth=1)
-    right.set_ylim(-0.03, 1.03)
-    right.set_xlabel("record depth fraction\n(0: right after the instruction, 1: right before the question)")
-    right.set_ylabel(f"exact match ({LEVEL:.0%} bootstrap interval)")
-    right.set_title("one line per length")
-    right.legend(fontsize=8)
-    figure.suptitle(title or f"jaxroll task: {task}")
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return plot_task_accuracy(path, table, task, threshold=THRESHOLD, level=LEVEL, title=title)

@@ -257,34 +257,10 @@ def _percent(value: float) -> str:
 
 def plot_comparison(result: TaskComparison, path, *, title: str = "") -> Path:
     """One figure: the task curve (left axis, with intervals and the monotone link) and the predicted
-    influence of a record at every start position (right axis), on the prompt's token axis."""
-    import matplotlib
+    influence of a record at every start position (right axis), on the prompt's token axis.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn by `jaxroll.plot.task_comparison_figure`, intervals at this module's level.
+    """
+    from ..plot import plot_task_comparison
 
-    figure, left = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
-    error = np.clip(np.stack([result.task_curve - result.task_low, result.task_high - result.task_curve]), 0, None)
-    label = {"exact": "exact match", "logprob": "gold log-prob (nats)", "correct": "answer tokens right"}
-    left.errorbar(result.depths, result.task_curve, yerr=error, marker="o", capsize=3, color="C0",
-                  label=f"task: {label[result.score]} ({LEVEL:.0%} CI)")
-    left.plot(result.depths, result.link, linestyle="--", color="C0", alpha=0.6, label="monotone link f(influence)")
-    left.set_xlabel("record start (token index in the prompt)")
-    left.set_ylabel(f"{result.task}: {label[result.score]}", color="C0")
-    right = left.twinx()
-    width = int(round(result.record_length))
-    windows = np.convolve(result.profile, np.ones(width), mode="valid")  # influence of a record starting at j
-    right.plot(np.arange(len(windows)), windows, color="C3", linewidth=1, alpha=0.7,
-               label=f"predicted: influence of a {width}-token record")
-    right.plot(result.depths, result.influence, "s", color="C3", markersize=5, label="predicted at the task's depths")
-    if windows.min() > 0 and windows.max() / windows.min() > 100:
-        right.set_yscale("log")
-    right.set_ylabel("predicted influence on the last prompt token", color="C3")
-    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    figure.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="outside lower center", ncols=2)
-    rho = f"Spearman {result.spearman:.2f} [{result.spearman_low:.2f}, {result.spearman_high:.2f}]"
-    left.set_title(title or f"{result.task}, L = {result.length}: task curve vs rollout prediction ({rho})",
-                   fontsize=10)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return Path(path)
+    return plot_task_comparison(path, result, level=LEVEL, title=title)
