@@ -1,7 +1,7 @@
 """A plain NumPy float64 implementation of the rollout, written for the tests.
 
-It follows design.md literally: dense per-head score matrices, a masked row
-softmax, the head-weighted average, ``R_t = (1 - lambda_t) I + lambda_t A_t``
+It follows docs/design.md ("The mathematics") literally: dense per-head score
+matrices, a masked row softmax, the head-weighted average, ``R_t = (1 - lambda_t) I + lambda_t A_t``
 and the full matrix product ``P_T = R_T ... R_1`` layer by layer. It shares no
 code with jaxroll, and reads configurations with PyYAML itself.
 

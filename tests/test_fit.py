@@ -9,8 +9,9 @@ that jaxroll computed itself, except where a property is checked (a fit never
 ends above its start, a saved model reads back the same).
 
 Cost: every fit here runs at n = 64 or less. Under a causal mask the first n
-rows of P at any length are exactly P at length n (design.md), so a profile at
-n = 64 is a legitimate target for the same model; the dense path costs
+rows of P at any length are exactly P at length n (docs/design.md, "Lengths,
+buckets and compilation"), so a profile at n = 64 is a legitimate target for
+the same model; the dense path costs
 O(T H n^2) per evaluation and BLOOM-176B (T = 70, H = 112) at n = 256 takes
 ~1 s per gradient, at n = 64 ~0.05 s.
 """

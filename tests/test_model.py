@@ -55,7 +55,8 @@ def test_alibi_slopes_match_bloom_build_alibi_tensor(heads):
 
 
 def test_bloom_176b_file_slopes_differ_from_the_models_rule():
-    """design.md: the published BLOOM-176B files use 2^(-8(h+1)/112), not BLOOM's rule."""
+    """docs/design.md, "Where jaxroll differs from the authors' code": the published BLOOM-176B files
+    use 2^(-8(h+1)/112), not BLOOM's rule."""
     model = jaxroll.load_config(REFERENCE_CONFIGS / "rollout/alibi/no_content/bloom.yaml")
     np.testing.assert_allclose(model.alibi_slopes[0], 2.0 ** (-8.0 * np.arange(1, 113) / 112), rtol=1e-12)
     assert np.abs(model.alibi_slopes[0] - jaxroll.alibi_slopes(112)).max() > 0.01

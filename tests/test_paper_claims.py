@@ -1,5 +1,5 @@
-"""The claims of arXiv 2602.16837 (as design.md states them), each as a test that
-would fail if the claim were false for jaxroll's code.
+"""The claims of arXiv 2602.16837 (as docs/design.md, "The mathematics", states
+them), each as a test that would fail if the claim were false for jaxroll's code.
 
 Reference models: the authors' published no_content configurations of BLOOM-176B,
 BLOOM-7B1, MPT-7B, MPT-30B and Falcon-RW-7B (N = 256), read from

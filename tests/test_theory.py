@@ -159,7 +159,8 @@ def _numpy_monotone(kernel, tol=1e-12):
 
 def test_stochastic_monotonicity():
     for seed in range(4):
-        model = _random_model(seed, content=8.0)  # any slopes and content signs: monotone (design.md)
+        # Any slopes and content signs: monotone (docs/design.md, "The four forces").
+        model = _random_model(seed, content=8.0)
         check = theory.is_stochastically_monotone(model, n=16)
         assert check.holds
         arrays = _arrays(model)

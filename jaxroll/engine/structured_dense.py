@@ -99,7 +99,8 @@ def shared_kernel_rollout_row(
     ``R_t = (1 - lambda_t) I + lambda_t A``: ``A`` is formed once
     (`dense_causal_kernel`, O(H n^2)), then T vector-matrix products,
     O(T n^2). The R_t commute, so this is also the Krylov form
-    ``sum_k c_k row^T A^k`` of design.md, evaluated by Horner's rule.
+    ``sum_k c_k row^T A^k`` (docs/design.md, "Sweeps: Krylov rows and vmap"),
+    evaluated by Horner's rule.
     Plain JAX: `jit`, `vmap`, `grad` and `jvp` apply.
     """
     dtype = row.dtype
