@@ -2,7 +2,7 @@
 (`jaxroll compare-task`).
 
 The figures read the fields of `jaxroll.task.summary.Cell` and
-`jaxroll.task.bridge.TaskComparison` but import neither: the task modules
+`jaxroll.task.versus_influence.TaskComparison` but import neither: the task modules
 call these functions, so an import back would be a cycle. Their threshold and
 interval level arrive as arguments for the same reason.
 """
@@ -14,7 +14,7 @@ import numpy as np
 from ._canvas import _figure
 
 SCORE_LABELS = {"exact": "exact match", "logprob": "gold log-prob (nats)", "correct": "answer tokens right"}
-"""Axis and legend names of the task scores of `jaxroll.task.bridge.SCORES`."""
+"""Axis and legend names of the task scores of `jaxroll.task.versus_influence.SCORES`."""
 
 
 def task_accuracy_figure(table, task: str, *, threshold: float, level: float, title: str = ""):
@@ -69,7 +69,7 @@ def task_comparison_figure(result, *, level: float, title: str = ""):
     influence of a record starting at every token (the profile summed over a
     record's width), log-scaled when it spans more than a factor 100, and its
     value at the task's depths. The title carries Spearman's rho and its
-    interval. `result`: a `jaxroll.task.bridge.TaskComparison`.
+    interval. `result`: a `jaxroll.task.versus_influence.TaskComparison`.
     """
     figure, ((left,),) = _figure(7.5, 4.8, layout="constrained")
     error = np.clip(np.stack([result.task_curve - result.task_low, result.task_high - result.task_curve]), 0, None)
