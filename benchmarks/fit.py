@@ -110,7 +110,7 @@ def recovery(adam_steps: int, path: Path) -> None:
     slopes = np.asarray(_geometry(H, n, 0.5).alibi_slopes)
     target = numpy_influence(schedules.power_decay(*truth, 32), slopes, np.zeros(slopes.shape), n)
     start = _geometry(H, n, schedules.constant(0.1, 32))
-    from jaxroll.fit import default_optimizer
+    from jaxroll.fitting import default_optimizer
 
     old = dict(optimizer=default_optimizer(adam_steps), steps=adam_steps, restarts=1,
                gradient_tolerance=0.0, loss_tolerance=0.0)
@@ -165,7 +165,7 @@ def grid(path: Path, blocks) -> None:
 
 def kernel(path: Path) -> None:
     """fit_kernel on the power family, new default against Adam 2000 steps."""
-    from jaxroll.fit.kernel_fit import fit_kernel
+    from jaxroll.fitting.kernel_fit import fit_kernel
     from jaxroll.kernel_types import DenseKernel
 
     truths = [(0.05, 0.5, 0.0), (0.9, 1.3, 0.0), (1.5, 0.8, 0.0), (2.0, 2.0, 0.0), (0.05, 2.0, 0.0),

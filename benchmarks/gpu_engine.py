@@ -245,7 +245,7 @@ def vmap_rows(sizes, most_points: int, budget: Budget) -> list[dict]:
     chunk size `jaxroll.sweep` picks for the device (`chunk_budget`), cut to
     what fits, compiled by a first one-chunk call.
     """
-    from jaxroll.sweep.plan import _plan
+    from jaxroll.sweeps.plan import _plan
 
     rows = []
     for position, n in enumerate(sizes):

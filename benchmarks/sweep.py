@@ -38,7 +38,7 @@ import numpy as np
 import jaxroll
 from _common import print_row  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
-sweep_module = importlib.import_module("jaxroll.sweep.evaluate")
+sweep_module = importlib.import_module("jaxroll.sweeps.evaluate")
 COLUMNS = ["case", "model", "N", "points", "method", "seconds", "compile_seconds", "profiles_per_second",
            "ratio", "max_abs_difference", "compilations"]
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-import types
 from typing import TYPE_CHECKING
 
 __all__ = [
@@ -79,14 +77,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "read_profile": (".io", "read_profile"),
     "save_config": (".io", "save_config"),
     "write_profile": (".io", "write_profile"),
-    "FitResult": (".fit", "FitResult"),
-    "Identifiability": (".fit", "Identifiability"),
-    "compare_variants": (".fit", "compare_variants"),
-    "fit": (".fit", "fit"),
-    "identifiability": (".fit", "identifiability"),
-    "SweepResult": (".sweep", "SweepResult"),
+    "FitResult": (".fitting", "FitResult"),
+    "Identifiability": (".fitting", "Identifiability"),
+    "compare_variants": (".fitting", "compare_variants"),
+    "fit": (".fitting", "fit"),
+    "identifiability": (".fitting", "identifiability"),
+    "SweepResult": (".sweeps", "SweepResult"),
     "compare_theories": (".theory.two_theories", "compare_theories"),
-    "sweep": (".sweep", "sweep"),
+    "sweep": (".sweeps", "sweep"),
     "kernel_types": (".kernel_types", None),
     "metrics": (".metrics", None),
     "presets": (".presets", None),
@@ -94,13 +92,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "schedules": (".schedules", None),
     "theory": (".theory", None),
 }
-
-# `jaxroll.fit` and `jaxroll.sweep` are functions that share their name with
-# the submodule defining them. Importing a submodule binds it on its package
-# (`setattr(jaxroll, "fit", <module>)`), which would hide the function, so
-# the package refuses that one binding; the module stays in sys.modules.
-_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"fit", "sweep"})
-
 
 def __getattr__(name: str):
     if name == "__version__":
@@ -126,15 +117,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
 if TYPE_CHECKING:  # what static checkers see: the names as plain imports
     from . import kernel_types as kernel_types
     from . import metrics as metrics
@@ -143,7 +125,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
     from . import schedules as schedules
     from . import theory as theory
     from .errors import ConfigError as ConfigError
-    from .fit import (
+    from .fitting import (
         FitResult as FitResult,
         Identifiability as Identifiability,
         compare_variants as compare_variants,
@@ -172,7 +154,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
         rollout_row as rollout_row,
         transition as transition,
     )
-    from .sweep import SweepResult as SweepResult, sweep as sweep
+    from .sweeps import SweepResult as SweepResult, sweep as sweep
     from .theory.two_theories import compare_theories as compare_theories
 
     __version__: str

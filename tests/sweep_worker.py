@@ -25,7 +25,7 @@ import jaxroll  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from sweep_models import content_model, uniform_model  # noqa: E402
 
-sweep_module = importlib.import_module("jaxroll.sweep.evaluate")
+sweep_module = importlib.import_module("jaxroll.sweeps.evaluate")
 
 
 def devices(out):

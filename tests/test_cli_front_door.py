@@ -100,7 +100,7 @@ def test_summary_calls_no_parameter_both_determined_and_not():
     is not, so neither a nor b is. The combination lines say "combination", each
     labelled by rho / s_k against the threshold (computed here with NumPy), and
     the warning explains that a determined combination fixes only itself."""
-    from jaxroll.fit.identifiability import _identifiability
+    from jaxroll.fitting.identification import _identifiability
 
     jacobian = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-12], [0.0, 0.0]])
     report = _identifiability(jacobian, ["a", "b"], residual=1e-3, scale=1.0)
@@ -118,7 +118,7 @@ def test_summary_calls_no_parameter_both_determined_and_not():
 
 
 def test_summary_of_a_well_determined_fit_has_no_warning():
-    from jaxroll.fit.identifiability import _identifiability
+    from jaxroll.fitting.identification import _identifiability
 
     report = _identifiability(np.array([[1.0, 0.0], [0.0, 2.0]]), ["a", "b"], residual=1e-3, scale=1.0)
     lines = report.summary()

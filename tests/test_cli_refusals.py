@@ -97,7 +97,7 @@ def test_a_refusal_after_out_was_made_removes_it(files, tmp_path, capsys, monkey
     def refuse(*args, **kwargs):
         raise ConfigError("fit: refused from inside the run")
 
-    monkeypatch.setattr(importlib.import_module("jaxroll.fit"), "fit", refuse)
+    monkeypatch.setattr(importlib.import_module("jaxroll.fitting"), "fit", refuse)
     out = tmp_path / "new" / "out"
     err = _refused(["fit", "--preset", "mpt-7b", files["profile"], "--length", 16, "--out", out], tmp_path, capsys)
     assert "inside the run" in err

@@ -27,7 +27,7 @@ import pytest
 import jaxroll
 from jaxroll import schedules
 from jaxroll.errors import ConfigError
-from jaxroll.fit import BOX, GLOBAL_POINTS, halton, identifiability, objective
+from jaxroll.fitting import BOX, GLOBAL_POINTS, halton, identifiability, objective
 
 sys.path.insert(0, str(Path(__file__).parent))
 import oracle  # noqa: E402
@@ -496,8 +496,8 @@ def test_restarts_are_drawn_over_the_box():
     """Free per-layer lambdas (16 parameters, no design by default): the
     starting points are the model's own and draws over BOX['lambda'], in the
     box and spread over it, not noise around the start."""
-    from jaxroll.fit.design import _starting_points
-    from jaxroll.fit.problem import _setup
+    from jaxroll.fitting.design import _starting_points
+    from jaxroll.fitting.problem import _setup
 
     model = jaxroll.RolloutModel.create(num_layers=16, num_heads=4, lambdas=0.1, sequence_length=16)
     target = np.full(16, 1 / 16)
@@ -603,8 +603,8 @@ def test_identifiability_finds_the_slope_temperature_null_direction():
 def test_reverse_mode_jacobian_matches_forward_mode():
     """The report's fallback (n vector-Jacobian products, for an influence
     behind a jax.custom_vjp) gives the forward-mode Jacobian, to rounding."""
-    from jaxroll.fit.identifiability import _profile_jacobian
-    from jaxroll.fit.problem import _setup
+    from jaxroll.fitting.identification import _profile_jacobian
+    from jaxroll.fitting.problem import _setup
 
     model = jaxroll.RolloutModel.create(num_layers=4, num_heads=2, lambdas=schedules.power_decay(0.5, 0.7, 4),
                                         diagonal_scores=0.5, temperature=1.2, sequence_length=12)
@@ -622,7 +622,7 @@ def test_identifiability_with_fewer_positions_than_parameters_reports_the_null_d
     """J is 2 x 3: one direction of parameter space cannot move the profile at
     all, so its singular value is 0 and every parameter loading on it is
     undetermined; the report still has one entry per parameter."""
-    from jaxroll.fit.identifiability import _identifiability
+    from jaxroll.fitting.identification import _identifiability
 
     jacobian = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 2.0]])
     report = _identifiability(jacobian, ["a", "b", "c"], residual=1e-3, scale=1.0)

@@ -18,7 +18,7 @@ import scipy.optimize
 import jaxroll
 from jaxroll import schedules
 from jaxroll.errors import ConfigError
-from jaxroll.fit import LBFGS_MAX_PARAMETERS, PATIENCE
+from jaxroll.fitting import LBFGS_MAX_PARAMETERS, PATIENCE
 
 sys.path.insert(0, str(Path(__file__).parent))
 import oracle  # noqa: E402

@@ -5,7 +5,7 @@ not ALiBi slopes; its lambdas are fitted with that kernel fixed. Oracles: the
 target profile is made by the plain NumPy float64 rollout of tests/oracle.py
 from known lambdas, so a fit must give those lambdas back (the lambdas of a
 power-decay schedule are identifiable from one profile when the kernel is not
-the identity: `jaxroll.fit.identifiability` reports both determined).
+the identity: `jaxroll.identifiability` reports both determined).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_fit_kernel_recovers_power_kernels_across_the_box():
     logit. Observed: ~1e-6 relative, (2, 2) ~3e-5: its kernel is nearly
     one-hot (A[i, i-1] ~ e^-2 / (1 + e^-2), A[i, i-2] ~ e^-8), so the KL is
     flat in (m, alpha) and reaches the floor 10 eps before the last digits."""
-    from jaxroll.fit.kernel_fit import fit_kernel
+    from jaxroll.fitting.kernel_fit import fit_kernel
     from jaxroll.kernel_types import DenseKernel
 
     n = 64
@@ -147,7 +147,7 @@ def test_fit_kernel_recovers_a_two_head_power_kernel_by_default():
     global stage the local fit from the standard-ALiBi start ends with weights (0, 1) and parameters off by
     50-490x. Heads are exchangeable: matched by slope. Tolerances as above (1 %, 0.01 logit); the fit
     reaches the floor (observed: ~1e-5 relative)."""
-    from jaxroll.fit.kernel_fit import fit_kernel
+    from jaxroll.fitting.kernel_fit import fit_kernel
     from jaxroll.kernel_types import DenseKernel
 
     n = 64

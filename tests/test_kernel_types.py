@@ -337,7 +337,7 @@ def test_bad_relative_configs_name_the_field(change, message, tmp_path):
 
 
 def test_fit_kernel_recovers_a_power_kernel_and_extrapolates():
-    from jaxroll.fit.kernel_fit import fit_kernel
+    from jaxroll.fitting.kernel_fit import fit_kernel
 
     truth = PowerKernel.create(num_layers=3, num_heads=1, slopes=[[0.3], [0.1], [0.05]],
                                exponents=[[0.7], [1.0], [1.3]], diagonal_scores=[[1.0], [-1.0], [0.5]])

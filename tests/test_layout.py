@@ -109,10 +109,10 @@ def test_no_two_modules_import_each_other():
 def test_the_measure_registry_sits_below_the_statistics():
     graph = import_graph()
     registry = graph["jaxroll.measure.registry"]
-    assert not registry & {"jaxroll.measure.measure", "jaxroll.measure.sinks", "jaxroll.measure.refinements"}
+    assert not registry & {"jaxroll.measure.passes", "jaxroll.measure.sinks", "jaxroll.measure.refinements"}
     for statistic_module in ("jaxroll.measure.sinks", "jaxroll.measure.refinements"):
         assert "jaxroll.measure.registry" in graph[statistic_module]
-        assert "jaxroll.measure.measure" not in graph[statistic_module]
+        assert "jaxroll.measure.passes" not in graph[statistic_module]
 
 
 def test_no_module_is_over_about_600_lines():

@@ -14,7 +14,7 @@ import pytest
 import jaxroll
 
 HEAVY = ("jax", "equinox", "optax", "matplotlib", "matplotlib.pyplot", "pandas", "torch", "transformers",
-         "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot")
+         "jaxroll.measure", "jaxroll.fitting", "jaxroll.sweeps", "jaxroll.plot")
 
 
 def loaded_after(code: str) -> tuple[set[str], subprocess.CompletedProcess]:
@@ -38,7 +38,7 @@ def test_a_rollout_loads_jax_but_no_fit_figures_tables_or_torch():
                              "jaxroll.load_config(jaxroll.published.path('mpt-7b')); jaxroll.presets.get('mpt-7b')")
     assert {"jax", "equinox"} <= loaded
     assert loaded.isdisjoint({"optax", "matplotlib", "pandas", "torch", "transformers",
-                              "jaxroll.measure", "jaxroll.fit", "jaxroll.sweep", "jaxroll.plot"})
+                              "jaxroll.measure", "jaxroll.fitting", "jaxroll.sweeps", "jaxroll.plot"})
 
 
 @pytest.mark.parametrize("figure", [False, True])
@@ -74,23 +74,23 @@ def test_every_public_name_resolves_and_dir_lists_them():
 
 
 def test_fit_and_sweep_stay_the_functions_after_their_modules_are_imported():
-    import jaxroll.fit  # noqa: F401  (binds the submodule on the package, which must not win)
-    import jaxroll.sweep  # noqa: F401
+    import jaxroll.fitting  # noqa: F401  (binds the submodule on the package, which must not win)
+    import jaxroll.sweeps  # noqa: F401
 
     assert not isinstance(jaxroll.fit, types.ModuleType) and callable(jaxroll.fit)
     assert not isinstance(jaxroll.sweep, types.ModuleType) and callable(jaxroll.sweep)
-    assert jaxroll.fit is sys.modules["jaxroll.fit"].fit
-    assert jaxroll.sweep is sys.modules["jaxroll.sweep"].sweep
-    assert jaxroll.SweepResult is sys.modules["jaxroll.sweep"].SweepResult
+    assert jaxroll.fit is sys.modules["jaxroll.fitting"].fit
+    assert jaxroll.sweep is sys.modules["jaxroll.sweeps"].sweep
+    assert jaxroll.SweepResult is sys.modules["jaxroll.sweeps"].SweepResult
 
 
 def test_the_parser_names_equal_the_modules_names():
     from jaxroll import fit as _  # noqa: F401
     from jaxroll import presets, published
-    from jaxroll.fit import kernel_fit
+    from jaxroll.fitting import kernel_fit
     from jaxroll.cli import _names
 
-    fit_module = sys.modules["jaxroll.fit"]
+    fit_module = sys.modules["jaxroll.fitting"]
     assert list(_names.PRESETS) == presets.names() and _names.DEFAULT_PRESET == presets.DEFAULT
     assert list(_names.PUBLISHED) == published.names() and tuple(_names.DATASETS) == tuple(published.DATASETS)
     assert tuple(_names.FIT_FIELDS) == tuple(fit_module.FIELDS)
@@ -98,3 +98,23 @@ def test_the_parser_names_equal_the_modules_names():
     assert tuple(_names.FIT_CONTENTS) == tuple(fit_module.CONTENTS)
     assert tuple(_names.FIT_LOSSES) == tuple(fit_module.LOSSES)
     assert tuple(_names.KERNEL_FAMILIES) == tuple(kernel_fit.FAMILIES)
+
+
+def test_no_public_function_is_shadowed_by_a_module_of_its_name():
+    """Issue 42: `jaxroll.fit`, `jaxroll.sweep` and `jaxroll.measure.measure` are functions; no submodule
+    of a package has the name of a callable the package exports (importing it would rebind the name)."""
+    import importlib
+    import pkgutil
+
+    import jaxroll
+
+    shadowed = []
+    for package_name in ("jaxroll", "jaxroll.measure", "jaxroll.theory", "jaxroll.task", "jaxroll.fitting",
+                         "jaxroll.sweeps", "jaxroll.plot", "jaxroll.engine"):
+        package = importlib.import_module(package_name)
+        modules = {info.name for info in pkgutil.iter_modules(package.__path__)}
+        for name in getattr(package, "__all__", ()):
+            if name in modules and not name[0].isupper() and callable(getattr(package, name, None)) \
+                    and not isinstance(getattr(package, name), types.ModuleType):
+                shadowed.append(f"{package_name}.{name}")
+    assert not shadowed and jaxroll.fit.__module__.startswith("jaxroll.fitting.")

@@ -126,7 +126,7 @@ def test_falcon_doubled_option_is_recorded(saved, texts, tmp_path, capsys):
 def test_resume_after_interruption(saved, texts, tmp_path, capsys, monkeypatch):
     import importlib
 
-    measure_module = importlib.import_module("jaxroll.measure.measure")
+    measure_module = importlib.import_module("jaxroll.measure.passes")
 
     out = tmp_path / "out"
     full = tmp_path / "full"

@@ -27,9 +27,9 @@ from jaxroll import cli
 import oracle
 from sweep_models import content_model, uniform_model
 
-sweep_module = importlib.import_module("jaxroll.sweep")
-evaluate_module = importlib.import_module("jaxroll.sweep.evaluate")
-plan_module = importlib.import_module("jaxroll.sweep.plan")
+sweep_module = importlib.import_module("jaxroll.sweeps")
+evaluate_module = importlib.import_module("jaxroll.sweeps.evaluate")
+plan_module = importlib.import_module("jaxroll.sweeps.plan")
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("sweep_worker.py")
 TOLERANCE = 1e-12

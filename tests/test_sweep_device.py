@@ -15,7 +15,7 @@ from numpy.polynomial import polynomial
 import jax
 
 import jaxroll
-from jaxroll.sweep import evaluate, plan
+from jaxroll.sweeps import evaluate, plan
 from sweep_models import content_model, uniform_model
 
 

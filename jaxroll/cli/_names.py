@@ -2,7 +2,7 @@
 
 ``jaxroll --help`` and argument errors must answer before JAX loads, but
 `jaxroll.presets`, `jaxroll.published`, `jaxroll.fit` and
-`jaxroll.fit.kernel_fit` import JAX (and optax). Their names are repeated here;
+`jaxroll.fitting.kernel_fit` import JAX (and optax). Their names are repeated here;
 tests/test_lazy_imports.py checks that they equal ``presets.names()``,
 ``presets.DEFAULT``, ``published.names()``, ``published.DATASETS``, the fit
 module's ``FIELDS``, ``SCHEDULES``, ``CONTENTS``, ``LOSSES`` and

@@ -97,8 +97,8 @@ def _run_fit(arguments) -> None:
     import numpy as np
 
     from .. import io, plot
-    from ..fit import report as fit_report
-    from ..fit import (GRADIENT_TOLERANCE, IDENTIFIABILITY_MAX_PARAMETERS, LOSS_TOLERANCE, default_lbfgs,
+    from ..fitting import report as fit_report
+    from ..fitting import (GRADIENT_TOLERANCE, IDENTIFIABILITY_MAX_PARAMETERS, LOSS_TOLERANCE, default_lbfgs,
                        default_optimizer, fit, objective)
     from ..rollout import influence
 

@@ -41,7 +41,7 @@ def _run_kernel_fit(arguments) -> None:
     import numpy as np
 
     from .. import io, memory
-    from ..fit.kernel_fit import fit_kernel
+    from ..fitting.kernel_fit import fit_kernel
     from ..model import as_dense_model
     from ..metrics import wasserstein
     from ..rollout import influence

@@ -167,8 +167,8 @@ def run(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
-    from ..sweep import STATISTICS, sweep
-    from ..sweep.plan import _plan
+    from ..sweeps import STATISTICS, sweep
+    from ..sweeps.plan import _plan
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.

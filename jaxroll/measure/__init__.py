@@ -14,8 +14,6 @@ import without torch.
 """
 
 from .._lazy import lazy_names
-import sys
-import types
 
 _NAMES = {
     "LAYER_MAPS": "layer_maps", "LayerMap": "layer_maps", "layer_map_for": "layer_maps",
@@ -23,7 +21,7 @@ _NAMES = {
     "allowed_stats": "registry", "check_stats_allowed": "registry", "default_stats": "registry",
     "register_statistic": "registry", "statistic_names": "registry", "stats_bytes": "registry",
     "parse_stats": "registry", "Measurement": "result", "PartialSums": "partial_sums",
-    "influence_gradients": "measure", "measure": "measure",
+    "influence_gradients": "passes", "measure": "passes",
     "read_measurement": "outputs", "write_measurement": "outputs",
     "load_tokenizer": "texts", "read_texts": "texts", "select_sequences": "texts",
     "load_model": "loading", "inspect_model": "loading", "ModelPlan": "loading",
@@ -37,14 +35,3 @@ __all__ = sorted(_NAMES)
 
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())
 
-
-class _Package(types.ModuleType):
-    # Importing the submodule jaxroll.measure.measure would bind its name on
-    # this package over the function `measure`; keep the function.
-    def __setattr__(self, name, value):
-        if name == "measure" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

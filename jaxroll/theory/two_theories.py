@@ -50,7 +50,7 @@ from ..engine.alibi import layer_kernel
 from ..engine.step import layer_step
 from ..engine.structured import dense_causal_kernel
 from ..errors import ConfigError
-from ..fit.optimise import cosine_adam
+from ..fitting.optimise import cosine_adam
 from ..model import RolloutModel
 from . import kinetic
 
@@ -139,7 +139,7 @@ class TheoryFit(NamedTuple):
 
 
 def _adam(loss, start, steps: int, learning_rate: float):
-    """``steps`` Adam updates (`jaxroll.fit.cosine_adam`, to 2% of the rate) from `start`; returns (best x, best loss, history).
+    """``steps`` Adam updates (`jaxroll.fitting.cosine_adam`, to 2% of the rate) from `start`; returns (best x, best loss, history).
 
     Adam rather than L-BFGS: the problems have 3 to 10 parameters and a loss
     (W1) with kinks, and optax's L-BFGS line search took ~90 s to compile

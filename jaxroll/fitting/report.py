@@ -1,7 +1,7 @@
 """What a fit's summary says about parameters that ended at a bound of their range.
 
 Each bounded parameter is the image of an unconstrained coordinate
-(`jaxroll.fit.parametrisation`): ``lambda = sigmoid(u)`` in (0, 1),
+(`jaxroll.fitting.parametrisation`): ``lambda = sigmoid(u)`` in (0, 1),
 ``m = softplus(u)`` and ``tau = softplus(u)`` above 0, ``beta = u^2`` at
 least 0. A fit that pushes one of them to its bound (``lambda_0 =
 0.999999``) has found the optimum at, or beyond, the edge of the model's
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .identifiability import Identifiability, _identifiability
+from .identification import Identifiability, _identifiability
 
 __all__ = ["BOUND_TOLERANCE", "at_bounds", "held_at_bounds", "bound_lines"]
 

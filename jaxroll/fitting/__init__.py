@@ -29,7 +29,7 @@ temperature         ``tau = softplus(u) > 0``                      ``()``
 
 The free/fixed split is an `eqx.partition` of the model. The optimisation of
 each starting point is one jit-compiled `jax.lax.while_loop` with the optax
-update and the stopping test inside (`jaxroll.fit.optimise`): ``steps`` is a
+update and the stopping test inside (`jaxroll.fitting.optimise`): ``steps`` is a
 maximum, and `FitResult` says whether the fit converged and why it stopped.
 For up to `LBFGS_MAX_PARAMETERS` free parameters the default optimiser is
 L-BFGS (``optax.lbfgs``), else Adam.
@@ -48,13 +48,13 @@ Modules, one idea each: `parametrisation` (unconstrained vectors -> model
 arrays, `BOX`), `losses`, `problem` (the objective and its checks), `design`
 (the global stage), `optimise` (the local stage and its stopping test, `fit`,
 `FitResult`, `cosine_adam`), `identifiability`, `variants` (`compare_variants`).
-`kernel_fit` (imported on its own, ``from jaxroll.fit.kernel_fit import
+`kernel_fit` (imported on its own, ``from jaxroll.fitting.kernel_fit import
 fit_kernel``) fits a relative-position kernel to measured dense kernels with
 the same loop.
 """
 
 from .design import GLOBAL_DIMENSIONS as GLOBAL_DIMENSIONS, GLOBAL_POINTS as GLOBAL_POINTS, halton as halton
-from .identifiability import (
+from .identification import (
     DETERMINED_THRESHOLD as DETERMINED_THRESHOLD,
     IDENTIFIABILITY_MAX_PARAMETERS as IDENTIFIABILITY_MAX_PARAMETERS,
     Identifiability as Identifiability,

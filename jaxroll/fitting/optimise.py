@@ -42,7 +42,7 @@ from .._checks import check_positive_int
 from ..model import RolloutModel
 from ..rollout import influence
 from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
-from .identifiability import Identifiability, _report
+from .identification import Identifiability, _report
 from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
 
 __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
@@ -116,7 +116,7 @@ class FitResult(eqx.Module):
             None (more than `IDENTIFIABILITY_MAX_PARAMETERS` free
             parameters, or nothing was fitted).
         converged: whether the returned restart passed the stopping test
-            (module docstring of `jaxroll.fit.optimise`) before `max_steps`.
+            (module docstring of `jaxroll.fitting.optimise`) before `max_steps`.
         stop_reason: why it stopped, one line (e.g. ``converged: gradient
             norm 3e-09 <= 1e-08 and relative loss change 0 <= 1e-10``).
         max_steps: the step limit it ran under (`fit`'s ``steps``).
@@ -156,7 +156,7 @@ def cosine_adam(steps: int, learning_rate: float, final_fraction: float = 0.0) -
     """``optax.adam`` whose learning rate decays along a half cosine over `steps`.
 
     The package's one Adam (`default_optimizer`, the Adam of
-    `jaxroll.fit.kernel_fit.fit_kernel`, the fits of
+    `jaxroll.fitting.kernel_fit.fit_kernel`, the fits of
     `jaxroll.theory.two_theories`). At update ``k``, with ``r`` the
     `learning_rate` and ``a`` the `final_fraction`,
 
@@ -416,7 +416,7 @@ def fit(
        ``search = 0`` the r = `restarts` starting points are the model's
        own and r - 1 draws over the box, all refined.
     2. Local: optax updates from each starting point until the stopping test
-       of `jaxroll.fit.optimise` passes (gradient norm and relative loss
+       of `jaxroll.fitting.optimise` passes (gradient norm and relative loss
        change below `gradient_tolerance` and `loss_tolerance`, the loss at
        its floor, or a stationary loss) or `steps` is reached. The default
        optimiser is `default_lbfgs` (L-BFGS with a zoom line search, from

@@ -19,11 +19,11 @@ box over log slopes, log exponents, diagonals and head weights; one head can
 settle on a local optimum that leaves another at weight 0), then the local
 loop from the `GLOBAL_STARTS` best, vmapped, keeping the lowest end point. A
 head fitted to a weight below `DROPPED_WEIGHT` is reported. The local loop
-is that of `jaxroll.fit` (`jaxroll.fit.optimise`, beside this module:
+is that of `jaxroll.fit` (`jaxroll.fitting.optimise`, beside this module:
 a compiled `lax.while_loop` that stops when the gradient norm and the
 relative change of ``L_t`` fall below tolerances, ``L_t`` reaches the floor,
 or `steps` is reached). The default optimiser is L-BFGS (``optax.lbfgs``)
-when a layer has at most `jaxroll.fit.LBFGS_MAX_PARAMETERS` (8) parameters
+when a layer has at most `jaxroll.fitting.LBFGS_MAX_PARAMETERS` (8) parameters
 (power and ALiBi families with H <= 2 heads), else Adam with a cosine decay.
 Parameters stay valid throughout: slopes and exponents as exponentials of
 free values (steps are then relative changes, which suits slopes spanning
@@ -199,8 +199,8 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
         steps: the most optimisation steps per layer.
         learning_rate: of the default Adam (cosine decay over `steps`).
         optimizer: any optax transformation (default: module docstring).
-        gradient_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
-        loss_tolerance: of the stopping test (as in `jaxroll.fit.fit`).
+        gradient_tolerance: of the stopping test (as in `jaxroll.fitting.fit`).
+        loss_tolerance: of the stopping test (as in `jaxroll.fitting.fit`).
         samples: candidate starts per layer in the global stage (power and
             ALiBi; 1: the deterministic start alone, the pre-global behaviour).
         starts: how many of the best candidates the local optimiser runs from.
