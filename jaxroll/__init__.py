@@ -41,6 +41,7 @@ __all__ = [
     "identifiability",
     "influence",
     "influence_with_mass",
+    "interventions",
     "kernel_types",
     "load_config",
     "metrics",
@@ -85,6 +86,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SweepResult": (".sweeps", "SweepResult"),
     "compare_theories": (".theory.two_theories", "compare_theories"),
     "sweep": (".sweeps", "sweep"),
+    "interventions": (".interventions", None),
     "kernel_types": (".kernel_types", None),
     "metrics": (".metrics", None),
     "presets": (".presets", None),
@@ -118,6 +120,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static checkers see: the names as plain imports
+    from . import interventions as interventions
     from . import kernel_types as kernel_types
     from . import metrics as metrics
     from . import presets as presets

@@ -24,6 +24,7 @@ from pathlib import Path
 from ._canvas import FLOOR_DECADES, INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _log_floor, _save
 from .fit import CLIP_FACTOR, fit_figure
 from .forces import COINCIDE, FORCE_LABELS, RUNG_STYLES, forces_figure
+from .interventions import interventions_figure
 from .kinetic import kinetic_figure
 from .measured import lambdas_figure, measured_influence_figure, two_profiles_figure
 from .profile import COLLAPSE_THRESHOLD, collapsed, profile_figure
@@ -101,3 +102,8 @@ def plot_task_comparison(path, result, *, level: float, title: str = "") -> Path
 def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, title: str = "") -> Path:
     """`kinetic_figure` (the kinetic profile beside the matching rollout), written to `path`."""
     return _save(kinetic_figure(distribution, rollout, fine, mode, s_rollout, scaled, title=title), path)
+
+
+def plot_interventions(path, baseline, changed: dict, *, title: str = "") -> Path:
+    """`interventions_figure` written to `path` (PNG)."""
+    return _save(interventions_figure(baseline, changed, title=title), path)

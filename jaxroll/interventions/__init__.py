@@ -1,0 +1,25 @@
+"""Interventions on position bias: changes to a model, predicted by the rollout.
+
+An intervention is a small PyTree (`eqx.Module`) whose parameters are arrays,
+with a rollout transform ``apply(model) -> model``: pure, and differentiable
+in the intervention's parameters, so `jax.grad` and `jax.vmap` work through
+it (arXiv 2602.16837's rollout ``R_t = (1 - lambda_t) I + lambda_t A_t`` of
+the changed model is the prediction). Each class says whether its transform
+is exact in the theory or an approximation, and which.
+
+| intervention | change to the model | rollout transform |
+|---|---|---|
+| `Temperature` | logits / tau per layer and head | exact on ALiBi + content and relative kernels; an approximation on measured mean kernels |
+| `SlopeScale` | ALiBi slopes x s per head | exact |
+| `BranchScale` | attention output x gamma_t per layer | ``lambda' = gamma lambda / (gamma lambda + 1 - lambda)``: first order |
+| `DistanceBias` | ``kappa g(i - j)`` added to the logits | exact on ALiBi + content and relative kernels (an offset kernel); an approximation on measured mean kernels |
+
+`apply_all(model, interventions)` applies several in order.
+"""
+
+from ._base import AbstractIntervention, apply_all
+from .kernels import DistanceBias, SlopeScale, Temperature, log1p_distance, unsquash_distance
+from .mixing import BranchScale
+
+__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "SlopeScale", "Temperature", "apply_all",
+           "log1p_distance", "unsquash_distance"]

@@ -1,0 +1,209 @@
+"""Interventions that change the attention logits: temperature, slope scale, distance bias.
+
+Head h of layer t scores ``s_{t,h}(i, j)``; for ALiBi + content
+``s = (-m (i - j) + d [i == j] + b) / tau_0`` (Press et al. 2022;
+arXiv 2602.16837), for a relative kernel ``s = f_h(i - j)``. Each intervention
+here maps the scores, and on these kernel types the map is again a kernel of
+the theory: the rollout transform is exact. A measured `DenseKernel` is a mean
+over sequences of softmax rows; changing its logits is not the same as
+changing every sequence's logits before the mean, so there the transform is an
+approximation (stated on each class).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import gammaln
+from jaxtyping import Array, Float
+
+from .._checks import is_concrete
+from ..engine.alibi import AlibiKernel
+from ..engine.dense import DenseKernel
+from ..engine.offset import PowerKernel, TableKernel
+from ..errors import ConfigError
+from ..model import RolloutModel, check_model
+from ._base import AbstractIntervention, checked_parameter, per_layer_head, per_layer_only
+
+__all__ = ["Temperature", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
+
+
+def _replace_kernel(model: RolloutModel, kernel) -> RolloutModel:
+    return dataclasses.replace(model, kernel=kernel)
+
+
+def _row_renormalised(kernels):
+    return kernels / jnp.sum(kernels, axis=-1, keepdims=True)
+
+
+class Temperature(AbstractIntervention):
+    """Logits divided by ``tau_{t,h} > 0``: ``s'_{t,h}(i, j) = s_{t,h}(i, j) / tau_{t,h}``.
+
+    ``tau < 1`` sharpens every head's softmax, ``tau > 1`` flattens it.
+    `tau` is a number, ``(H,)``, ``(T, 1)`` or ``(T, H)`` (a ``(T,)`` array is
+    per layer unless T == H).
+
+    Rollout transform: exact on ALiBi + content (slopes, content and
+    background divided by tau) and on relative kernels (``f_h / tau``). On a
+    measured `DenseKernel`, a mean over sequences of softmax rows, the
+    transform tempers the mean, ``A'[i, j] ~ A[i, j]^(1 / tau_t)`` renormalised
+    per row: exact for a kernel that is one softmax of one sequence, an
+    approximation for a mean (the mean of tempered rows is not the tempered
+    mean); `tau` is then per layer only.
+
+    Attention temperature as a lever on position bias: SSMax (Nakanishi 2025,
+    arXiv 2501.19399) scales logits by ``s log n``, a length-dependent
+    temperature; this class is the constant form.
+    """
+
+    tau: Float[Array, "..."]
+
+    def __init__(self, tau):
+        self.tau = checked_parameter("tau", tau, 0.0, low_open=True)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        kernel = check_model(model).kernel
+        if isinstance(kernel, DenseKernel):
+            if jnp.ndim(self.tau) == 2 and jnp.shape(self.tau)[1] != 1:
+                raise ConfigError(f"tau: got shape {jnp.shape(self.tau)}; allowed for a measured DenseKernel (one "
+                                  "head-averaged kernel per layer): a number or one per layer")
+            tau = per_layer_only("tau", jnp.reshape(self.tau, (-1,)) if jnp.ndim(self.tau) == 2 else self.tau, model)
+            positive = kernel.kernels > 0
+            logs = jnp.log(jnp.where(positive, kernel.kernels, 1.0))
+            tempered = jnp.where(positive, jnp.exp(logs / tau[:, None, None]), 0.0)
+            return _replace_kernel(model, dataclasses.replace(kernel, kernels=_row_renormalised(tempered)))
+        tau = per_layer_head("tau", self.tau, model)
+        if isinstance(kernel, AlibiKernel):
+            return _replace_kernel(model, dataclasses.replace(
+                kernel, alibi_slopes=kernel.alibi_slopes / tau, diagonal_scores=kernel.diagonal_scores / tau,
+                base_scores=kernel.base_scores / tau))
+        if isinstance(kernel, PowerKernel):
+            return _replace_kernel(model, dataclasses.replace(
+                kernel, slopes=kernel.slopes / tau, diagonal_scores=kernel.diagonal_scores / tau))
+        if isinstance(kernel, TableKernel):
+            return _replace_kernel(model, dataclasses.replace(
+                kernel, offset_scores=kernel.offset_scores / tau[..., None],
+                diagonal_scores=kernel.diagonal_scores / tau))
+        raise ConfigError(f"tau: a {type(kernel).__name__} has no logits to temper; allowed: AlibiKernel, "
+                          "PowerKernel, TableKernel or DenseKernel")
+
+
+class SlopeScale(AbstractIntervention):
+    """ALiBi slopes multiplied by ``s_{t,h} >= 0``: ``m' = s m`` (Press et al. 2022's bias ``-m (i - j)``).
+
+    ``s > 1`` strengthens the recency bias, ``s = 0`` removes it. `scale` is a
+    number, ``(H,)``, ``(T, 1)`` or ``(T, H)``. Rollout transform: exact on
+    ALiBi + content and on `PowerKernel` (``f = -m k^alpha``); refused on
+    other kernels (a rotary model has no slopes).
+    """
+
+    scale: Float[Array, "..."]
+
+    def __init__(self, scale):
+        self.scale = checked_parameter("slope_scale", scale, 0.0)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        kernel = check_model(model).kernel
+        scale = per_layer_head("slope_scale", self.scale, model)
+        if isinstance(kernel, AlibiKernel):
+            return _replace_kernel(model, dataclasses.replace(kernel, alibi_slopes=kernel.alibi_slopes * scale))
+        if isinstance(kernel, PowerKernel):
+            return _replace_kernel(model, dataclasses.replace(kernel, slopes=kernel.slopes * scale))
+        raise ConfigError(f"slope_scale: a {type(kernel).__name__} has no ALiBi slopes; allowed: an ALiBi model "
+                          "(AlibiKernel) or a PowerKernel")
+
+
+def log1p_distance(distance):
+    """``g(m) = ln(1 + m)``: a plain logarithmic distance bias (``g(0) = 0``)."""
+    return jnp.log1p(distance)
+
+
+def unsquash_distance(distance, k: float = 2.0):
+    """``g(m) = ln c_m`` with ``c_m = Gamma(m + 1/k) / (Gamma(m + 1) Gamma(1/k))`` (``g(0) = 0``).
+
+    The "unsquash" coefficients of Attributor (tylerpayne/Attributor,
+    ``unsquashed/``): ``c_m ~ m^(1/k - 1) / Gamma(1/k)`` for large m, so with
+    ``kappa > 0`` the bias falls like ``(1/k - 1) kappa ln m``. Default k = 2.
+    """
+    alpha = 1.0 / k
+    return gammaln(distance + alpha) - gammaln(distance + 1.0) - gammaln(alpha)
+
+
+_DISTANCE_FORMS = {"log1p": log1p_distance, "unsquash": unsquash_distance}
+
+
+class DistanceBias(AbstractIntervention):
+    """``kappa_{t,h} g(i - j)`` added to the logits of every causal pair: ``s' = s + kappa g(i - j)``.
+
+    `form` is ``"log1p"`` (``g(m) = ln(1 + m)``) or ``"unsquash"`` (``g(m) =
+    ln c_m``, Attributor's coefficients with ``k`` = `k`, default 2; see
+    `unsquash_distance`). `kappa` is a number, ``(H,)``, ``(T, 1)`` or
+    ``(T, H)``; negative kappa with ``log1p`` favours distant tokens.
+
+    Rollout transform: exact on ALiBi + content and relative kernels, where
+    the result is an offset kernel (`TableKernel`) with ``f'_h(r) = f_h(r) +
+    kappa_h g(r)``, defined up to the model's `sequence_length` (causal masks
+    only). On a measured `DenseKernel` (a mean of softmax rows) the kernel is
+    reweighted, ``A'[i, j] ~ A[i, j] e^(kappa_t g(i - j))`` renormalised per
+    row: exact for one sequence's kernel, an approximation for a mean; kappa
+    is then per layer.
+    """
+
+    kappa: Float[Array, "..."]
+    form: str = eqx.field(static=True, default="log1p")
+    k: float = eqx.field(static=True, default=2.0)
+
+    def __init__(self, kappa, form: str = "log1p", k: float = 2.0):
+        if form not in _DISTANCE_FORMS:
+            raise ConfigError(f"form: got {form!r}; allowed: one of {', '.join(_DISTANCE_FORMS)}")
+        if not (isinstance(k, (int, float)) and k > 0):
+            raise ConfigError(f"k: got {k!r}; allowed: a number > 0")
+        self.kappa = checked_parameter("kappa", kappa)
+        self.form = form
+        self.k = float(k)
+
+    def bias(self, distance):
+        """``g(m)`` at the distances `distance` (an array of integers >= 0)."""
+        distance = jnp.asarray(distance, dtype=jnp.result_type(float))
+        if self.form == "unsquash":
+            return unsquash_distance(distance, self.k)
+        return log1p_distance(distance)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        kernel = check_model(model).kernel
+        if kernel.mask != "causal":
+            raise ConfigError(f"kappa: a distance bias on a {kernel.mask!r} mask; allowed: causal kernels")
+        if isinstance(kernel, DenseKernel):
+            if jnp.ndim(self.kappa) == 2 and jnp.shape(self.kappa)[1] != 1:
+                raise ConfigError(f"kappa: got shape {jnp.shape(self.kappa)}; allowed for a measured DenseKernel: "
+                                  "a number or one per layer")
+            kappa = per_layer_only("kappa", jnp.reshape(self.kappa, (-1,)) if jnp.ndim(self.kappa) == 2
+                                   else self.kappa, model)
+            size = kernel.size
+            distance = jnp.maximum(jnp.arange(size)[:, None] - jnp.arange(size)[None, :], 0)
+            weights = jnp.exp(kappa[:, None, None] * self.bias(distance)[None])
+            return _replace_kernel(model, dataclasses.replace(kernel, kernels=_row_renormalised(kernel.kernels * weights)))
+        kappa = per_layer_head("kappa", self.kappa, model)
+        n = model.sequence_length
+        if isinstance(kernel, AlibiKernel):
+            rate = kernel.alibi_slopes / kernel.temperature  # (T, H)
+            offsets = jnp.arange(1, max(n, 2), dtype=rate.dtype)
+            table, diagonal = -rate[..., None] * offsets, kernel.diagonal_scores / kernel.temperature
+            weights = kernel.head_weights
+        elif isinstance(kernel, PowerKernel):
+            scores = jax.vmap(lambda layer: layer.scores(max(n, 2)))(kernel)  # (T, H, n)
+            table, diagonal, weights = scores[..., 1:], scores[..., 0], kernel.head_weights
+        elif isinstance(kernel, TableKernel):
+            table, diagonal, weights = kernel.offset_scores, kernel.diagonal_scores, kernel.head_weights
+        else:
+            raise ConfigError(f"kappa: a {type(kernel).__name__} has no logits to bias; allowed: AlibiKernel, "
+                              "PowerKernel, TableKernel or DenseKernel")
+        offsets = jnp.arange(1, table.shape[-1] + 1)
+        biased = TableKernel(offset_scores=table + kappa[..., None] * self.bias(offsets),
+                             diagonal_scores=diagonal + kappa * self.bias(0), head_weights=weights)
+        if is_concrete(biased.offset_scores):
+            biased.check_length(n)
+        return _replace_kernel(model, biased)

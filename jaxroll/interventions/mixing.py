@@ -1,0 +1,43 @@
+"""Interventions on the mixing coefficients: the attention branch's strength."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxtyping import Array, Float
+
+from ..model import RolloutModel, check_model
+from ._base import AbstractIntervention, checked_parameter, per_layer_only
+
+__all__ = ["BranchScale"]
+
+
+class BranchScale(AbstractIntervention):
+    """The attention branch's output multiplied by ``gamma_t >= 0`` in layer t.
+
+    The mixing coefficient is measured per token as the branch's share of the
+    residual update, ``lambda = ||a|| / (||x|| + ||a||)``. Scaling ``a`` by
+    gamma with ``x`` held fixed gives
+
+        lambda' = gamma lambda / (gamma lambda + 1 - lambda),
+
+    exact per token at the first layer and a first-order prediction
+    downstream, where the norms of ``x`` change too (arXiv 2602.16837's
+    ``R_t = (1 - lambda_t) I + lambda_t A_t`` with ``lambda_t`` so replaced).
+    ``gamma = 1`` is the identity, ``gamma = 0`` removes layer t's attention.
+    `gamma` is a number or one per layer.
+    """
+
+    gamma: Float[Array, "..."]
+
+    def __init__(self, gamma):
+        self.gamma = checked_parameter("gamma", gamma, 0.0)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        model = check_model(model)
+        gamma = per_layer_only("gamma", self.gamma, model)
+        moved = gamma * model.lambdas
+        # lambda = 1 and gamma = 0 is 0 / 0: a removed branch mixes nothing.
+        denominator = moved + 1.0 - model.lambdas
+        lambdas = moved / (denominator + (denominator == 0))
+        return dataclasses.replace(model, lambdas=lambdas)
