@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
+import jaxroll  # noqa: E402
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 from jaxroll.measure import measure, influence_gradients  # noqa: E402
@@ -307,7 +308,11 @@ def test_default_stats_fit_the_architecture_and_progress_goes_to_stderr(saved, t
     assert code == 0, captured.err
     import json
 
-    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence"]
+    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention"]
+    # A rotary model's default config is its measured kernel, not a flat ALiBi kernel (issue 46).
+    config = (out / "config.yaml").read_text()
+    assert "kernel_type: dense" in config and "alibi_slopes" not in config
+    assert jaxroll.load_config(out / "config.yaml").kernel.kernels.shape == (2, 8, 8)
     assert "jaxroll measure: 3/3 sequences (100%)" in captured.err
     with np.load(out / "measurement.npz") as data:
         assert data["influence_per_sequence"].shape == (3, 8)

@@ -137,10 +137,14 @@ def statistic_names() -> tuple[str, ...]:
 def default_stats(position: str) -> tuple[str, ...]:
     """What ``--stats`` is by default for a model whose positions enter as `position`.
 
-    ``lambda, content, influence`` (ALiBi, learned positions); rotary models
-    drop content, whose raw ``q.k`` the rotation changes.
+    ``lambda, content, influence`` for ALiBi. A model whose positions are not
+    ALiBi (rotary, learned) also measures ``attention``: its config.yaml is
+    then the measured mean kernel (a dense-kernel configuration), not a flat
+    ALiBi kernel that nobody measured. Rotary models drop content, whose raw
+    ``q.k`` the rotation changes.
     """
-    return tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
+    names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
+    return names if position == "alibi" else names + ("attention",)
 
 
 def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
