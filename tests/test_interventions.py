@@ -226,3 +226,48 @@ def test_a_slope_scale_on_a_model_without_slopes_is_refused():
     sliding = dataclasses.replace(_alibi_model(), mask="sliding", window=8)
     with pytest.raises(jaxroll.ConfigError, match=r"^kappa: a distance bias on a 'sliding' mask"):
         iv.DistanceBias(0.1).apply(sliding)
+
+
+def test_text_specifications_parse_in_a_fixed_order_and_round_trip(tmp_path):
+    parsed = iv.parse("gamma=0.5, tau=0.7,kappa=-0.2,kappa_form=unsquash,kappa_k=3")
+    assert [type(x).__name__ for x in parsed] == ["Temperature", "DistanceBias", "BranchScale"]
+    record = iv.describe(parsed)
+    assert record == {"tau": 0.7, "kappa": -0.2, "kappa_form": "unsquash", "kappa_k": 3.0, "gamma": 0.5}
+    again = iv.from_mapping(record)
+    model = _alibi_model()
+    np.testing.assert_array_equal(np.asarray(jaxroll.influence(iv.apply_all(model, again))),
+                                  np.asarray(jaxroll.influence(iv.apply_all(model, parsed))))
+    path = tmp_path / "change.yaml"
+    path.write_text("tau: [[0.5, 1.0, 1.5, 2.0]]\nslope_scale: 0.5\n")
+    from_file = iv.parse(str(path))
+    expected = _profile(_mixed(lambda t, h: _alibi_logits(t, h, slopes=SLOPES * 0.5) / [0.5, 1.0, 1.5, 2.0][h]))
+    np.testing.assert_allclose(np.asarray(jaxroll.influence(iv.apply_all(model, from_file))), expected, rtol=0,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("temp=0.7", r"^--intervene temp: unknown intervention; allowed: one of tau, slope_scale, kappa, "),
+    ("tau", r"^--intervene: got 'tau'; allowed: NAME=VALUE with NAME one of "),
+    ("tau=abc", r"^--intervene tau: got 'abc'; allowed: a number$"),
+    ("tau=inf", r"^--intervene tau: got 'inf'; allowed: a finite number$"),
+    ("tau=0.5,tau=2", r"^--intervene tau: given twice; allowed: each name once$"),
+    ("tau=-1", r"^tau: value -1\.0 is outside the allowed range \(0, inf\)"),
+    ("kappa_form=unsquash", r"^--intervene kappa_form/kappa_k: .* allowed only with kappa$"),
+    (",", r"^--intervene: got ','; allowed: NAME=VALUE"),
+])
+def test_bad_specifications_are_one_line(text, message):
+    with pytest.raises(jaxroll.ConfigError, match=message) as error:
+        iv.parse(text)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_yaml_file_of_interventions_is_one_line_naming_it(tmp_path):
+    for content, message in (("[1, 2]", "got a list"), ("tau: [0.5\n", "not valid YAML"),
+                             ("kappa: 0.1\nkappa_k: two\n", "kappa_k: got 'two'")):
+        path = tmp_path / "change.yaml"
+        path.write_text(content)
+        with pytest.raises(jaxroll.ConfigError, match=message) as error:
+            iv.parse(str(path))
+        assert "\n" not in str(error.value)
+    with pytest.raises(jaxroll.ConfigError, match=r"missing\.yaml: cannot read"):
+        iv.parse(str(tmp_path / "missing.yaml"))

@@ -14,12 +14,15 @@ is exact in the theory or an approximation, and which.
 | `BranchScale` | attention output x gamma_t per layer | ``lambda' = gamma lambda / (gamma lambda + 1 - lambda)``: first order |
 | `DistanceBias` | ``kappa g(i - j)`` added to the logits | exact on ALiBi + content and relative kernels (an offset kernel); an approximation on measured mean kernels |
 
-`apply_all(model, interventions)` applies several in order.
+`apply_all(model, interventions)` applies several in order; `parse` reads
+the command line's ``NAME=VALUE[,NAME=VALUE...]`` (or a YAML file) and
+`describe` writes the record a result carries.
 """
 
 from ._base import AbstractIntervention, apply_all
 from .kernels import DistanceBias, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
+from .spec import NAMES, describe, from_mapping, parse
 
-__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "SlopeScale", "Temperature", "apply_all",
-           "log1p_distance", "unsquash_distance"]
+__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "NAMES", "SlopeScale", "Temperature", "apply_all",
+           "describe", "from_mapping", "log1p_distance", "parse", "unsquash_distance"]
