@@ -71,12 +71,13 @@ def test_fit_writes_config_csv_and_figure(files, tmp_path, capsys):
     captured = capsys.readouterr()
     printed = captured.out
     # 12 free parameters: Adam; 40 steps do not converge, the first line and
-    # one warning line on stderr say so, and the exit status is still 0.
+    # one warning line in the summary (stdout) say so, and the exit status is still 0.
     first = printed.splitlines()[0]
     assert first.startswith(f"jaxroll fit: {config} -> {profile}: not converged: stopped at the step limit 40")
     assert "optimizer = adam" in printed
-    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in printed.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "did not converge in 40 steps" in warnings[0]
+    assert "warning:" not in captured.err and "steps = 40 of at most 40" in printed
     match = re.search(r"Wasserstein W1/\(N-1\): before (\S+), after (\S+)", printed)
     before, after = float(match.group(1)), float(match.group(2))
     # Printed with 6 significant digits.
@@ -107,6 +108,43 @@ def test_power_decay_schedule_is_saved_as_power_decay(files, tmp_path, capsys):
     np.testing.assert_allclose(fitted.lambdas, saved["lambda_0"] / (t + 1.0) ** saved["beta"], rtol=1e-15)
 
 
+def test_a_degenerate_power_decay_fit_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 46: a 6-layer power-decay fit to the attention-only profile of a
+    12-layer model drives every lambda to its bound: the first line says "not
+    converged", the summary holds exactly one warning line about it (on
+    stdout, with the counts; nothing on stderr but progress), and the step
+    count of the summary is the one the progress lines end at."""
+    small = dict(num_heads=4, diagonal_scores=0.5, sequence_length=N)
+    config = jaxroll.save_config(jaxroll.RolloutModel.create(num_layers=6, lambdas=0.3, **small),
+                                 tmp_path / "start.yaml")
+    deeper = jaxroll.RolloutModel.create(num_layers=12, lambdas=1.0, **small)
+    profile = jaxroll.write_profile(np.asarray(jaxroll.influence(deeper), np.float64), tmp_path / "deeper.csv")
+    from jaxroll import progress as progress_module
+
+    made = []
+
+    class Recorded(progress_module.Progress):
+        def __init__(self, *args, **kwargs):
+            kwargs["delay"] = 0.0
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(progress_module, "Progress", Recorded)
+    assert main(["fit", str(config), str(profile), "--schedule", "power_decay", "--out", str(tmp_path / "out"),
+                 "--float64"]) == 0
+    captured = capsys.readouterr()
+    first = captured.out.splitlines()[0]
+    assert first.startswith(f"jaxroll fit: {config} -> {profile}: not converged: the fit is degenerate")
+    warnings = [line for line in captured.out.splitlines() if line.startswith("warning: the fit is degenerate")]
+    assert len(warnings) == 1
+    assert "warning" not in captured.err
+    # The counts agree: the progress count is the longest restart's, which the summary names.
+    (bar,) = made
+    longest = int(re.search(r"the longest took (\d+), the progress count", captured.out).group(1))
+    assert bar.done == bar.total == longest
+    assert f"{longest}/{longest} steps (100%)" in captured.err and "stop=not converged" in captured.err
+
+
 def test_constant_fit_converges_and_saves_its_constant(tmp_path, capsys):
     """One parameter, an exact target (constant 0.7 from 0.2): L-BFGS converges,
     the first line says so, no warning, and fitted.yaml is a constant schedule
@@ -120,7 +158,7 @@ def test_constant_fit_converges_and_saves_its_constant(tmp_path, capsys):
                  "--float64"]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0].startswith(f"jaxroll fit: {config} -> {profile}: converged")
-    assert "optimizer = lbfgs" in captured.out and "warning:" not in captured.err
+    assert "optimizer = lbfgs" in captured.out and "warning:" not in captured.out + captured.err
     saved = oracle.read_config(tmp_path / "out" / "fitted.yaml")["lambda_schedule_config"]
     assert saved["schedule_type"] == "constant" and abs(saved["lambda_const"] - 0.7) < 1e-6
 

@@ -92,7 +92,7 @@ def test_a_fit_that_ends_at_a_bound_says_so(tmp_path, capsys):
     first = printed.splitlines()[0]
     assert ("at a bound" in first) or ("not converged" in first)
     assert "not determined" not in printed
-    assert "warning: the fit ended at a bound: lambda_const" in err
+    assert "warning: the fit ended at a bound: lambda_const" in printed  # in the summary, not after it
 
 
 def test_summary_calls_no_parameter_both_determined_and_not():
@@ -126,9 +126,20 @@ def test_summary_of_a_well_determined_fit_has_no_warning():
     assert any("determined parameters (to +-0.1): a +-0.001, b +-0.0005" in line for line in lines)
 
 
+def _constant_fit(progress):
+    n = 12
+    model = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.3, alibi_slopes=[0.3, 0.1],
+                                        sequence_length=n)
+    truth = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.6, alibi_slopes=[0.3, 0.1],
+                                        sequence_length=n)
+    target = np.asarray(jaxroll.influence(truth), np.float64)
+    return jaxroll.fit(model, target, schedule="constant", loss="kl", steps=500, restarts=1, search=0,
+                       progress=progress)
+
+
 def test_the_fit_progress_bar_ends_complete(monkeypatch):
-    """A fit that converges in a few of its 500 steps ends its bar at n = total
-    (100%), with how it stopped, not frozen at "1%"."""
+    """On a terminal: a fit that converges in a few of its 500 steps ends its
+    bar at n = total (100%), with how it stopped, not frozen at "1%"."""
     import tqdm.auto
 
     bars = []
@@ -139,19 +150,43 @@ def test_the_fit_progress_bar_ends_complete(monkeypatch):
             super().__init__(*args, **kwargs)
             bars.append(self)
 
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    from jaxroll.progress import Progress
+
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
-    n = 12
-    model = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.3, alibi_slopes=[0.3, 0.1],
-                                        sequence_length=n)
-    truth = jaxroll.RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.6, alibi_slopes=[0.3, 0.1],
-                                        sequence_length=n)
-    target = np.asarray(jaxroll.influence(truth), np.float64)
-    result = jaxroll.fit(model, target, schedule="constant", loss="kl", steps=500, restarts=1, search=0,
-                         progress=True)
+    progress = Progress(500, stream=Terminal(), label="jaxroll fit", unit="steps")
+    result = _constant_fit(progress)
     assert result.converged and result.steps < 500
     (bar,) = bars
     assert bar.n == bar.total == result.steps
     assert "stop=converged" in bar.fp.getvalue().split("\r")[-1]
+
+
+def test_progress_off_a_terminal_writes_lines_without_carriage_returns():
+    """Issue 46: the one progress convention (jaxroll.progress): off a terminal
+    (a log, a pipe) newline-terminated lines and never a carriage return, at
+    most one every min_seconds, and a closing line; the fit's count ends at
+    the steps it took, with how it stopped."""
+    from jaxroll.progress import Progress
+
+    stream = io.StringIO()
+    result = _constant_fit(Progress(500, stream=stream, label="jaxroll fit", unit="steps"))
+    text = stream.getvalue()
+    assert text and "\r" not in text and text.endswith("\n")
+    last = text.splitlines()[-1]
+    assert last.startswith(f"jaxroll fit: {result.steps}/{result.steps} steps (100%)") and "stop=converged" in last
+    # A fast job on a fake clock: 100 updates in 50 s, lines at most every 5 s.
+    stream, clock = io.StringIO(), Clock()
+    with Progress(100, stream=stream, clock=clock, label="jaxroll sweep", unit="chunks") as progress:
+        for _ in range(100):
+            clock.now += 0.5
+            progress.update(1)
+    lines = stream.getvalue().splitlines(keepends=True)
+    assert all(line.endswith("\n") and "\r" not in line for line in lines)
+    assert 2 <= len(lines) <= 50 / 5 + 1 and lines[-1].startswith("jaxroll sweep: 100/100 chunks (100%)")
 
 
 class Clock:
@@ -164,7 +199,8 @@ class Clock:
 
 def test_measure_progress_prints_no_line_before_its_delay():
     """A job of 20 sequences in 0.5 s: with delay 2 s only the closing line
-    (not 20 lines); a job of 20 sequences in 20 s prints its 5% lines after 2 s."""
+    (not 20 lines); a job of 20 sequences in 20 s prints its 5% lines after 2 s,
+    at most one every 5 s."""
     from jaxroll.measure.progress import Progress
 
     for seconds in (0.025, 1.0):
@@ -174,8 +210,9 @@ def test_measure_progress_prints_no_line_before_its_delay():
                 clock.now += seconds
                 progress.update(1)
         lines = stream.getvalue().splitlines()
-        # 1 s per sequence: 5% lines at 2 s .. 19 s (sequences 2..19), then the closing line.
-        assert len(lines) == (1 if seconds < 0.1 else 19), lines
+        # 1 s per sequence: 5% lines from 2 s on, at most one per 5 s (at 2, 7, 12 and 17 s), then
+        # the closing line.
+        assert len(lines) == (1 if seconds < 0.1 else 5), lines
         assert lines[-1].startswith("jaxroll measure: 20/20 sequences (100%)")
 
 

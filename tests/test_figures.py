@@ -323,3 +323,52 @@ def test_lambdas_figure_has_integer_layer_ticks(tmp_path, figures, layers):
     ticks = [t for t in axes.get_xticks() if low <= t <= high]
     assert len(ticks) >= 2
     assert all(float(t).is_integer() and 1 <= t <= layers for t in ticks), ticks
+
+
+# ------------------------------------------------- issue 46: peaked profiles, the sweep's N and base point
+
+
+def test_a_peaked_profile_gets_a_log_panel_where_the_measured_curve_and_band_show():
+    """A spike at the last positions: on the linear axis the rest is a flat line
+    under it, so score/compare and measure's influence figure add a log-y panel
+    with the measured curve and its band above the panel's bottom."""
+    from jaxroll.plot.measured import measured_influence_figure, peaked, two_profiles_figure
+
+    n = 64
+    measured = np.full(n, 0.003)
+    measured[-1] = 0.6
+    measured /= measured.sum()
+    band = np.stack([0.8 * measured, 1.2 * measured])
+    predicted = np.roll(measured, 0) * np.linspace(0.9, 1.1, n)
+    predicted /= predicted.sum()
+    assert peaked(measured) and not peaked(np.full(n, 1.0 / n))
+    for figure in (measured_influence_figure(measured, band=band, title="t"),
+                   two_profiles_figure(measured, predicted, labels=("measured", "prediction"), bands=(band, None),
+                                       title="t")):
+        figure.canvas.draw()
+        logs = [axes for axes in figure.axes if axes.get_yscale() == "log"]
+        assert len(logs) == 1
+        (axes,) = logs
+        bottom = axes.get_ylim()[0]
+        measured_line = axes.get_lines()[0]
+        assert np.all(np.asarray(measured_line.get_ydata()) > bottom)  # visible, not under the prediction's spike
+        assert axes.collections  # the band is drawn there
+        figure.clear()
+    flat = measured_influence_figure(np.full(n, 1.0 / n))
+    assert [axes.get_yscale() for axes in flat.axes] == ["linear"]
+    flat.clear()
+
+
+def test_sweep_heatmap_title_carries_n_and_marks_the_base_point():
+    from jaxroll.plot.sweep import sweep_figures
+
+    figures = sweep_figures({"center_of_mass": np.arange(6.0).reshape(2, 3)},
+                            [("lambda_0", [0.2, 0.8]), ("beta", [0.5, 1.0, 3.0])], title="spec.yaml",
+                            sequence_length=256, base={"lambda_0": 0.5, "beta": 2.0})
+    figure = figures["heatmap_center_of_mass.png"]
+    assert "N = 256" in figure.get_suptitle()
+    (axes,) = [a for a in figure.axes if a.get_images()]
+    (star,) = axes.get_lines()
+    np.testing.assert_allclose([star.get_xdata()[0], star.get_ydata()[0]], [1.5, 0.5])
+    assert any("base point: lambda_0 = 0.5, beta = 2" in label for label in legend_labels(axes))
+    figure.clear()

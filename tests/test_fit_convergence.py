@@ -137,3 +137,38 @@ def test_schedule_config_round_trips_through_save_config(tmp_path):
     with pytest.raises(ConfigError, match="does not give the model's lambdas"):
         jaxroll.save_config(result.model, tmp_path / "bad.yaml", schedule={"schedule_type": "constant",
                                                                            "lambda_const": 0.5})
+
+
+def test_a_degenerate_fit_is_not_reported_converged():
+    """Issue 46: the target is the attention-only profile of a 12-layer model,
+    which no 6-layer power-decay schedule reaches: the fit drives every lambda
+    to its upper bound (lambda_0 -> 1, beta -> 0), where the loss is flat,
+    and the stopping test passes there. That is not a minimum inside the
+    model's range: not converged, with one warning line that says so."""
+    deeper = jaxroll.RolloutModel.create(num_layers=2 * T, num_heads=H, lambdas=1.0, diagonal_scores=0.5,
+                                         sequence_length=N)
+    target = np.asarray(jaxroll.influence(deeper), np.float64)
+    result = jaxroll.fit(model_of(0.3), target, schedule="power_decay")
+    lambdas = np.asarray(result.model.lambdas)
+    assert np.sum((lambdas >= 1 - 1e-5) | (lambdas <= 1e-5)) >= T - 1  # the case is what it claims to be
+    assert not result.converged
+    assert result.stop_reason.startswith("not converged: the fit is degenerate"), result.stop_reason
+    assert len(result.warnings) == 1 and "\n" not in result.warnings[0]
+    assert result.warnings[0].startswith("warning: the fit is degenerate: 6 of 6 lambdas ended at a bound")
+
+
+def test_a_fit_that_ends_worse_than_its_start_is_not_reported_converged():
+    """The start reproduces the target exactly (loss 0) with alternating
+    lambdas that no power-decay schedule represents: the power-decay fit ends
+    worse than its start, which it says instead of "converged"."""
+    alternating = np.array([0.9, 0.1, 0.9, 0.1, 0.9, 0.1])
+    result = jaxroll.fit(model_of(alternating), profile_of(alternating), schedule="power_decay")
+    assert result.final_loss > result.initial_loss
+    assert not result.converged and result.stop_reason.startswith("not converged: the fit ended worse than its start")
+    assert [w for w in result.warnings if "worse than its start" in w]
+
+
+def test_restart_steps_hold_the_returned_restarts_count():
+    result = jaxroll.fit(model_of(0.2), TARGET, schedule="constant", loss="l2")
+    assert result.restart_steps.shape == result.restart_losses.shape
+    assert result.steps == result.restart_steps[int(np.argmin(result.restart_losses))]

@@ -88,7 +88,6 @@ def _start_model(arguments):
 
 def _run_fit(arguments) -> None:
     import csv
-    import sys
 
     import jax
 
@@ -143,7 +142,8 @@ def _run_fit(arguments) -> None:
             writer.writerow((row[0],) + tuple(repr(float(x)) for x in row[1:]))
     plot.plot_fit(out / "fit.png", target, initial, result.profile, result.losses,
                   initial_loss=result.initial_loss,
-                  title=f"{Path(source).name} fitted to {arguments.profile.name} ({arguments.fit})")
+                  title=f"{Path(source).name} fitted to {arguments.profile.name} ({arguments.fit}, "
+                        f"schedule {arguments.schedule})")
     from ..metrics import wasserstein
 
     before = float(wasserstein(initial, target))
@@ -151,11 +151,15 @@ def _run_fit(arguments) -> None:
     status = result.stop_reason
     if bound_warnings and result.converged:  # converged, but not inside the model's range
         status = status.replace("converged:", "converged at a bound of the model's range:", 1)
+    # The summary, its counts and its warnings in one place (stdout); progress went to stderr.
     print(f"jaxroll fit: {source} -> {arguments.profile}: {status}")
+    steps = f"steps = {result.steps} of at most {result.max_steps}"
+    if result.restart_steps.size > 1:
+        steps += (f" (the best of {result.restart_steps.size} restarts; the longest took "
+                  f"{int(result.restart_steps.max())}, the progress count)")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
           f"schedule = {arguments.schedule}, loss = {arguments.loss}, optimizer = {result.optimizer}, "
-          f"steps = {result.steps} of at most {result.max_steps}, restarts = {result.restart_losses.size}, "
-          f"global design = {result.search_points} points")
+          f"{steps}, restarts = {result.restart_losses.size}, global design = {result.search_points} points")
     print(f"  Wasserstein W1/(N-1): before {before:.6g}, after {result.metrics.wasserstein:.6g}")
     print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
           f"Spearman after {result.metrics.spearman:.6g}")
@@ -166,9 +170,9 @@ def _run_fit(arguments) -> None:
     for line in identifiability_lines:
         print(f"  {line}")
     print(f"  wrote {out}/fitted.yaml, fitted.csv, fit.csv, fit.png")
-    for warning in bound_warnings:
-        print(warning, file=sys.stderr)
-    if not result.converged:
-        print(f"warning: the fit did not converge in {result.max_steps} steps ({result.stop_reason}); "
-              "the parameters may be short of the optimum: raise --steps or the tolerances",
-              file=sys.stderr)
+    warnings = list(result.warnings) + bound_warnings
+    if not result.converged and (not result.warnings or "step limit" in result.stop_reason):
+        warnings.append(f"warning: the fit did not converge in {result.max_steps} steps ({result.stop_reason}); "
+                        "the parameters may be short of the optimum: raise --steps or the tolerances")
+    for warning in warnings:
+        print(warning)

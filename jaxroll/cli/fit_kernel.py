@@ -52,7 +52,8 @@ def _run_kernel_fit(arguments) -> None:
                       MAX_KERNEL_BYTES, allowed="a smaller --length", limit_source="fit-kernel allows")
     model = as_dense_model(model)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    result = fit_kernel(model, family=arguments.family, num_heads=arguments.heads, steps=arguments.steps)
+    result = fit_kernel(model, family=arguments.family, num_heads=arguments.heads, steps=arguments.steps,
+                        progress=True)
     io.save_config(result.model, out / "fitted.yaml", overwrite=True)
     np.savetxt(out / "kernel_fit.csv", np.column_stack([np.arange(model.num_layers), result.divergence,
                                                         result.max_abs_error, result.steps]),

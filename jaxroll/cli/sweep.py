@@ -161,6 +161,27 @@ def _figure_axes(result, options) -> list[tuple[str, list]]:
     return axes
 
 
+def _base_point(model) -> dict:
+    """The base model's value on the axes it has one for: lambda_0 and beta when its lambdas are a
+    power decay, lambda_const when they are constant, and any scalar field of the model or its kernel."""
+    point = {}
+    lambdas = np.asarray(model.lambdas, np.float64).ravel()
+    if lambdas.size and np.allclose(lambdas, lambdas[0], rtol=1e-9, atol=0):
+        point["lambda_const"] = float(lambdas[0])
+    if lambdas.size >= 2 and np.all(lambdas > 0):
+        beta = float(np.log(lambdas[0] / lambdas[1]) / np.log(2.0))
+        t = np.arange(lambdas.size, dtype=np.float64)
+        if beta >= 0 and np.allclose(lambdas, lambdas[0] / (t + 1) ** beta, rtol=1e-9, atol=0):
+            point.update(lambda_0=float(lambdas[0]), beta=beta)
+    for owner in (model, getattr(model, "kernel", None)):
+        for name in ("temperature", "sequence_length"):
+            value = getattr(owner, name, None)
+            if value is not None and np.ndim(value) == 0 and name not in point:
+                point[name] = float(value)
+    point.setdefault("length", float(model.sequence_length))
+    return point
+
+
 def run(arguments) -> None:
     import jax
 
@@ -210,7 +231,8 @@ def run(arguments) -> None:
     statistics = {name: np.asarray(result.table[name], np.float64).reshape(grid)
                   for name in STATISTICS}
     figures = plot.plot_sweep(out, statistics, figure_axes,
-                              title=f"{arguments.spec.name}: T = {model.num_layers}, H = {model.num_heads}")
+                              title=f"{arguments.spec.name}: T = {model.num_layers}, H = {model.num_heads}",
+                              sequence_length=model.sequence_length, base=_base_point(model))
     written += [path.name for path in figures]
     shutil.rmtree(partial, ignore_errors=True)
     count = result.table["length"].shape[0]

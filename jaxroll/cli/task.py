@@ -39,7 +39,7 @@ def add_parser(commands) -> None:
     task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
-    task.add_argument("--quiet", action="store_true", help="no progress line")
+    task.add_argument("--quiet", action="store_true", help="no progress (default: a bar on a terminal, else a line at most every 5 s on stderr)")
     task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
     task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")
     task.set_defaults(run=_run_task, uses_jax=False)
@@ -129,10 +129,14 @@ def _run_task(arguments) -> None:
         try:
             rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
                                  samples=arguments.samples, seed=arguments.seed, batch_size=arguments.batch_size,
-                                 world=world, progress=progress)
+                                 world=world, progress=None if progress is None else progress.update)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"the scored cases are in {arguments.out}/{grid.CASES_FILE}; rerun with "
                                     "--resume to continue") from None
+        finally:
+            if progress is not None:
+                # A resumed grid scores fewer cases than the whole grid: the count ends at what was done.
+                progress.close(complete=True)
         if rows is not None:
             _write_summary(rows, arguments.out, tasks)
     finally:
@@ -140,21 +144,14 @@ def _run_task(arguments) -> None:
 
 
 def _progress(arguments, world, tasks, lengths, depths):
-    """A line on stderr every 30 s: cases scored by this rank (rank 0 only; none with --quiet)."""
-    import time
+    """Cases scored by this rank on stderr (`jaxroll.progress`: a bar on a terminal, lines
+    elsewhere; rank 0 only; none with --quiet)."""
+    from ..progress import Progress
 
     if arguments.quiet or not world.is_main:
         return None
     total = len(tasks) * len(lengths) * len(depths) * arguments.samples // world.size
-    state = {"done": 0, "shown": time.monotonic()}
-
-    def update(count: int) -> None:
-        state["done"] += count
-        if time.monotonic() - state["shown"] >= 30:
-            state["shown"] = time.monotonic()
-            print(f"jaxroll task: {state['done']} cases scored (of at most {total} on this process)", file=sys.stderr)
-
-    return update
+    return Progress(total, label="jaxroll task", unit="cases", delay=2.0)
 
 
 def _write_summary(rows, out: Path, tasks) -> None:

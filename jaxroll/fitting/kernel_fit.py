@@ -187,7 +187,7 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
                learning_rate: float = 0.1, optimizer: optax.GradientTransformation | None = None,
                gradient_tolerance: float = GRADIENT_TOLERANCE,
                loss_tolerance: float = LOSS_TOLERANCE, samples: int = GLOBAL_SAMPLES, starts: int = GLOBAL_STARTS,
-               seed: int = 0) -> KernelFitResult:
+               seed: int = 0, progress: bool = False) -> KernelFitResult:
     """Fit a relative-position kernel to a model's dense kernels (module docstring).
 
     Args:
@@ -205,6 +205,9 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
             ALiBi; 1: the deterministic start alone, the pre-global behaviour).
         starts: how many of the best candidates the local optimiser runs from.
         seed: of the candidates.
+        progress: report the layers as they finish on stderr (`jaxroll.progress`:
+            a bar on a terminal, lines elsewhere); the layers then run one
+            compiled call each (the same loop and results).
 
     Returns:
         A `KernelFitResult`; its model keeps the measured lambdas and length.
@@ -242,8 +245,19 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
     optimizer = _adam(steps, float(learning_rate)) if optimizer is None else _with_extra_args(optimizer)
     tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
     candidates = jax.tree.map(lambda x: jnp.asarray(x, target.dtype), candidates)
-    state = _run(target, candidates, tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
-                 optimizer=optimizer, max_steps=steps, starts=starts)
+    run = functools.partial(_run, tolerances=tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
+                            optimizer=optimizer, max_steps=steps, starts=starts)
+    if not progress:
+        state = run(target, candidates)
+    else:
+        from ..progress import Progress
+
+        layers = []
+        with Progress(num_layers, label="jaxroll fit-kernel", unit="layers", delay=2.0) as bar:
+            for t in range(num_layers):
+                layers.append(run(target[t:t + 1], jax.tree.map(lambda x: x[t:t + 1], candidates)))
+                bar.update(1)
+        state = jax.tree.map(lambda *x: jnp.concatenate(x), *layers)
     raw = state["best_raw"]
     taken = np.asarray(state["step"])
     history = np.asarray(state["history"], dtype=np.float64)[:, :int(taken.max()) + 1]

@@ -21,6 +21,13 @@ problem):
 - otherwise the fit stops at ``steps`` (not converged), or when the loss is
   not finite (not converged).
 
+A stop by one of the three tests is reported as converged only when the
+answer is not degenerate: a fit that ends with a loss above its start's, or
+with all but one of its free lambdas within `BOUND_TOLERANCE` of 0 or 1 (a
+power-decay schedule whose beta ran off to infinity: one lambda left, the
+rest 0), has stopped where the loss is flat, not at a minimum inside the
+model's range; `FitResult.warnings` says which, in one line.
+
 Tolerances below the dtype's resolution are raised to ``10 eps``.
 """
 
@@ -43,6 +50,7 @@ from ..model import RolloutModel
 from ..rollout import influence
 from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
 from .identification import Identifiability, _report
+from .report import BOUND_TOLERANCE
 from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
 
 __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
@@ -116,12 +124,20 @@ class FitResult(eqx.Module):
             None (more than `IDENTIFIABILITY_MAX_PARAMETERS` free
             parameters, or nothing was fitted).
         converged: whether the returned restart passed the stopping test
-            (module docstring of `jaxroll.fitting.optimise`) before `max_steps`.
+            (module docstring of `jaxroll.fitting.optimise`) before `max_steps`
+            and the answer is not degenerate (`warnings` is empty).
         stop_reason: why it stopped, one line (e.g. ``converged: gradient
             norm 3e-09 <= 1e-08 and relative loss change 0 <= 1e-10``).
         max_steps: the step limit it ran under (`fit`'s ``steps``).
         optimizer: ``"lbfgs"`` or ``"adam"`` for the defaults, ``"custom"``
             for a transformation that was passed.
+        restart_steps: ``(restarts,)``, the steps each restart took (0 for a
+            skipped one); `steps` is that of the returned restart, and a
+            progress count follows the longest, ``max(restart_steps)``.
+        warnings: one line each when the answer is degenerate even though the
+            stopping test passed: the fit ended worse than its start, or all
+            but one of the free lambdas ended within `BOUND_TOLERANCE` of 0
+            or 1. Then `converged` is False and `stop_reason` says why.
     """
 
     model: RolloutModel
@@ -139,6 +155,8 @@ class FitResult(eqx.Module):
     stop_reason: str = ""
     max_steps: int = 0
     optimizer: str = "custom"
+    restart_steps: np.ndarray = eqx.field(default_factory=lambda: np.zeros(0, np.int64))
+    warnings: tuple[str, ...] = ()
 
     @property
     def schedule_config(self) -> dict | None:
@@ -311,39 +329,21 @@ def _tolerances(gradient_tolerance, loss_tolerance, dtype) -> tuple[float, float
     return max(gradient_tolerance, 10 * eps), max(loss_tolerance, 10 * eps), 10 * eps
 
 
-def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, progress: bool):
-    """All steps in one compiled call, or in about 50 chunks under a progress bar
-    (the same compiled loop, bounded by a traced step limit)."""
-    if not progress:
-        # Rounds of `chunk` steps per restart: a restart that stalls away from the optimum no longer
-        # runs to the step limit before the next one, which may reach the floor in a few steps, starts.
-        chunk = max(1, math.ceil(steps / 50))
-        limit = 0
-        while limit <= steps and np.any(np.asarray(carry["reason"]) == _RUNNING):
-            limit = min(limit + chunk, steps + 1)
-            carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
-        return carry
-    from tqdm.auto import tqdm
-
+def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, progress):
+    """All restarts in rounds of about ``steps / 50`` steps (the same compiled loop,
+    bounded by a traced step limit): a restart that stalls away from the optimum
+    no longer runs to the step limit before the next one, which may reach the
+    floor in a few steps, starts. `progress` (a `jaxroll.progress.Progress` over
+    `steps`, or None) counts the steps of the longest restart; `fit` closes it."""
     chunk = max(1, math.ceil(steps / 50))
-    # delay: a bar only for runs that last more than a couple of seconds.
-    with tqdm(total=steps, desc="fit", unit="step", delay=2.0) as bar:
-        limit = 0
-        while limit <= steps:
-            limit = min(limit + chunk, steps + 1)
-            carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
-            done = int(np.max(np.asarray(carry["step"])))
-            bar.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}", refresh=False)
-            bar.update(min(done, steps) - bar.n)
-            if np.all(np.asarray(carry["reason"]) != _RUNNING):
-                break
-        # A fit that stops early ends its bar at 100% of the steps it took
-        # (not frozen at "2%| 44/2000"); the postfix says how it stopped.
-        # Closing the bar draws this last state (if it was drawn at all).
-        converged = bool(np.any(np.isin(np.asarray(carry["reason"]), _CONVERGED)))
-        bar.total = bar.n
-        bar.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}",
-                        stop="converged" if converged else "not converged", refresh=False)
+    limit = 0
+    while limit <= steps and np.any(np.asarray(carry["reason"]) == _RUNNING):
+        limit = min(limit + chunk, steps + 1)
+        carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
+        if progress is not None:
+            done = min(int(np.max(np.asarray(carry["step"]))), steps)
+            progress.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}")
+            progress.update(done - progress.done)
     return carry
 
 
@@ -387,7 +387,7 @@ def fit(
     key: Array | None = None,
     n: int | None = None,
     method: str = "auto",
-    progress: bool = False,
+    progress=False,
     gradient_tolerance: float = GRADIENT_TOLERANCE,
     loss_tolerance: float = LOSS_TOLERANCE,
 ) -> FitResult:
@@ -453,8 +453,9 @@ def fit(
             causal mask a profile at length n is exact for the first n
             tokens, so long models can be fitted at a short n.
         method: passed to `jaxroll.influence`.
-        progress: show a progress bar over steps (the same compiled loop,
-            run in about 50 chunks).
+        progress: show progress over the steps of the longest restart
+            (`jaxroll.progress`: a bar on a terminal, lines elsewhere), or a
+            `jaxroll.progress.Progress` over `steps` to report to.
         gradient_tolerance: on ``max_i |dL/du_i|`` (`GRADIENT_TOLERANCE`).
         loss_tolerance: on ``|f_{k-1} - f_k| / max(|f_{k-1}|, |f_k|)``
             (`LOSS_TOLERANCE`). Both are raised to 10 eps of the dtype.
@@ -494,8 +495,21 @@ def fit(
     initial_loss = float(loss_function(influence(model, n, method=method), target))
     tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
     carry = _initial_carry(raw, target, problem=problem, max_steps=steps)
-    carry = _optimise(carry, fixed, target, tuple(jnp.asarray(x, target.dtype) for x in tolerances),
-                      problem, steps, progress)
+    bar = progress
+    if progress is True:
+        from ..progress import Progress
+
+        # delay: a line or bar only for runs that last more than a couple of seconds.
+        bar = Progress(steps, label="jaxroll fit", unit="steps", delay=2.0)
+    elif progress is False or progress is None:
+        bar = None
+    try:
+        carry = _optimise(carry, fixed, target, tuple(jnp.asarray(x, target.dtype) for x in tolerances),
+                          problem, steps, bar)
+    except BaseException:
+        if bar is not None:
+            bar.close()
+        raise
 
     winner = int(jnp.argmin(carry["best_loss"]))
     taken = int(carry["step"][winner])
@@ -515,6 +529,18 @@ def fit(
     fitted = _as_numpy_model(fitted, n)
     profile = influence(fitted, n, method=method)
     final_loss = float(loss_function(profile, target))
+    stop_reason = _stop_reason(code, taken, float(carry["gradient_norm"][winner]), float(carry["change"][winner]),
+                               tolerances)
+    # At the loss floor the target is reproduced to rounding: not degenerate, wherever the lambdas ended.
+    warnings = () if code == _FLOOR else _degenerate(fitted, "lambdas" in values, initial_loss, final_loss)
+    converged = code in _CONVERGED and not warnings
+    if warnings and code in _CONVERGED:
+        stop_reason = ("not converged: " + "; ".join(w.removeprefix("warning: ").split(";")[0] for w in warnings)
+                       + " (the stopping test passed: " + stop_reason.removeprefix("converged: ") + ")")
+    if bar is not None:
+        # A fit that stops early ends its count at 100% of the steps it took (not frozen at
+        # "2%| 44/2000"); the last field says how it stopped, as the summary does.
+        bar.close(complete=True, stop="converged" if converged else "not converged")
     return FitResult(
         model=fitted,
         profile=np.asarray(profile, dtype=np.float64),
@@ -527,9 +553,27 @@ def fit(
         schedule_parameters=schedule_parameters,
         search_points=search_points,
         identifiability=_report(best, fixed, target, profile, problem),
-        converged=code in _CONVERGED,
-        stop_reason=_stop_reason(code, taken, float(carry["gradient_norm"][winner]),
-                                 float(carry["change"][winner]), tolerances),
+        converged=converged,
+        stop_reason=stop_reason,
         max_steps=steps,
         optimizer=name,
+        restart_steps=np.asarray(carry["step"], dtype=np.int64),
+        warnings=warnings,
     )
+
+
+def _degenerate(model: RolloutModel, lambdas_free: bool, initial_loss: float, final_loss: float) -> tuple[str, ...]:
+    """The warnings of a degenerate answer (`FitResult.warnings`), one line each."""
+    warnings = []
+    # A relative margin of 1e-9: a fit that reproduces its start to rounding is not worse.
+    if final_loss > initial_loss * (1 + 1e-9) + 1e-300:
+        warnings.append(f"warning: the fit ended worse than its start (loss {final_loss:.6g} > {initial_loss:.6g}); "
+                        "another start, schedule or more free arrays may fit better")
+    lambdas = np.asarray(model.lambdas, dtype=np.float64).ravel()
+    at_bound = (lambdas <= BOUND_TOLERANCE) | (lambdas >= 1 - BOUND_TOLERANCE)
+    if lambdas_free and lambdas.size >= 2 and int(at_bound.sum()) >= lambdas.size - 1:
+        shown = ", ".join(f"{x:.3g}" for x in lambdas[:8]) + (", ..." if lambdas.size > 8 else "")
+        warnings.append(f"warning: the fit is degenerate: {int(at_bound.sum())} of {lambdas.size} lambdas ended "
+                        f"at a bound of (0, 1) (lambdas {shown}); the loss is flat there, not at a minimum inside "
+                        "the model's range")
+    return tuple(warnings)

@@ -77,7 +77,8 @@ def plot_prediction_against_measurement(path, measured, predicted, *, band=None,
                              labels=("measured gradient influence (mean over sequences)", "prediction"))
 
 
-def plot_sweep(directory, statistics, axes, *, title: str = "") -> list[Path]:
+def plot_sweep(directory, statistics, axes, *, title: str = "", sequence_length: int | None = None,
+               base: dict | None = None) -> list[Path]:
     """`sweep_figures` (one per shape statistic: ``heatmap_<name>.png`` or ``line_<name>.png``), written
     into `directory`.
 
@@ -86,7 +87,8 @@ def plot_sweep(directory, statistics, axes, *, title: str = "") -> list[Path]:
     """
     directory = Path(directory)
     return [_save(figure, directory / name)
-            for name, figure in sweep_figures(statistics, axes, title=title).items()]
+            for name, figure in sweep_figures(statistics, axes, title=title, sequence_length=sequence_length,
+                                              base=base).items()]
 
 
 def plot_task_accuracy(path, table, task: str, *, threshold: float, level: float, title: str = "") -> Path:

@@ -12,7 +12,8 @@ def _numeric(ticks) -> bool:
     return all(isinstance(t, (int, float, np.integer, np.floating)) and not isinstance(t, bool) for t in ticks)
 
 
-def sweep_figures(statistics, axes, *, title: str = "") -> dict[str, object]:
+def sweep_figures(statistics, axes, *, title: str = "", sequence_length: int | None = None,
+                  base: dict | None = None) -> dict[str, object]:
     """One figure per shape statistic of a sweep, by file name.
 
     `statistics` maps a name to an array over the grid ``(len(axes[0][1]), ...)``;
@@ -22,11 +23,20 @@ def sweep_figures(statistics, axes, *, title: str = "") -> dict[str, object]:
     ``heatmap_<name>.png``, with one panel per sequence length when the
     sweep has a ``length`` axis beyond the first two (every length drawn);
     any other axis is held at its first value, said in the title.
+
+    `sequence_length`: N of a sweep without a ``length`` axis, said in every
+    title. `base`: ``{axis name: value}`` of the base (e.g. fitted) model the
+    sweep varies; where it names a plotted axis and its value lies inside that
+    axis's range, the point is marked (a white star on heatmaps, a dashed
+    line on line plots) and its values are in the legend.
     """
     figures = {}
     length_facets = len(axes) > 2 and axes[-1][0] == "length"
     held_axes = axes[2:-1] if length_facets else axes[2:]
     held = ", ".join(f"{name} = {_tick(values[0])}" for name, values in held_axes)
+    if sequence_length is not None and not any(name == "length" for name, _ in axes):
+        title = f"{title}, N = {sequence_length}" if title else f"N = {sequence_length}"
+    base = base or {}
     for name, values in statistics.items():
         values = np.asarray(values, dtype=np.float64)
         if values.ndim == 0 or len(axes) == 0:
@@ -41,6 +51,12 @@ def sweep_figures(statistics, axes, *, title: str = "") -> dict[str, object]:
                 panel.plot(np.arange(len(ticks)), values, "o-", color="C0")
                 panel.set_xticks(np.arange(len(ticks)), [_tick(t) for t in ticks], rotation=45)
                 panel.set_xlabel(f"{axis_name} (by index)")
+            where = _position(ticks, base.get(axis_name))
+            if where is not None:
+                x = float(base[axis_name]) if _numeric(ticks) else where
+                panel.axvline(x, color="k", linestyle="--", linewidth=1,
+                              label=f"base point: {axis_name} = {_tick(float(base[axis_name]))}")
+                panel.legend(fontsize=8)
             panel.set_ylabel(name)
             panel.set_title(f"{title}\n{name}", fontsize=9)
             figures[f"line_{name}.png"] = figure
@@ -64,10 +80,28 @@ def sweep_figures(statistics, axes, *, title: str = "") -> dict[str, object]:
             panel.set_xlabel(column_name)
             if length_facets:
                 panel.set_title(f"N = {length}", fontsize=9)
+            column, row = _position(columns, base.get(column_name)), _position(rows, base.get(row_name))
+            if column is not None and row is not None:
+                panel.plot([column], [row], marker="*", markersize=16, color="white", markeredgecolor="k",
+                           linestyle="none", label=f"base point: {row_name} = {_tick(float(base[row_name]))}, "
+                                                   f"{column_name} = {_tick(float(base[column_name]))}")
+                panel.legend(fontsize=7, loc="upper right")
         figure.colorbar(image, ax=panels[0].tolist(), label=name)
         figure.suptitle(f"{title}\n{name}" + (f" ({held})" if held else ""), fontsize=9)
         figures[f"heatmap_{name}.png"] = figure
     return figures
+
+
+def _position(ticks, value) -> float | None:
+    """Where `value` falls on an axis drawn by tick index (interpolated between numeric
+    ticks in order), or None: no value, names, or outside the ticks' range."""
+    if value is None or not _numeric(ticks) or len(ticks) == 0:
+        return None
+    ticks = np.asarray(ticks, np.float64)
+    order = np.argsort(ticks)
+    if not ticks[order[0]] <= float(value) <= ticks[order[-1]]:
+        return None
+    return float(np.interp(float(value), ticks[order], order.astype(np.float64)))
 
 
 def _tick(value) -> str:

@@ -135,7 +135,8 @@ def sweep(
             (``jax.make_mesh((k,), ("batch",))``, whose axes are `Explicit`
             on current JAX; `Auto` axes; several axes); the batch axis is
             sharded over all of its axes (see `make_mesh`).
-        progress: a tqdm bar over chunks (process 0 only).
+        progress: progress over chunks on stderr (process 0 only; `jaxroll.progress`: a bar
+            on a terminal, lines elsewhere).
         checkpoint: a directory; every finished chunk is written there
             atomically and chunks already there (of the same sweep) are read
             back instead of recomputed, so an interrupted sweep resumes.
@@ -176,10 +177,11 @@ def sweep(
     chunks = -(-count // plan.batch_size)
     pieces, statistics, mixing, sharding = [], [], [], evaluator.batch
 
-    from tqdm.auto import tqdm
+    from ..progress import Progress
 
-    with tqdm(total=chunks, desc="sweep", unit="chunk", delay=2.0,
-              disable=not progress or jax.process_index() != 0) as bar:
+    # jaxroll.progress: a bar on a terminal, lines elsewhere (process 0 only).
+    with Progress(chunks, label="jaxroll sweep", unit="chunks", delay=2.0,
+                  stream=None if progress and jax.process_index() == 0 else _Silent()) as bar:
         for k in range(chunks):
             path = directory / f"chunk_{k:06d}.npy" if directory is not None else None
             if path is not None and path.is_file():
@@ -249,3 +251,16 @@ class _Stream:
 
     def close(self) -> None:
         self.handle.close()
+
+
+class _Silent:
+    """A stream that drops what is written (progress turned off)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
