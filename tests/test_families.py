@@ -30,6 +30,7 @@ transformers = pytest.importorskip("transformers")
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 from jaxroll.measure.families import FAMILIES, REFUSED  # noqa: E402
+from jaxroll.measure.precision import full_precision  # noqa: E402
 from jaxroll.measure.refinements import measure_refinements  # noqa: E402
 from leaf_gradients import leaf_gradient_share  # noqa: E402
 
@@ -145,7 +146,7 @@ def _values(kind, output, heads, d):
 
 
 def _call(module, array):
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(module):
         return _np(module(torch.as_tensor(array)[None])[0])
 
 
@@ -155,7 +156,7 @@ def oracle(model, ids):
     blocks_path, norm, value, kind, w_out, post = ORACLE[family]
     blocks = _module(model, blocks_path)
     d = HIDDEN // HEADS
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs it
         out = model(input_ids=torch.as_tensor(ids)[None], output_hidden_states=True, output_attentions=True,
                     use_cache=False)
     rows = {key: [] for key in ("lambda", "a", "x", "m", "attention", "norm_kernels", "head_norms")}
@@ -190,8 +191,9 @@ def oracle(model, ids):
 
 def influence_oracle(model, ids):
     embeddings = model.get_input_embeddings()(torch.as_tensor(ids)[None]).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
-    (grad,) = torch.autograd.grad(torch.softmax(logits, -1).max(), embeddings)
+    with full_precision(model):
+        logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+        (grad,) = torch.autograd.grad(torch.softmax(logits, -1).max(), embeddings)
     return _np(grad[0]).__pow__(2).sum(-1) ** 0.5
 
 
@@ -261,7 +263,7 @@ def test_parallel_blocks_add_attention_and_mlp_read_from_the_same_input(family):
     ids = np.random.default_rng(2).integers(0, VOCAB, (1, N))
     block = _module(model, ORACLE[family][0])[0]
     mlp_norm = {"gptj": "ln_1", "gpt_neox": "post_attention_layernorm", "falcon": "input_layernorm"}[family]
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):
         out = model(input_ids=torch.as_tensor(ids), output_hidden_states=True, output_attentions=True)
     x = _np(out.hidden_states[0][0])
     m = _call(block.mlp, _call(_module(block, mlp_norm), x))

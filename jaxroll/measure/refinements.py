@@ -62,6 +62,7 @@ import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
+from .precision import full_precision
 from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
@@ -340,7 +341,7 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
         for index, row in enumerate(token_ids):
             seen.clear()
             ids = torch.as_tensor(row, device=model.get_input_embeddings().weight.device)[None]
-            with torch.set_grad_enabled(backward):
+            with torch.set_grad_enabled(backward), full_precision(model):  # float64 models: float64 throughout
                 embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(backward)
                 logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
                 if backward:
