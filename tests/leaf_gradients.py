@@ -17,6 +17,8 @@ def leaf_gradient_share(model, ids, blocks, attention_outputs):
     """
     import torch
 
+    from jaxroll.measure.precision import full_precision
+
     n, hidden = ids.shape[1], model.config.hidden_size
     d_x = [torch.zeros(1, n, hidden, dtype=torch.float64, requires_grad=True) for _ in blocks]
     d_a = [torch.zeros(1, n, hidden, dtype=torch.float64, requires_grad=True) for _ in blocks]
@@ -30,8 +32,9 @@ def leaf_gradient_share(model, ids, blocks, attention_outputs):
         handles.append(output.register_forward_hook(
             lambda module, args, value, t=t: value + d_a[t].reshape(value.shape)))
     try:
-        logits = model(input_ids=torch.as_tensor(ids), use_cache=False).logits[0, -1]
-        grads = torch.autograd.grad(torch.softmax(logits, -1).max(), d_x + d_a)
+        with full_precision(model):  # a float64 model in float64 throughout, as measure runs it
+            logits = model(input_ids=torch.as_tensor(ids), use_cache=False).logits[0, -1]
+            grads = torch.autograd.grad(torch.softmax(logits, -1).max(), d_x + d_a)
     finally:
         for handle in handles:
             handle.remove()

@@ -149,10 +149,15 @@ def test_measure_refusals_leave_nothing_and_mpt_refines(models, texts, tmp_path,
     capsys.readouterr()
     out2 = tmp_path / "new2" / "out"
     base2 = [*base[:-1], out2]
-    for argv in (["--refine", "norm"], ["--stats", "lambda,content"], ["--stats", "lambda,head_norms"],
-                 ["--refine", "gain"], ["--stats", "lambda,entropy"]):
+    for argv in (["--stats", "lambda,content"], ["--refine", "gain"], ["--stats", "lambda,entropy"]):
         err = _refused(["measure", models / "gemma2", *base2, *argv], tmp_path, capsys)
         assert "allowed" in err or "not defined" in err, err
+    # Gemma 2's post-attention norm no longer refuses the head refinements (issue 46).
+    out3 = tmp_path / "gemma-refined"
+    assert main([str(item) for item in ["measure", models / "gemma2", *base[:-1], out3, "--refine", "norm,heads"]]) \
+        == 0, capsys.readouterr().err
+    assert (out3 / "refined.csv").is_file()
+    capsys.readouterr()
     # Refused while measuring (after --out was made): nothing left either.
     import jaxroll.measure as measure_module
     from jaxroll import ConfigError

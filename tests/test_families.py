@@ -21,6 +21,8 @@ of a different summation order only).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,7 @@ transformers = pytest.importorskip("transformers")
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 from jaxroll.measure.families import FAMILIES, REFUSED  # noqa: E402
+from jaxroll.measure.precision import full_precision  # noqa: E402
 from jaxroll.measure.refinements import measure_refinements  # noqa: E402
 from leaf_gradients import leaf_gradient_share  # noqa: E402
 
@@ -145,7 +148,7 @@ def _values(kind, output, heads, d):
 
 
 def _call(module, array):
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(module):
         return _np(module(torch.as_tensor(array)[None])[0])
 
 
@@ -155,7 +158,7 @@ def oracle(model, ids):
     blocks_path, norm, value, kind, w_out, post = ORACLE[family]
     blocks = _module(model, blocks_path)
     d = HIDDEN // HEADS
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs it
         out = model(input_ids=torch.as_tensor(ids)[None], output_hidden_states=True, output_attentions=True,
                     use_cache=False)
     rows = {key: [] for key in ("lambda", "a", "x", "m", "attention", "norm_kernels", "head_norms")}
@@ -170,9 +173,15 @@ def oracle(model, ids):
         bias = _np(projection.bias) if getattr(projection, "bias", None) is not None else 0.0
         context = np.einsum("hij,jhd->ihd", alpha, v)
         a = context.reshape(len(x), HIDDEN) @ weight.T + bias
-        if post:
-            a = _call(_module(block, post), a)
         per_head = weight.reshape(HIDDEN, HEADS, d)
+        scale = np.ones(len(x))
+        if post:  # an RMSNorm after W_O: a = g o / r, r = sqrt(mean(o^2) + eps) per token, g by the family's rule
+            norm_weight = _np(_module(block, post).weight)
+            gain = norm_weight if family == "olmo2" else 1.0 + norm_weight  # Gemma: (1 + weight)
+            scale = np.sqrt((a * a).mean(-1) + model.config.rms_norm_eps)
+            np.testing.assert_allclose(gain * a / scale[:, None], _call(_module(block, post), a), rtol=1e-12)
+            a = gain * a / scale[:, None]
+            per_head = gain[:, None, None] * per_head
         value_norms = np.stack([np.linalg.norm(v[:, h] @ per_head[:, h].T, axis=-1) for h in range(HEADS)])
         weighted = alpha * value_norms[:, None, :]
         xn, an = np.linalg.norm(x, axis=-1), np.linalg.norm(a, axis=-1)
@@ -181,7 +190,7 @@ def oracle(model, ids):
         rows["a"].append(an)
         rows["attention"].append(alpha)
         rows["norm_kernels"].append(weighted / weighted.sum(-1, keepdims=True))
-        rows["head_norms"].append([np.linalg.norm(context[:, h] @ per_head[:, h].T, axis=-1).mean()
+        rows["head_norms"].append([(np.linalg.norm(context[:, h] @ per_head[:, h].T, axis=-1) / scale).mean()
                                    for h in range(HEADS)])
         if t + 1 < len(blocks):  # the last returned state has the final norm applied
             rows["m"].append(np.linalg.norm(_np(out.hidden_states[t + 1][0]) - x - a, axis=-1))
@@ -190,8 +199,9 @@ def oracle(model, ids):
 
 def influence_oracle(model, ids):
     embeddings = model.get_input_embeddings()(torch.as_tensor(ids)[None]).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
-    (grad,) = torch.autograd.grad(torch.softmax(logits, -1).max(), embeddings)
+    with full_precision(model):
+        logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+        (grad,) = torch.autograd.grad(torch.softmax(logits, -1).max(), embeddings)
     return _np(grad[0]).__pow__(2).sum(-1) ** 0.5
 
 
@@ -216,19 +226,15 @@ def test_every_statistic_matches_a_hook_free_recomputation(family):
     raw = np.mean([influence_oracle(model, row) for row in ids], axis=0)
     np.testing.assert_allclose(result.influence, raw / raw.sum(), rtol=1e-9, err_msg="influence")
     # The refinement ingredients of every switch this family allows.
-    switches = ("position", "mlp") + (() if "norm_kernels" in layer_map.refused else ("norm", "heads"))
+    switches = ("position", "mlp", "norm", "heads")  # every family, post-norms included
     got = measure_refinements(model, ids, ingredients=switches).mean()
     np.testing.assert_allclose(got["lambda_positions"], mean["lambda"], rtol=1e-9, err_msg="lambda_positions")
     last = len(mean["m"])  # layers whose m the oracle has
     np.testing.assert_allclose(got["lambda_mlp_positions"][:last],
                                np.mean([r["a"][:last] / (r["x"][:last] + r["a"][:last] + r["m"]) for r in rows], 0),
                                rtol=1e-7, err_msg="lambda_mlp")  # m is a difference of states: 1e-7
-    if "norm_kernels" in layer_map.refused:
-        with pytest.raises(ConfigError, match="norm after W_O"):
-            measure(model, ids, stats="lambda,norm_kernels")
-    else:
-        np.testing.assert_allclose(got["norm_kernels"], mean["norm_kernels"], rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(got["head_norms"], mean["head_norms"], rtol=1e-9)
+    np.testing.assert_allclose(got["norm_kernels"], mean["norm_kernels"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["head_norms"], mean["head_norms"], rtol=1e-9)
     if "content" in stats:
         _check_content(model, ids, result)
 
@@ -261,7 +267,7 @@ def test_parallel_blocks_add_attention_and_mlp_read_from_the_same_input(family):
     ids = np.random.default_rng(2).integers(0, VOCAB, (1, N))
     block = _module(model, ORACLE[family][0])[0]
     mlp_norm = {"gptj": "ln_1", "gpt_neox": "post_attention_layernorm", "falcon": "input_layernorm"}[family]
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):
         out = model(input_ids=torch.as_tensor(ids), output_hidden_states=True, output_attentions=True)
     x = _np(out.hidden_states[0][0])
     m = _call(block.mlp, _call(_module(block, mlp_norm), x))
@@ -320,3 +326,52 @@ def test_gradient_share_matches_leaf_perturbations(family):
     got = measure_refinements(model, ids, ingredients=("gradient",)).mean()["lambda_gradient"]
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
     assert np.all(expected < 1)
+
+
+def test_gemma2_head_norms_after_the_post_norm_match_a_manual_forward_of_the_layer():
+    """Head h's share of a Gemma 2 attention update, g * W_O^h context_h(i) / r_i, from a forward written here.
+
+    Layer 0 of the tiny Gemma 2 (float64, sliding window 3, soft-capped logits)
+    from its weights: RMSNorm with (1 + weight), q/k/v, rotary tables from
+    rope_theta in float64, logits q.k / sqrt(query_pre_attn_scalar) capped by
+    c tanh(z / c), grouped heads; o = sum_h W_O^h context_h, r_i = sqrt(mean(o_i^2) + eps),
+    g = 1 + weight of post_attention_layernorm; head_norms[0, h] = mean_i ||g * W_O^h context_h(i)|| / r_i.
+    """
+    model = tiny("gemma2")
+    config, block = model.config, model.model.layers[0]
+    ids = np.random.default_rng(3).integers(0, VOCAB, (2, N))
+    heads, kv, d, eps = HEADS, config.num_key_value_heads, HIDDEN // HEADS, config.rms_norm_eps
+    attention = block.self_attn
+    expected = []
+    for row in ids:
+        with torch.no_grad(), full_precision(model):
+            x = model(input_ids=torch.as_tensor(row)[None], output_hidden_states=True).hidden_states[0][0]
+        with torch.no_grad():
+            h = x * (1.0 + block.input_layernorm.weight) / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+            q = (h @ attention.q_proj.weight.T).reshape(N, heads, d)
+            k = (h @ attention.k_proj.weight.T).reshape(N, kv, d).repeat_interleave(heads // kv, dim=1)
+            v = (h @ attention.v_proj.weight.T).reshape(N, kv, d).repeat_interleave(heads // kv, dim=1)
+            inv_freq = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+            angles = torch.arange(N, dtype=torch.float64)[:, None] * inv_freq
+            cos, sin = torch.cat((angles, angles), -1).cos()[:, None], torch.cat((angles, angles), -1).sin()[:, None]
+            q, k = (t * cos + torch.cat((-t[..., d // 2:], t[..., :d // 2]), -1) * sin for t in (q, k))
+            z = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(config.query_pre_attn_scalar)
+            cap = config.attn_logit_softcapping
+            z = cap * torch.tanh(z / cap)
+            i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+            p = torch.softmax(z.masked_fill((j > i) | (i - j >= config.sliding_window), float("-inf")), -1)
+            context = torch.einsum("hij,jhd->ihd", p, v)
+            per_head = torch.einsum("ihd,ohd->hio", context, attention.o_proj.weight.reshape(HIDDEN, heads, d))
+            o = per_head.sum(0)
+            r = torch.sqrt((o * o).mean(-1) + eps)
+            gain = 1.0 + block.post_attention_layernorm.weight
+            # The model's own post-norm of this o is g o / r (the test's reading of the norm).
+            with full_precision(model):
+                torch.testing.assert_close(block.post_attention_layernorm(o), gain * o / r[:, None], rtol=1e-13,
+                                           atol=0)
+            expected.append(((gain * per_head).norm(dim=-1) / r).mean(-1).numpy())
+    expected = np.mean(expected, axis=0)
+    measured = measure(model, ids, stats="lambda,head_norms").extra["head_norms"]
+    np.testing.assert_allclose(measured[0], expected, rtol=1e-12)
+    refined = measure_refinements(model, ids, ingredients=("heads",)).mean()["head_norms"]
+    np.testing.assert_allclose(refined[0], expected, rtol=1e-12)

@@ -22,6 +22,7 @@ from jaxroll import ConfigError  # noqa: E402
 from jaxroll.measure import measure, influence_gradients, write_measurement  # noqa: E402
 from jaxroll.measure.hooks import Hooks  # noqa: E402
 from jaxroll.measure.layer_maps import resolve  # noqa: E402
+from jaxroll.measure.precision import full_precision  # noqa: E402
 
 VOCAB = 64
 HEADS = 4
@@ -111,7 +112,7 @@ def _layer0_norms(model, ids):
         resolved.output_projections[0].register_forward_hook(
             lambda module, args, output: _store(seen, "a", output)),
     ]
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs a float64 model
         model(torch.as_tensor(ids)[None], use_cache=False)
     for handle in handles:
         handle.remove()
@@ -273,7 +274,7 @@ def test_content_scores_equal_the_mean_q_dot_k_matrix(family):
     outputs_per_sequence = []
     for row in sequences:
         outputs, handles = _qkv_outputs(model, family, row)
-        with torch.no_grad():
+        with torch.no_grad(), full_precision(model):
             model(torch.as_tensor(row)[None], use_cache=False)
         for handle in handles:
             handle.remove()

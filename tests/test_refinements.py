@@ -212,7 +212,9 @@ def hook_free(model, ids):
     bloom = model.config.model_type == "bloom"
     blocks = model.transformer.h if bloom else model.model.layers
     heads = 3
-    with torch.no_grad():
+    from jaxroll.measure.precision import full_precision
+
+    with torch.no_grad(), full_precision(model):  # float64 throughout (no float32 RMSNorm, softmax), as measured
         out = model(input_ids=torch.as_tensor(ids)[None], output_hidden_states=True, output_attentions=True)
     rows = {"attention_heads": [], "lambda_positions": [], "lambda_mlp_positions": [], "norm_kernels": [],
             "head_norms": []}
@@ -233,11 +235,8 @@ def hook_free(model, ids):
             w_o, b_o = _np(attention.dense.weight), _np(attention.dense.bias)
         else:
             def norm(y, module):
-                # LlamaRMSNorm normalises in float32 even in a float64 model, so a NumPy
-                # recomputation agrees only to float32 rounding (~4e-8, summation order):
-                # call the model's own norm as a plain function (no hook) to keep 1e-10.
-                with torch.no_grad():
-                    return _np(module(torch.as_tensor(y)))
+                # RMSNorm; measure runs a float64 model in float64 (transformers' own norm is float32 inside).
+                return _np(module.weight) * y / np.sqrt((y * y).mean(-1, keepdims=True) + module.variance_epsilon)
 
             attention = block.self_attn
             v = (norm(x, block.input_layernorm) @ _np(attention.v_proj.weight).T).reshape(n, 1, d)

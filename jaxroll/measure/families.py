@@ -17,9 +17,12 @@ What each architecture means for the statistics (docs/measuring.md):
   (``lambda_mlp`` counts it there). The only difference is that a sequential
   MLP also sees ``a``; in a parallel block it does not.
 - Post-norms on the attention output (Gemma 2/3, OLMo 2): the residual
-  update is ``a = Norm(W_O context)``; ``a`` is read after that norm.
-  ``norm_kernels`` and ``head_norms`` assume ``a`` is linear in the heads'
-  outputs ``W_O^h context_h`` and are refused for these families.
+  update is ``a = Norm(W_O context)``; ``a`` is read after that norm. The
+  norm is an RMSNorm, ``a_i = g * o_i / r_i`` with ``o_i = sum_h W_O^h
+  context_h(i)`` and one scale ``r_i = sqrt(mean(o_i^2) + eps)`` per token, so
+  head h's share of ``a_i`` is ``g * W_O^h context_h(i) / r_i``:
+  ``head_norms`` is the mean of its norm, and ``norm_kernels`` weighs values
+  by ``||g * W_O^h v_h(j)||`` (``1 / r_i`` cancels in each row's sum).
 - Rotary positions: ``q . k`` after the projection is not the logit (the
   rotation comes after), so ``content`` and ``qk`` are refused. QK-norm
   (Qwen3, Gemma 3, OLMo 2): q and k are read after the norm (``q_norm``,
@@ -61,12 +64,6 @@ from . import layer_spec as _maps
 __all__ = ["FAMILIES", "REFUSED", "rotary", "windows"]
 
 ROTARY_FORMULA = "z = (R_i q_i) . (R_j k_j) / sqrt(d)  (rotary)"
-POST_NORM = {"norm_kernels": "the attention output passes through a norm after W_O, so a is not the sum of "
-                             "the heads' W_O^h outputs",
-             "head_norms": "the attention output passes through a norm after W_O, so a is not the sum of "
-                           "the heads' W_O^h outputs"}
-
-
 def _gemma_scale(config, head_dim):
     return 1.0 / math.sqrt(config.query_pre_attn_scalar)
 
@@ -88,7 +85,7 @@ def rotary(name: str, title: str, config_class: str, *, qk_norm: bool = False, m
         formula=ROTARY_FORMULA, title=title, config_class=config_class,
         value="self_attn.v_proj", value_split=value_separate, w_out="self_attn.o_proj",
         mlp_output="post_feedforward_layernorm" if post_norm else mlp_output,
-        attention_kind=attention_kind, refused=POST_NORM if post_norm else {}, parallel=parallel,
+        attention_kind=attention_kind, parallel=parallel,
         notes=notes, rotary=rotary_module,
     )
 

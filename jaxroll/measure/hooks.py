@@ -30,6 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
+from .precision import checkpoint_contexts
 
 __all__ = ["Hooks"]
 
@@ -112,7 +113,7 @@ class Hooks:
         def forward(*args, **kwargs):
             if not torch.is_grad_enabled():
                 return original(*args, **kwargs)
-            return checkpoint(original, *args, use_reentrant=False, **kwargs)
+            return checkpoint(original, *args, use_reentrant=False, context_fn=checkpoint_contexts, **kwargs)
 
         # An instance attribute, signature-agnostic: the block's own class
         # (and its attention class) stay untouched.

@@ -59,6 +59,7 @@ from ..errors import ConfigError
 from .hooks import Hooks
 from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
 from .partial_sums import PartialSums
+from .precision import full_precision
 from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, check_stats_allowed, parse_stats, registered
 from .result import Measurement
 
@@ -304,7 +305,8 @@ def measure(
         # them save no activations for their own gradients.
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        with hooks, (rotary if rotary is not None else contextlib.nullcontext()):
+        # A float64 model in float64 end to end: no float32 norms, rotary tables or softmax (precision.py).
+        with full_precision(model), hooks, (rotary if rotary is not None else contextlib.nullcontext()):
             for statistic in step.registered:
                 if statistic.attach is not None:
                     # Under recomputed rows its alpha comes from observe_rows, not from a hook.
@@ -573,11 +575,12 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
     was_training = model.training
     model.eval()
     try:
-        embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-        logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, position]
-        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        probabilities = torch.softmax(logits.to(dtype), dim=-1)
-        (gradient,) = torch.autograd.grad(probabilities.max(), embeddings)
+        with full_precision(model):
+            embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, position]
+            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            probabilities = torch.softmax(logits.to(dtype), dim=-1)
+            (gradient,) = torch.autograd.grad(probabilities.max(), embeddings)
     finally:
         model.train(was_training)
     return gradient[0].double().norm(dim=-1).cpu().numpy()

@@ -48,13 +48,16 @@ for in- and out-of-sample checks; ingredients named by the switches of
 lambda,influence,attention_heads,lambda_positions,...``), which write the
 same arrays into ``measurement.npz``; `refined_profile` turns a measurement
 directory into the profile of any switch combination. Everything is
-accumulated in float64. Families: every `jaxroll.measure.families.FAMILIES` entry; ``norm_kernels`` and
-``head_norms`` not where a norm follows W_O (Gemma 2/3, OLMo 2; the family's ``refused``).
+accumulated in float64. Families: every `jaxroll.measure.families.FAMILIES` entry. Where an RMSNorm
+follows W_O (Gemma 2/3, OLMo 2: ``a_i = g * o_i / r_i``, `post_norm_gain`), head h's output is
+``g * W_O^h context_h(i) / r_i`` (``head_norms``) and ``n_h(j) = ||g * W_O^h v_h(j)||``
+(``norm_kernels``: ``1 / r_i`` is one factor per row).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -62,6 +65,7 @@ import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
+from .precision import full_precision
 from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
@@ -96,6 +100,34 @@ def _output_matrix(module, num_heads, head_dim):
     if type(module).__name__ == "Conv1D":
         weight = weight.T
     return weight.reshape(weight.shape[0], num_heads, head_dim)
+
+
+def post_norm_gain(norm, hidden: int, family: str = "") -> tuple[torch.Tensor, float]:
+    """``(g (D,), eps)`` of the RMSNorm after W_O: ``norm(o) = g * o / sqrt(mean(o^2) + eps)``.
+
+    ``g`` is read from the module itself (``norm(1) sqrt(1 + eps)``: Gemma's
+    ``1 + weight``, OLMo 2's ``weight``), in float64 whatever the model's
+    dtype; the form is checked on a probe vector.
+
+    Raises:
+        ConfigError: the module has no ``eps`` / ``variance_epsilon`` or is not an RMSNorm of that form.
+    """
+    from .precision import Float64Mode
+
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    weight = getattr(norm, "weight", None)
+    if eps is None or weight is None:
+        raise ConfigError(f"architecture: {family!r}: the norm after W_O ({type(norm).__name__}) has no weight and "
+                          "eps; allowed: an RMSNorm")
+    with torch.no_grad(), Float64Mode():
+        ones = torch.ones(hidden, dtype=torch.float64, device=weight.device)
+        gain = norm.forward(ones).double() * math.sqrt(1.0 + float(eps))  # forward: no hooks fire
+        probe = torch.linspace(-1.0, 2.0, hidden, dtype=torch.float64, device=weight.device)
+        expected = gain * probe / torch.sqrt((probe * probe).mean() + eps)
+        if not torch.allclose(norm.forward(probe).double(), expected, rtol=1e-6, atol=1e-12):
+            raise ConfigError(f"architecture: {family!r}: the norm after W_O ({type(norm).__name__}) is not "
+                              "g * o / sqrt(mean(o^2) + eps); allowed: an RMSNorm")
+    return gain.cpu(), float(eps)
 
 
 def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bool = True) -> list:
@@ -164,14 +196,19 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                             row=row)
         return hook
 
-    def head_outputs(layer, w_out):
+    def head_outputs(layer, w_out, post):
         def hook(module, args):
             if recording():
                 for row in range(args[0].shape[0]):
                     context = args[0][row].detach().double()
                     context = context.reshape(context.shape[0], heads, head_dim)
-                    deliver("head_outputs", layer, torch.einsum("nhd,ohd->hno", context, w_out).norm(dim=-1).cpu(),
-                            row=row)
+                    outputs = torch.einsum("nhd,ohd->hno", context, w_out)  # W_O^h context_h(i): (H, N, D)
+                    if post is not None:  # g * W_O^h context_h(i) / r_i, r_i = RMS of the whole W_O output
+                        gain, eps, bias = post
+                        total = outputs.sum(0) + bias
+                        scale = torch.sqrt((total * total).mean(-1) + eps)  # (N,)
+                        outputs = gain * outputs / scale[None, :, None]
+                    deliver("head_outputs", layer, outputs.norm(dim=-1).cpu(), row=row)
         return hook
 
     def gradient(kind, layer, pre=False):
@@ -206,10 +243,18 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
             if {"norm", "heads"} & set(switches):
                 w_module = _module(block, layer_map.w_out) if layer_map.w_out else projection
                 w_out = _output_matrix(w_module, heads, head_dim)
+                post = None
+                if projection is not w_module:  # a norm after W_O (Gemma 2/3, OLMo 2): an RMSNorm, checked
+                    gain, eps = post_norm_gain(projection, w_out.shape[0], layer_map.name)
+                    bias = getattr(w_module, "bias", None)
+                    post = (gain.to(w_out.device), eps,
+                            0.0 if bias is None else bias.detach().double().to(w_out.device))
                 if "norm" in switches:
-                    handles.append(_module(block, layer_map.value).register_forward_hook(value_norms(layer, w_out)))
+                    # n_h(j) = ||g * W_O^h v_h(j)||: the norm's 1 / r_i is one factor per row, gone in K's row sum.
+                    w_value = w_out if post is None else post[0][:, None, None] * w_out
+                    handles.append(_module(block, layer_map.value).register_forward_hook(value_norms(layer, w_value)))
                 if "heads" in switches:
-                    handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out)))
+                    handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out, post)))
             if "gradient" in switches:
                 handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
                 handles.append(projection.register_forward_hook(gradient("grad_a", layer)))
@@ -340,7 +385,7 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
         for index, row in enumerate(token_ids):
             seen.clear()
             ids = torch.as_tensor(row, device=model.get_input_embeddings().weight.device)[None]
-            with torch.set_grad_enabled(backward):
+            with torch.set_grad_enabled(backward), full_precision(model):  # float64 models: float64 throughout
                 embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(backward)
                 logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
                 if backward:

@@ -30,6 +30,7 @@ import torch
 from ..errors import ConfigError
 from ..theory.rows import query_positions
 from .layer_maps import LayerMap, resolve
+from .precision import full_precision
 
 __all__ = ["influence_rows"]
 
@@ -69,7 +70,8 @@ def influence_rows(model, token_ids, queries, *, batch_size: int = 8, layer_map:
             parameter.requires_grad_(False)
         for start in range(0, ids.shape[0], batch_size):
             batch = torch.as_tensor(ids[start:start + batch_size], dtype=torch.long, device=device)
-            rows[start:start + batch.shape[0]] = _batch_rows(model, batch, keep, subset)
+            with full_precision(model):  # a float64 model in float64 throughout (precision.py)
+                rows[start:start + batch.shape[0]] = _batch_rows(model, batch, keep, subset)
             if progress is not None:
                 progress.update(batch.shape[0])
     finally:
