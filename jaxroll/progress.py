@@ -153,5 +153,8 @@ class Progress:
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
+        if kind is not None and self.bar is None and self.clock() - self.start < self.delay:
+            self.closed = True  # interrupted before anything showed: the error's line is the only one
+            return
         self.close()

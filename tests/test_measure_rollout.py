@@ -20,6 +20,7 @@ from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 import jaxroll  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 from jaxroll.measure import measure, write_measurement  # noqa: E402
+from jaxroll.measure.precision import full_precision  # noqa: E402
 
 VOCAB = 64
 
@@ -33,7 +34,7 @@ def _config(family):
 
 
 def _oracle_profile(model, ids, lambdas):
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs it
         attentions = model(torch.as_tensor(ids), output_attentions=True, use_cache=False).attentions
     kernels = [a.double().mean(dim=(0, 1)).numpy() for a in attentions]  # (N, N) per layer
     n = kernels[0].shape[0]

@@ -23,6 +23,7 @@ from jaxroll import ConfigError  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 from jaxroll.measure import measure, influence_gradients  # noqa: E402
 from jaxroll.measure import measure as _function  # noqa: E402,F401
+from jaxroll.measure.precision import full_precision  # noqa: E402
 from jaxroll.measure.progress import Progress  # noqa: E402
 
 import importlib  # noqa: E402
@@ -68,7 +69,7 @@ def _sink_oracle(model, ids, epsilon=0.3):
     """Gu et al.'s alpha, rate, first-k share and its boost, from output_attentions, in NumPy float64."""
     received, share, rate_first = [], [], []
     for sequence in ids:
-        with torch.no_grad():
+        with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs it
             attentions = model(torch.as_tensor(sequence)[None], use_cache=False, output_attentions=True).attentions
         a = np.stack([layer[0].numpy() for layer in attentions])  # (L, H, N, N)
         n = a.shape[-1]
@@ -150,7 +151,7 @@ def test_a_registered_statistic_is_computed_checkpointed_and_merged(monkeypatch,
     # Oracle: the hidden states entering blocks 0 and 1.
     expected = []
     for sequence in ids:
-        with torch.no_grad():
+        with torch.no_grad(), full_precision(model):  # float64 throughout, as measure runs it
             states = model(torch.as_tensor(sequence)[None], output_hidden_states=True, use_cache=False).hidden_states
         expected.append([np.linalg.norm(states[t][0].numpy(), axis=-1).mean() for t in range(2)])
     np.testing.assert_allclose(result.extra["x_norm_per_sequence"], expected, rtol=1e-13)
@@ -220,7 +221,7 @@ class FakeClock:
 
 def test_progress_lines_every_few_percent_with_rate_and_eta():
     stream, clock = io.StringIO(), FakeClock(0.5)
-    progress = Progress(40, stream=stream, every_percent=10, every_seconds=1e9, clock=clock)
+    progress = Progress(40, stream=stream, every_percent=10, every_seconds=1e9, min_seconds=0, clock=clock)
     assert progress.bar is None  # a StringIO is not a terminal
     for _ in range(40):
         clock.now += 0.5
@@ -228,20 +229,20 @@ def test_progress_lines_every_few_percent_with_rate_and_eta():
     progress.close()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 10  # 10 %, 20 %, ... 90 % and the closing line
-    assert lines[2] == "jaxroll measure: 12/40 sequences (30%), 2 seq/s, elapsed 6 s, ETA 14 s"
-    assert lines[-1] == "jaxroll measure: 40/40 sequences (100%), 2 seq/s, elapsed 20 s"
+    assert lines[2] == "jaxroll measure: 12/40 sequences (30%), 2 sequence/s, elapsed 6 s, ETA 14 s"
+    assert lines[-1] == "jaxroll measure: 40/40 sequences (100%), 2 sequence/s, elapsed 20 s"
 
 
 def test_progress_lines_every_n_seconds_and_an_honest_rate_after_resume():
     stream, clock = io.StringIO(), FakeClock(1.0)
-    progress = Progress(1000, initial=500, stream=stream, every_percent=50, every_seconds=3, clock=clock)
+    progress = Progress(1000, initial=500, stream=stream, every_percent=50, every_seconds=3, min_seconds=0, clock=clock)
     for _ in range(7):
         clock.now += 1.0
         progress.update(1)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2  # at 3 s and 6 s
-    # 3 sequences in 3 s after the resume: 1 seq/s, 497 left.
-    assert lines[0] == "jaxroll measure: 503/1000 sequences (50%), 1 seq/s, elapsed 3 s, ETA 8 min 17 s"
+    # 3 sequences in 3 s after the resume: 1 sequence/s, 497 left.
+    assert lines[0] == "jaxroll measure: 503/1000 sequences (50%), 1 sequence/s, elapsed 3 s, ETA 8 min 17 s"
 
 
 def test_progress_is_a_bar_on_a_terminal():

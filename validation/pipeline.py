@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from jaxroll.measure.precision import full_precision
+
 FAMILIES = ("bloom", "llama")
 EOS = "<|endoftext|>"
 
@@ -313,8 +315,9 @@ def crosscheck(model, token_ids: np.ndarray) -> dict[str, np.ndarray]:
             parameter.requires_grad_(False)
         for row in np.asarray(token_ids):
             ratios.clear()
-            logits = model(input_ids=torch.as_tensor(row)[None], use_cache=False).logits[0, -1]
-            torch.softmax(logits, dim=-1).max().backward()
+            with full_precision(model):  # a float64 model in float64 throughout, as measure runs it
+                logits = model(input_ids=torch.as_tensor(row)[None], use_cache=False).logits[0, -1]
+                torch.softmax(logits, dim=-1).max().backward()
             lambdas.append([ratios[t] for t in range(len(blocks))])
             influence.append(leaf["e"].grad[0].norm(dim=-1).double().numpy())
     finally:
