@@ -45,7 +45,8 @@ def read_text(path, kind: str) -> str:
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded)") from None
+        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded); "
+                          f"allowed: a UTF-8 {kind} file") from None
     except OSError as error:
         raise ConfigError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
 
@@ -159,7 +160,13 @@ def read_yaml(path) -> dict:
                 mark = getattr(error, "problem_mark", None)
                 where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
                 problem = getattr(error, "problem", None) or type(error).__name__
-                raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+                if isinstance(error, yaml.reader.ReaderError):  # a control character such as NUL
+                    where, problem = f" at character {error.position}", f"character {chr(error.character)!r} not allowed"
+                raise ConfigError(f"{path}: malformed YAML{where}: {problem}; allowed: UTF-8 text") from None
+    except ConfigError:
+        raise
+    except ValueError as error:  # an integer too long for int() (over 4300 digits)
+        raise ConfigError(f"{path}: malformed YAML: {str(error).splitlines()[0][:80]}") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply to read; allowed: the schema's few levels "
                           "(mappings of lists of lists)") from None
@@ -314,7 +321,10 @@ def read_profile(path) -> np.ndarray:
     distribution do).
     """
     path = Path(path)
-    rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
+    try:
+        rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
+    except csv.Error as error:  # a field over the csv module's limit (131072 characters)
+        raise ConfigError(f"{path}: not a profile CSV ({error}); allowed: lines 'position,probability'") from None
     if not rows or tuple(cell.strip() for cell in rows[0]) != PROFILE_HEADER:
         found = ",".join(rows[0]) if rows else "an empty file"
         raise ConfigError(f"{path}: header {found!r}; allowed: 'token_position,probability'")
@@ -325,14 +335,16 @@ def read_profile(path) -> np.ndarray:
         try:
             position, value = int(row[0]), float(row[1])
         except (ValueError, IndexError):
-            raise ConfigError(f"{path}: line {line}: {','.join(row)!r} is not 'position,probability'") from None
+            raise ConfigError(f"{path}: line {line}: {','.join(row)!r:.80} is not 'position,probability'; "
+                              "allowed: an integer position, a comma and a number") from None
         if position != len(values):
-            raise ConfigError(f"{path}: line {line}: position {position}; expected {len(values)}")
+            raise ConfigError(f"{path}: line {line}: position {position}; allowed: {len(values)} (positions 0, 1, ... "
+                              "in order)")
         if not np.isfinite(value) or value < 0:
             raise ConfigError(f"{path}: line {line}: probability {value}; allowed: finite and >= 0")
         values.append(value)
     if not values:
-        raise ConfigError(f"{path}: no profile rows")
+        raise ConfigError(f"{path}: no profile rows; allowed: a header and one line per position")
     if not any(values):  # here, where the file is known, not as an anonymous "total mass is 0" later
         raise ConfigError(f"{path}: total mass is 0 (every probability is 0); allowed: a positive sum")
     return np.asarray(values, dtype=np.float64)

@@ -185,18 +185,19 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
     exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
     and N = `size`, the length of the profile read from `profile_path`.
     """
-    import numpy as np
-
     from ..measure.uncertainty import check_rows
 
     path = directory / "measurement.npz"
     if not path.is_file():
         raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
-    with np.load(path, allow_pickle=False) as data:
-        if "influence_per_sequence" not in data.files:
-            raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
-                              "allowed: a measurement with --stats ...,influence by this version")
-        rows = data["influence_per_sequence"]
+    from ..readers import read_npz
+
+    data = read_npz(path, "the measurement.npz that jaxroll measure writes into its --out",
+                    label=f"{flag} {directory}: measurement.npz")
+    if "influence_per_sequence" not in data:
+        raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
+                          "allowed: a measurement with --stats ...,influence by this version")
+    rows = data["influence_per_sequence"]
     try:
         rows = check_rows(rows)
     except ValueError as error:
