@@ -297,7 +297,11 @@ def _dump_yaml(config: dict) -> str:
 def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     """Write a profile as CSV, header ``token_position,probability``.
 
-    Values are written with 17 significant digits (exact for float64).
+    The values are taken to float64 and divided by their (float64) sum, so
+    the file sums to 1 within 1e-12 whatever precision the profile was
+    computed in (a float32 profile sums to 1 only within about 1e-7), and
+    written with Python's shortest round-trip text (exact for float64). A
+    profile whose sum is not finite and positive is written as it is.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -305,6 +309,9 @@ def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     values = np.asarray(profile, dtype=np.float64)
     if values.ndim != 1:
         raise ConfigError(f"profile: got shape {values.shape}; allowed: one dimension (n,)")
+    total = float(np.sum(values))
+    if np.isfinite(total) and total > 0:
+        values = values / total
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(PROFILE_HEADER)
