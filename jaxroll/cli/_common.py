@@ -42,7 +42,51 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         # "jaxroll: error: rollout: ...", not "jaxroll: error: jaxroll rollout: ..."
         command = self.prog.partition(" ")[2]
+        if message.startswith("the following arguments are required"):
+            # "--lenght 8" leaves --length missing: name the misspelt option, not the one it was meant to be.
+            unknown = [item for item in getattr(self, "_given", ()) if item.startswith("--") and not any(
+                option.startswith(item.partition("=")[0]) for option in self._option_string_actions)]
+            if unknown:
+                message = unrecognized(self, unknown)
         raise ConfigError(f"{command}: {message}" if command else message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        self._given = list(sys.argv[1:] if args is None else args)  # for error(): the options given
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an unknown option names the command it was given to and the closest option it has."""
+        arguments, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser, command = self, self.prog.partition(" ")[2]
+            for action in self._subparsers._group_actions if self._subparsers is not None else ():
+                chosen = getattr(arguments, action.dest, None) if action.dest != argparse.SUPPRESS else None
+                if isinstance(getattr(action, "choices", None), dict) and chosen in action.choices:
+                    parser, command = action.choices[chosen], chosen
+            raise ConfigError(f"{command + ': ' if command else ''}{unrecognized(parser, extras)}")
+        return arguments
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras) -> str:
+    """``unrecognized arguments: --lenght; did you mean --length?`` (difflib's closest of `parser`'s options),
+    or the options allowed when none is close."""
+    import difflib
+
+    options = sorted(option for option in parser._option_string_actions if option.startswith("--"))
+    hints = {}
+    for extra in extras:
+        name = extra.partition("=")[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6) if name.startswith("-") else []
+        if close:
+            hints[name] = close[0]
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    if len(hints) == 1:
+        return f"{message}; did you mean {next(iter(hints.values()))}?"
+    if hints:
+        return f"{message}; did you mean {', '.join(f'{close} for {name}' for name, close in hints.items())}?"
+    return f"{message}; allowed: {', '.join(options)} (see --help)"
 
 
 def _integer_at_least(minimum: int):
