@@ -25,6 +25,8 @@ __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_
            "prepare_output_dir", "check_output_dir", "discard_created"]
 
 PROFILE_HEADER = ("token_position", "probability")
+ROUNDING = 1e-4
+"""How far from 1 the sum of a profile may be for `write_profile` to take it for a rounded distribution."""
 
 
 def _readable_file(path) -> Path:
@@ -297,12 +299,13 @@ def _dump_yaml(config: dict) -> str:
 def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     """Write a profile as CSV, header ``token_position,probability``.
 
-    The values are taken to float64 and, unless their (float64) sum is
-    already 1 within 1e-13, divided by it, so the file sums to 1 within
-    1e-12 whatever precision the profile was computed in (a float32 profile
-    sums to 1 only within about 1e-7). They are written with Python's
-    shortest round-trip text, so a float64 distribution reads back bit for
-    bit. A profile whose sum is not finite and positive is written as it is.
+    The values are taken to float64; a distribution whose float64 sum is
+    off 1 by rounding (more than 1e-13, at most `ROUNDING`) is divided by
+    it, so the file sums to 1 within 1e-12 whatever precision the profile
+    was computed in (a float32 profile sums to 1 only within about 1e-7).
+    They are written with Python's shortest round-trip text, so a float64
+    distribution reads back bit for bit. Any other profile (one that is no
+    distribution, which the commands that need one refuse) is written as it is.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -311,7 +314,7 @@ def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     if values.ndim != 1:
         raise ConfigError(f"profile: got shape {values.shape}; allowed: one dimension (n,)")
     total = float(np.sum(values))
-    if np.isfinite(total) and total > 0 and abs(total - 1) > 1e-13:  # a float64 distribution is kept bit for bit
+    if 1e-13 < abs(total - 1) <= ROUNDING:  # a distribution off 1 by rounding; float64 ones are kept bit for bit
         values = values / total
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
