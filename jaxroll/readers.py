@@ -38,12 +38,13 @@ def _existing(path: Path, label: str) -> None:
         raise ConfigError(f"{label}: no such file")
 
 
-def read_npz(path, allowed: str, *, label: str | None = None) -> dict[str, np.ndarray]:
+def read_npz(path, allowed: str, *, label: str | None = None, what: str = "a readable .npz") -> dict[str, np.ndarray]:
     """Every array of the ``.npz`` archive at `path`, read in full (so a truncated member shows here).
 
     `allowed` says what the file should be (``"the measurement.npz of jaxroll
     measure"``); `label` replaces the path at the start of the message (e.g.
-    ``--measured DIR: measurement.npz``). Pickled (object) arrays are refused.
+    ``--measured DIR: measurement.npz``), `what` the words after "not" (``a
+    checkpoint of jaxroll measure``). Pickled (object) arrays are refused.
     """
     path = Path(path)
     label = str(path) if label is None else label
@@ -52,16 +53,16 @@ def read_npz(path, allowed: str, *, label: str | None = None) -> dict[str, np.nd
         with open(path, "rb") as handle:  # ours, closed on every path (np.load leaks its own on a bad zip)
             head = handle.read(6)
             if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):  # an archive, or an empty one
-                what = ("a single .npy array" if head == b"\x93NUMPY" else "empty" if not head
+                kind = ("a single .npy array" if head == b"\x93NUMPY" else "empty" if not head
                         else "a pickle" if head[:1] == b"\x80" else f"starts with {head!r}")
-                raise ConfigError(f"{label}: not a readable .npz (not a zip archive: {what}); allowed: {allowed}")
+                raise ConfigError(f"{label}: not {what} (not a zip archive: {kind}); allowed: {allowed}")
             handle.seek(0)
             with np.load(handle, allow_pickle=False) as data:
                 return {name: np.asarray(data[name]) for name in data.files}
     except ConfigError:
         raise
     except _BROKEN as error:
-        raise ConfigError(f"{label}: not a readable .npz ({_reason(error)}); allowed: {allowed}") from None
+        raise ConfigError(f"{label}: not {what} ({_reason(error)}); allowed: {allowed}") from None
 
 
 def read_json(path, allowed: str, *, kind: type = dict, label: str | None = None):

@@ -62,7 +62,7 @@ class PartialSums:
         from ..readers import read_npz
 
         allowed = "the checkpoint.npz in the --out of an interrupted jaxroll measure"
-        data = read_npz(path, allowed, label=f"--resume {path}")
+        data = read_npz(path, allowed, label=f"--resume {path}", what="a checkpoint of jaxroll measure")
         if "fingerprint" not in data or "count" not in data:
             raise ConfigError(f"--resume {path}: not a checkpoint of jaxroll measure (no fingerprint or count); "
                               f"allowed: {allowed}")
