@@ -306,7 +306,7 @@ def _read_kernel_file(name, kind, directory):
     path = Path(directory or ".") / name
     if not path.is_file():
         raise ConfigError(f"{field}: {path}: no such file")
-    from .readers import read_npz
+    from ._readers import read_npz
 
     key = KERNEL_FILE_ARRAYS[kind]
     data = read_npz(path, f"an .npz with a float array {key!r} (what save_config writes)", label=f"{field}: {path}")

@@ -234,7 +234,7 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
     path = directory / "measurement.npz"
     if not path.is_file():
         raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
-    from ..readers import read_npz
+    from .._readers import read_npz
 
     data = read_npz(path, "the measurement.npz that jaxroll measure writes into its --out",
                     label=f"{flag} {directory}: measurement.npz")

@@ -76,7 +76,7 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
 
 def read_measurement(directory) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays of ``measurement.npz`` and the dict of ``metadata.json``."""
-    from ..readers import read_json, read_npz
+    from .._readers import read_json, read_npz
 
     directory = Path(directory)
     arrays = read_npz(directory / "measurement.npz", "the measurement.npz that jaxroll measure writes")

@@ -59,7 +59,7 @@ class PartialSums:
         os.replace(temporary, path)
 
     def load(self, path: Path, fingerprint: str) -> None:
-        from ..readers import read_npz
+        from .._readers import read_npz
 
         allowed = "the checkpoint.npz in the --out of an interrupted jaxroll measure"
         data = read_npz(path, allowed, label=f"--resume {path}", what="a checkpoint of jaxroll measure")

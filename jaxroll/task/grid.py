@@ -115,7 +115,7 @@ def check_settings(out: Path, settings: dict, resume: bool) -> None:
     """Write ``task.json``, or on `resume` refuse one whose model, tokenizer or seed differ."""
     path = out / SETTINGS_FILE
     if resume and path.is_file():
-        from ..readers import read_json
+        from .._readers import read_json
 
         old = read_json(path, "the task.json of jaxroll task")
         for name in ("model", "vocabulary", "seed"):
