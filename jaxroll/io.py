@@ -25,6 +25,8 @@ __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_
            "prepare_output_dir", "check_output_dir", "discard_created"]
 
 PROFILE_HEADER = ("token_position", "probability")
+ROUNDING = 1e-4
+"""How far from 1 the sum of a profile may be for `write_profile` to take it for a rounded distribution."""
 
 
 def _readable_file(path) -> Path:
@@ -45,7 +47,8 @@ def read_text(path, kind: str) -> str:
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded)") from None
+        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded); "
+                          f"allowed: a UTF-8 {kind} file") from None
     except OSError as error:
         raise ConfigError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
 
@@ -159,7 +162,13 @@ def read_yaml(path) -> dict:
                 mark = getattr(error, "problem_mark", None)
                 where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
                 problem = getattr(error, "problem", None) or type(error).__name__
-                raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+                if isinstance(error, yaml.reader.ReaderError):  # a control character such as NUL
+                    where, problem = f" at character {error.position}", f"character {chr(error.character)!r} not allowed"
+                raise ConfigError(f"{path}: malformed YAML{where}: {problem}; allowed: UTF-8 text") from None
+    except ConfigError:
+        raise
+    except ValueError as error:  # an integer too long for int() (over 4300 digits)
+        raise ConfigError(f"{path}: malformed YAML: {str(error).splitlines()[0][:80]}") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply to read; allowed: the schema's few levels "
                           "(mappings of lists of lists)") from None
@@ -290,7 +299,13 @@ def _dump_yaml(config: dict) -> str:
 def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     """Write a profile as CSV, header ``token_position,probability``.
 
-    Values are written with 17 significant digits (exact for float64).
+    The values are taken to float64; a distribution whose float64 sum is
+    off 1 by rounding (more than 1e-13, at most `ROUNDING`) is divided by
+    it, so the file sums to 1 within 1e-12 whatever precision the profile
+    was computed in (a float32 profile sums to 1 only within about 1e-7).
+    They are written with Python's shortest round-trip text, so a float64
+    distribution reads back bit for bit. Any other profile (one that is no
+    distribution, which the commands that need one refuse) is written as it is.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -298,6 +313,9 @@ def write_profile(profile, path, *, overwrite: bool = False) -> Path:
     values = np.asarray(profile, dtype=np.float64)
     if values.ndim != 1:
         raise ConfigError(f"profile: got shape {values.shape}; allowed: one dimension (n,)")
+    total = float(np.sum(values))
+    if 1e-13 < abs(total - 1) <= ROUNDING:  # a distribution off 1 by rounding; float64 ones are kept bit for bit
+        values = values / total
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(PROFILE_HEADER)
@@ -314,7 +332,10 @@ def read_profile(path) -> np.ndarray:
     distribution do).
     """
     path = Path(path)
-    rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
+    try:
+        rows = list(csv.reader(io.StringIO(read_text(path, "CSV"), newline="")))
+    except csv.Error as error:  # a field over the csv module's limit (131072 characters)
+        raise ConfigError(f"{path}: not a profile CSV ({error}); allowed: lines 'position,probability'") from None
     if not rows or tuple(cell.strip() for cell in rows[0]) != PROFILE_HEADER:
         found = ",".join(rows[0]) if rows else "an empty file"
         raise ConfigError(f"{path}: header {found!r}; allowed: 'token_position,probability'")
@@ -325,14 +346,16 @@ def read_profile(path) -> np.ndarray:
         try:
             position, value = int(row[0]), float(row[1])
         except (ValueError, IndexError):
-            raise ConfigError(f"{path}: line {line}: {','.join(row)!r} is not 'position,probability'") from None
+            raise ConfigError(f"{path}: line {line}: {','.join(row)!r:.80} is not 'position,probability'; "
+                              "allowed: an integer position, a comma and a number") from None
         if position != len(values):
-            raise ConfigError(f"{path}: line {line}: position {position}; expected {len(values)}")
+            raise ConfigError(f"{path}: line {line}: position {position}; allowed: {len(values)} (positions 0, 1, ... "
+                              "in order)")
         if not np.isfinite(value) or value < 0:
             raise ConfigError(f"{path}: line {line}: probability {value}; allowed: finite and >= 0")
         values.append(value)
     if not values:
-        raise ConfigError(f"{path}: no profile rows")
+        raise ConfigError(f"{path}: no profile rows; allowed: a header and one line per position")
     if not any(values):  # here, where the file is known, not as an anonymous "total mass is 0" later
         raise ConfigError(f"{path}: total mass is 0 (every probability is 0); allowed: a positive sum")
     return np.asarray(values, dtype=np.float64)

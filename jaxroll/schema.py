@@ -306,14 +306,16 @@ def _read_kernel_file(name, kind, directory):
     path = Path(directory or ".") / name
     if not path.is_file():
         raise ConfigError(f"{field}: {path}: no such file")
+    from ._readers import read_npz
+
     key = KERNEL_FILE_ARRAYS[kind]
+    data = read_npz(path, f"an .npz with a float array {key!r} (what save_config writes)", label=f"{field}: {path}")
+    if key not in data:
+        raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data) or 'nothing'}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if key not in data.files:
-                raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data.files) or 'nothing'}")
-            return np.asarray(data[key], dtype=np.float64)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{field}: {path} is not a readable .npz ({type(error).__name__})") from None
+        return np.asarray(data[key], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; allowed: numbers") from None
 
 
 def kernel_arrays(model) -> dict[str, np.ndarray]:

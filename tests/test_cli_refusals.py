@@ -168,3 +168,42 @@ def test_measure_refusals_leave_nothing_and_mpt_refines(models, texts, tmp_path,
     monkeypatch.setattr(measure_module, "measure", refuse)
     _refused(["measure", models / "mpt", *base2], tmp_path, capsys)
     assert not out2.parent.exists()
+
+
+def _command_parsers():
+    from jaxroll.cli import _build_parser
+
+    parser = _build_parser()
+    return next(action for action in parser._subparsers._group_actions).choices
+
+
+@pytest.mark.parametrize("command", COMMANDS + ("task", "compare-task"))
+def test_a_misspelt_option_names_the_command_and_the_closest_option(command, tmp_path, capsys):
+    """Every long option of every command, with two letters swapped: exit 2, one line naming the command
+    and (difflib's oracle, run here on the subparser's own options) the option meant."""
+    import difflib
+
+    options = sorted(option for option in _command_parsers()[command]._option_string_actions
+                     if option.startswith("--") and len(option) >= 6 and option != "--help")
+    checked = 0
+    for option in options:
+        typo = option[:3] + option[4] + option[3] + option[5:]  # "--length" -> "--elngth"
+        if typo in options or difflib.get_close_matches(typo, options, n=1, cutoff=0.6) != [option]:
+            continue
+        assert main([command, typo, "1"]) == 2, typo
+        err = capsys.readouterr().err
+        assert err == f"jaxroll: error: {command}: unrecognized arguments: {typo} 1; did you mean {option}?\n" or \
+            err == f"jaxroll: error: {command}: unrecognized arguments: {typo}; did you mean {option}?\n", err
+        checked += 1
+    assert checked >= min(len(options), 1), command
+
+
+def test_the_issues_example_and_an_option_like_no_other(capsys):
+    assert main(["rollout", "--lenght", "8"]) == 2
+    assert capsys.readouterr().err == "jaxroll: error: rollout: unrecognized arguments: --lenght; did you mean --length?\n"
+    assert main(["presets", "--zzzzzz"]) == 2
+    assert capsys.readouterr().err == ("jaxroll: error: presets: unrecognized arguments: --zzzzzz; allowed: --help "
+                                       "(see --help)\n")
+    assert main(["rollout", "--lenght=8", "--forse"]) == 2
+    assert capsys.readouterr().err == ("jaxroll: error: rollout: unrecognized arguments: --lenght=8 --forse; did you "
+                                       "mean --length for --lenght, --force for --forse?\n")

@@ -73,6 +73,16 @@ def test_profile_round_trip_is_exact(tmp_path):
     np.testing.assert_array_equal(jaxroll.read_profile(path), profile)
 
 
+def test_a_float32_profile_is_written_in_float64_summing_to_one(tmp_path):
+    exact = np.random.default_rng(1).dirichlet(np.ones(3000))
+    rounded = exact.astype(np.float32)
+    assert abs(float(rounded.astype(np.float64).sum()) - 1) > 1e-11  # float32 rounding moves the sum off 1
+    written = jaxroll.read_profile(jaxroll.write_profile(rounded, tmp_path / "p.csv"))
+    assert written.dtype == np.float64 and abs(float(np.sum(written)) - 1) < 1e-12
+    assert abs(float(sum(written.tolist())) - 1) < 1e-12  # summed left to right too, not only pairwise
+    np.testing.assert_allclose(written, exact, rtol=1e-6)
+
+
 @pytest.mark.parametrize("text, message", [
     ("position,prob\n0,1\n", "header"),
     ("token_position,probability\n0,0.5\n2,0.5\n", "position 2"),

@@ -185,3 +185,30 @@ def test_bad_input_exits_2_with_one_line(saved, texts, tmp_path, capsys):
         assert code == 2, (expected, stderr)
         assert len(stderr.strip().splitlines()) == 1 and expected in stderr, (expected, stderr)
     assert (busy / "mine.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("files, names", [
+    ({}, ["no tokenizer in the folder (none of its files)"]),
+    ({"tokenizer_config.json": "{}"}, ["only tokenizer_config.json"]),
+    ({"tokenizer.json": '{"version": "1.0", "trunc'}, ["cannot load it from tokenizer.json"]),
+    ({"tokenizer.json": b"\x89PNG\r\n\x1a\n\x00"}, ["cannot load it from tokenizer.json"]),
+])
+def test_a_model_folder_without_a_usable_tokenizer_is_refused_naming_the_folder_and_the_files(
+        files, names, texts, tmp_path, capsys):
+    directory = tmp_path / "notok"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.BloomConfig(n_layer=1, n_head=2, hidden_size=8, vocab_size=64)).save_pretrained(directory)
+    for name, content in files.items():
+        (directory / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    capsys.readouterr()  # save_pretrained's progress bar
+    out = tmp_path / "out"
+    for argv in (["measure", directory, "--texts", texts, "--length", 8, "--samples", 1, "--out", out],
+                 ["task", directory, "--out", out]):
+        assert main([str(item) for item in argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"jaxroll: error: tokenizer {directory}: "), err
+        for name in [*names, "allowed: ", "tokenizer.json", "tokenizer_config.json", "merges.txt", "sentencepiece"]:
+            assert name in err, (name, err)
+        assert "()" not in err and "one of: )" not in err  # no empty list of files
+        assert not out.exists()

@@ -384,3 +384,39 @@ def test_measure_cli_writes_the_refined_profile(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and expected in err, err
         assert not (tmp_path / "refused").exists()
+
+
+def test_refined_csv_is_float64_and_sums_to_one_and_the_summary_names_every_file(tmp_path, capsys, float32):
+    """As from the command line (JAX in float32, the model in float32): refined.csv is still the float64 refined
+    rollout, its sum 1 within 1e-12, and the summary's ``wrote`` line names exactly the files in --out."""
+    import os
+
+    from tiny_tokenizer import WORDS, word_level_tokenizer
+
+    from jaxroll.cli import main
+    from jaxroll.io import read_profile
+    from jaxroll.measure.refinements import refined_profile
+
+    directory = tmp_path / "model"
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=32, intermediate_size=64, vocab_size=64)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    word_level_tokenizer().save_pretrained(directory)
+    rng = np.random.default_rng(1)
+    texts = tmp_path / "docs.txt"
+    texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=40)) for _ in range(3)) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with float32:  # JAX's default, as on the command line; the suite runs with float64 on
+        assert main(["measure", str(directory), "--texts", str(texts), "--length", "24", "--samples", "3",
+                     "--quiet", "--out", str(out), "--refine", "heads,gradient", "--queries", "2"]) == 0
+    stdout = capsys.readouterr().out
+    written = read_profile(out / "refined.csv")
+    assert abs(written.sum() - 1) < 1e-12 and written.min() >= 0
+    reference = refined_profile(out, ("heads", "gradient"))  # float64 on here: the float64 sums' rollout
+    assert reference.dtype == np.float64
+    np.testing.assert_allclose(written, reference, rtol=1e-13, atol=1e-16)
+    line = next(text for text in stdout.splitlines() if text.strip().startswith("wrote "))
+    named = {name.strip() for name in line.strip().removeprefix("wrote ").removeprefix(f"{out}/").split(",")}
+    assert "refined.csv" in named
+    assert named == set(os.listdir(out)), (named, sorted(os.listdir(out)))

@@ -42,7 +42,51 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         # "jaxroll: error: rollout: ...", not "jaxroll: error: jaxroll rollout: ..."
         command = self.prog.partition(" ")[2]
+        if message.startswith("the following arguments are required"):
+            # "--lenght 8" leaves --length missing: name the misspelt option, not the one it was meant to be.
+            unknown = [item for item in getattr(self, "_given", ()) if item.startswith("--") and not any(
+                option.startswith(item.partition("=")[0]) for option in self._option_string_actions)]
+            if unknown:
+                message = unrecognized(self, unknown)
         raise ConfigError(f"{command}: {message}" if command else message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        self._given = list(sys.argv[1:] if args is None else args)  # for error(): the options given
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an unknown option names the command it was given to and the closest option it has."""
+        arguments, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser, command = self, self.prog.partition(" ")[2]
+            for action in self._subparsers._group_actions if self._subparsers is not None else ():
+                chosen = getattr(arguments, action.dest, None) if action.dest != argparse.SUPPRESS else None
+                if isinstance(getattr(action, "choices", None), dict) and chosen in action.choices:
+                    parser, command = action.choices[chosen], chosen
+            raise ConfigError(f"{command + ': ' if command else ''}{unrecognized(parser, extras)}")
+        return arguments
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras) -> str:
+    """``unrecognized arguments: --lenght; did you mean --length?`` (difflib's closest of `parser`'s options),
+    or the options allowed when none is close."""
+    import difflib
+
+    options = sorted(option for option in parser._option_string_actions if option.startswith("--"))
+    hints = {}
+    for extra in extras:
+        name = extra.partition("=")[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6) if name.startswith("-") else []
+        if close:
+            hints[name] = close[0]
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    if len(hints) == 1:
+        return f"{message}; did you mean {next(iter(hints.values()))}?"
+    if hints:
+        return f"{message}; did you mean {', '.join(f'{close} for {name}' for name, close in hints.items())}?"
+    return f"{message}; allowed: {', '.join(options)} (see --help)"
 
 
 def _integer_at_least(minimum: int):
@@ -185,18 +229,19 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
     exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
     and N = `size`, the length of the profile read from `profile_path`.
     """
-    import numpy as np
-
     from ..measure.uncertainty import check_rows
 
     path = directory / "measurement.npz"
     if not path.is_file():
         raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
-    with np.load(path, allow_pickle=False) as data:
-        if "influence_per_sequence" not in data.files:
-            raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
-                              "allowed: a measurement with --stats ...,influence by this version")
-        rows = data["influence_per_sequence"]
+    from .._readers import read_npz
+
+    data = read_npz(path, "the measurement.npz that jaxroll measure writes into its --out",
+                    label=f"{flag} {directory}: measurement.npz")
+    if "influence_per_sequence" not in data:
+        raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
+                          "allowed: a measurement with --stats ...,influence by this version")
+    rows = data["influence_per_sequence"]
     try:
         rows = check_rows(rows)
     except ValueError as error:

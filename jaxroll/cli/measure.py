@@ -258,11 +258,10 @@ def _write(result, indices, documents, arguments, out, world, measure) -> None:
     written = measure.write_measurement(result, out, overwrite=True)
     if refine is not None:
         from ..io import write_profile
-        from ..measure.refinements import ingredients_from_arrays
-        from ..theory import refinements
+        from ..measure.refinements import refined_from_arrays
 
-        model = refinements.compose(ingredients_from_arrays(result.arrays()), refine)
-        written.append(write_profile(refinements.refined_influence(model), out / "refined.csv", overwrite=True))
+        written.append(write_profile(refined_from_arrays(result.arrays(), refine), out / "refined.csv",
+                                     overwrite=True))
     for rank in range(world.size):  # every rank's sums are merged into the outputs
         from ..measure.distributed import World, checkpoint_name
 

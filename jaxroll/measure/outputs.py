@@ -76,10 +76,11 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
 
 def read_measurement(directory) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays of ``measurement.npz`` and the dict of ``metadata.json``."""
+    from .._readers import read_json, read_npz
+
     directory = Path(directory)
-    with np.load(directory / "measurement.npz", allow_pickle=False) as data:
-        arrays = {name: data[name] for name in data.files}
-    metadata = json.loads((directory / "metadata.json").read_text(encoding="utf-8"))
+    arrays = read_npz(directory / "measurement.npz", "the measurement.npz that jaxroll measure writes")
+    metadata = read_json(directory / "metadata.json", "the metadata.json that jaxroll measure writes")
     return arrays, metadata
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -60,22 +59,24 @@ class PartialSums:
         os.replace(temporary, path)
 
     def load(self, path: Path, fingerprint: str) -> None:
-        try:
-            data = np.load(path, allow_pickle=False)
-            stamp = str(data["fingerprint"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
-            raise ConfigError(f"--resume {path}: not a checkpoint of jaxroll measure "
-                              f"({type(error).__name__}); allowed: the --out of an interrupted run") from None
-        with data:
-            if stamp != fingerprint:
-                raise ConfigError(
-                    f"--resume {path}: the checkpoint was written for other settings "
-                    "(model, sequences, stats or number of processes); allowed: the same command, "
-                    "or --force without --resume"
-                )
-            for name in self.arrays:
-                self.arrays[name] = data[name]
-            self.count = int(data["count"])
+        from .._readers import read_npz
+
+        allowed = "the checkpoint.npz in the --out of an interrupted jaxroll measure"
+        data = read_npz(path, allowed, label=f"--resume {path}", what="a checkpoint of jaxroll measure")
+        if "fingerprint" not in data or "count" not in data:
+            raise ConfigError(f"--resume {path}: not a checkpoint of jaxroll measure (no fingerprint or count); "
+                              f"allowed: {allowed}")
+        if str(data["fingerprint"]) != fingerprint:
+            raise ConfigError(
+                f"--resume {path}: the checkpoint was written for other settings "
+                "(model, sequences, stats or number of processes); allowed: the same command, "
+                "or --force without --resume"
+            )
+        for name in self.arrays:
+            if name not in data:
+                raise ConfigError(f"--resume {path}: no array {name!r}; allowed: {allowed}")
+            self.arrays[name] = data[name]
+        self.count = int(data["count"])
 
     def merge(self, others) -> "PartialSums":
         """This process's sums plus `others` (each a `state()` dict of another process), in place.

@@ -113,12 +113,44 @@ def select_sequences(documents, tokenizer, length: int, samples: int | None = No
     return np.asarray(rows, dtype=np.int64), np.asarray(indices, dtype=np.int64)
 
 
+TOKENIZER_FILES = "tokenizer.json, or tokenizer_config.json with vocab.json and merges.txt, vocab.txt or a " \
+                  "sentencepiece model (tokenizer.model, spiece.model)"
+"""What a folder needs for `load_tokenizer`, in the words of its refusal."""
+
+_VOCABULARIES = ("vocab.json", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _tokenizer_files(directory: Path) -> tuple[list[str], bool]:
+    """The tokenizer files in `directory`, and whether a tokenizer could be built from them."""
+    names = {path.name for path in directory.iterdir()} if directory.is_dir() else set()
+    found = sorted(names & {"tokenizer.json", "tokenizer_config.json", "merges.txt", *_VOCABULARIES})
+    usable = "tokenizer.json" in names or any(name in names for name in _VOCABULARIES) or any(
+        name.endswith(".model") for name in names)
+    return found, usable
+
+
 def load_tokenizer(directory):
-    """The tokenizer saved in `directory`, from local files only."""
+    """The tokenizer saved in `directory`, from local files only.
+
+    A folder without the files a tokenizer is built from (`TOKENIZER_FILES`)
+    is refused in one line naming it and them, before transformers is asked;
+    one whose files do not load, in one line naming the folder, the files
+    found and transformers' reason.
+    """
     from transformers import AutoTokenizer
 
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConfigError(f"tokenizer {directory}: no such directory; allowed: a folder written by save_pretrained")
+    found, usable = _tokenizer_files(directory)
+    if not usable:
+        what = f"only {', '.join(found)}" if found else "none of its files"
+        raise ConfigError(f"tokenizer {directory}: no tokenizer in the folder ({what}); allowed: a folder with "
+                          f"{TOKENIZER_FILES} (tokenizer.save_pretrained(folder) writes them)")
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(f"tokenizer {directory}: cannot load from local files ({first})") from None
+    except Exception as error:  # noqa: BLE001 - transformers and tokenizers raise many kinds, some untyped
+        lines = str(error).strip().splitlines()
+        first = (lines[0][:160] if lines else "") or type(error).__name__
+        raise ConfigError(f"tokenizer {directory}: cannot load it from {', '.join(found)} ({first}); allowed: "
+                          f"{TOKENIZER_FILES}") from None

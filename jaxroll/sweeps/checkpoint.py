@@ -57,7 +57,7 @@ def _open_checkpoint(directory, plan: _Plan) -> Path:
     directory = Path(directory)
     fingerprint = _fingerprint(plan)
     stamp = directory / "fingerprint.txt"
-    if stamp.is_file() and stamp.read_text().strip() != fingerprint:
+    if stamp.is_file() and stamp.read_text(encoding="utf-8", errors="replace").strip() != fingerprint:
         raise ConfigError(f"checkpoint {directory}: written by a different sweep (other axes, lengths, "
                           "batch size or dtype); allowed: the directory of the same sweep")
     if jax.process_index() == 0:

@@ -51,22 +51,41 @@ def grid_cases(builder: Builder, tasks, lengths, depths, samples: int, seed: int
     return cases
 
 
+_ROW_FIELDS = {"task": str, "length": int, "depth": int, "answer_ids": list, "logprob": (int, float),
+               "exact": (bool, int), "depth_fraction": (int, float), "record_length": int, "key": str}
+"""The fields of a `case_row` that the readers of ``cases.jsonl`` use, and their JSON types."""
+
+
 def read_rows(path) -> list[dict]:
-    """The rows of a ``cases.jsonl`` (a torn last line from a killed run is dropped)."""
+    """The rows of a ``cases.jsonl`` (a torn last line from a killed run is dropped).
+
+    Any other line that is not a JSON object with the fields of a scored case
+    (`_ROW_FIELDS`) is refused in one line naming the file and the line.
+    """
+    from ..io import read_text
+
     path = Path(path)
     if not path.is_file():
         return []
     rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    allowed = "the cases.jsonl of jaxroll task"
+    lines = read_text(path, "JSON lines").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             if number == len(lines):
                 break
-            raise ConfigError(f"{path}: line {number} is not JSON; allowed: the cases.jsonl of jaxroll task") from None
+            raise ConfigError(f"{path}: line {number} is not JSON; allowed: {allowed}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}: line {number} is a JSON {type(row).__name__}, not an object; allowed: {allowed}")
+        for field, kind in _ROW_FIELDS.items():
+            if not isinstance(row.get(field), kind):
+                raise ConfigError(f"{path}: line {number}: field {field!r} is {row.get(field)!r:.40}; allowed: "
+                                  f"{allowed} (a {kind.__name__ if isinstance(kind, type) else kind[-1].__name__})")
+        rows.append(row)
     return rows
 
 
@@ -96,7 +115,9 @@ def check_settings(out: Path, settings: dict, resume: bool) -> None:
     """Write ``task.json``, or on `resume` refuse one whose model, tokenizer or seed differ."""
     path = out / SETTINGS_FILE
     if resume and path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        from .._readers import read_json
+
+        old = read_json(path, "the task.json of jaxroll task")
         for name in ("model", "vocabulary", "seed"):
             if old.get(name) != settings.get(name):
                 raise ConfigError(f"--resume: {name} {settings.get(name)!r} differs from {old.get(name)!r} in "
