@@ -24,6 +24,12 @@ def add_parser(commands) -> None:
                          help="skip profile.png (drawing it takes most of a small run's time)")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
+    rollout.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+                         help="predict the profile after changing the model: tau (softmax temperature), "
+                              "slope_scale (ALiBi slopes), kappa (a distance bias kappa g(i - j); kappa_form "
+                              "log1p or unsquash, kappa_k), gamma (the attention branch's strength), e.g. "
+                              "tau=0.7,gamma=0.5, or a YAML file of them; config.yaml is then the changed "
+                              "model and intervention.yaml records the change (docs/interventions.md)")
     _common.add_device_argument(rollout)
     rollout.set_defaults(run=_run_rollout)
 
@@ -39,13 +45,17 @@ def _run_rollout(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
 
-    from .. import io
+    from .. import interventions, io
     from ..bucket import influence_with_mass  # pads small models to shared compiled shapes
 
+    changes = interventions.parse(arguments.intervene) if arguments.intervene else []
     device = _common.device_context(arguments.device, command_line=getattr(arguments, "command_line", False))
     with device:
         runs = _batch(arguments) if arguments.more_configs else [
             (*_common.model_from_arguments(arguments), arguments.out)]
+        # Every change is applied (and refused, in one line) before --out is touched.
+        runs = [(interventions.apply_all(model, changes), source, out) for model, source, out in runs]
+        arguments.changes = interventions.describe(changes)
         io.prepare_output_dir(arguments.out, force=arguments.force)
         for model, source, out in runs:
             out.mkdir(parents=True, exist_ok=True)
@@ -86,16 +96,23 @@ def _write_rollout(model, source, out, arguments, influence_with_mass, io) -> No
 
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
+    changes = getattr(arguments, "changes", {})
+    changed = ", ".join(f"{name}={value}" for name, value in changes.items())
+    if changes:
+        import yaml
+
+        (out / "intervention.yaml").write_text(yaml.safe_dump(changes, sort_keys=False), encoding="utf-8")
     if not arguments.no_figure:
         from .. import plot
 
         plot.plot_profile(out / "profile.png", profile, attention_only,
                           attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
-                          title=f"{source}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
-    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure)
+                          title=f"{source}{' with ' + changed if changed else ''}: N={model.sequence_length}, "
+                                f"T={model.num_layers}, H={model.num_heads}")
+    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure, changed=changed)
 
 
-def _print_summary(model, profile, mass, source, out, figure=True) -> None:
+def _print_summary(model, profile, mass, source, out, figure=True, changed: str = "") -> None:
     import numpy as np
 
     from ..metrics import edge_count
@@ -103,6 +120,8 @@ def _print_summary(model, profile, mass, source, out, figure=True) -> None:
     n = profile.size
     k = edge_count(n, 0.1)
     print(f"jaxroll rollout: {source}")
+    if changed:
+        print(f"  intervened: {changed} (the rollout's prediction of the changed model)")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
     print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
     print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
@@ -114,4 +133,5 @@ def _print_summary(model, profile, mass, source, out, figure=True) -> None:
     from ..schema import kernel_arrays
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
+    extra += ", intervention.yaml" if changed else ""
     print(f"  wrote {out}/profile.csv, {'profile.png, ' if figure else ''}config.yaml{extra}")

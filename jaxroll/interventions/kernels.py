@@ -190,7 +190,7 @@ class DistanceBias(AbstractIntervention):
         n = model.sequence_length
         if isinstance(kernel, AlibiKernel):
             rate = kernel.alibi_slopes / kernel.temperature  # (T, H)
-            offsets = jnp.arange(1, max(n, 2), dtype=rate.dtype)
+            offsets = jnp.arange(1, max(n, 2), dtype=jnp.result_type(float))
             table, diagonal = -rate[..., None] * offsets, kernel.diagonal_scores / kernel.temperature
             weights = kernel.head_weights
         elif isinstance(kernel, PowerKernel):
