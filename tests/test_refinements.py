@@ -351,21 +351,11 @@ def test_lambda_gradient_needs_the_influence_pass(tmp_path):
 def test_measure_cli_writes_the_refined_profile(tmp_path, capsys):
     import json
 
-    from tiny_tokenizer import WORDS, word_level_tokenizer
-
     from jaxroll.cli import main
     from jaxroll.io import read_profile
     from jaxroll.measure.refinements import refined_profile
 
-    directory = tmp_path / "model"
-    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      hidden_size=32, intermediate_size=64, vocab_size=64)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
-    word_level_tokenizer().save_pretrained(directory)
-    rng = np.random.default_rng(0)
-    texts = tmp_path / "docs.txt"
-    texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(3)) + "\n", encoding="utf-8")
+    directory, texts = _saved_llama(tmp_path, seed=0, words=20)
     out = tmp_path / "out"
     base = ["measure", str(directory), "--texts", str(texts), "--length", "12", "--samples", "3", "--quiet"]
     assert main([*base, "--out", str(out), "--dtype", "float64", "--refine", "norm,gradient"]) == 0
@@ -391,21 +381,11 @@ def test_refined_csv_is_float64_and_sums_to_one_and_the_summary_names_every_file
     rollout, its sum 1 within 1e-12, and the summary's ``wrote`` line names exactly the files in --out."""
     import os
 
-    from tiny_tokenizer import WORDS, word_level_tokenizer
-
     from jaxroll.cli import main
     from jaxroll.io import read_profile
     from jaxroll.measure.refinements import refined_profile
 
-    directory = tmp_path / "model"
-    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      hidden_size=32, intermediate_size=64, vocab_size=64)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
-    word_level_tokenizer().save_pretrained(directory)
-    rng = np.random.default_rng(1)
-    texts = tmp_path / "docs.txt"
-    texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=40)) for _ in range(3)) + "\n", encoding="utf-8")
+    directory, texts = _saved_llama(tmp_path, seed=1, words=40)
     out = tmp_path / "out"
     with float32:  # JAX's default, as on the command line; the suite runs with float64 on
         assert main(["measure", str(directory), "--texts", str(texts), "--length", "24", "--samples", "3",
@@ -420,3 +400,19 @@ def test_refined_csv_is_float64_and_sums_to_one_and_the_summary_names_every_file
     named = {name.strip() for name in line.strip().removeprefix("wrote ").removeprefix(f"{out}/").split(",")}
     assert "refined.csv" in named
     assert named == set(os.listdir(out)), (named, sorted(os.listdir(out)))
+
+
+def _saved_llama(tmp_path, *, seed: int, words: int):
+    """A tiny Llama (2 layers, 4 heads) and its word-level tokenizer saved in tmp_path, and 3 texts."""
+    from tiny_tokenizer import WORDS, word_level_tokenizer
+
+    directory = tmp_path / "model"
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=32, intermediate_size=64, vocab_size=64)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    word_level_tokenizer().save_pretrained(directory)
+    rng = np.random.default_rng(seed)
+    texts = tmp_path / "docs.txt"
+    texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=words)) for _ in range(3)) + "\n", encoding="utf-8")
+    return directory, texts
