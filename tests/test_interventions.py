@@ -82,6 +82,7 @@ CASES = {
     "temperature per layer": (iv.Temperature(TAU[:, :1]), lambda t, h: _alibi_logits(t, h) / TAU[t, 0]),
     "slope scale": (iv.SlopeScale(SCALE), lambda t, h: _alibi_logits(t, h, slopes=SLOPES * SCALE)),
     "slope scale per head": (iv.SlopeScale(SCALE[0]), lambda t, h: _alibi_logits(t, h, slopes=SLOPES * SCALE[0])),
+    "ssmax": (iv.LengthScaledLogits(SCALE), lambda t, h: _alibi_logits(t, h) * SCALE[t, h] * np.log(np.arange(N) + 1.0)[:, None]),
     "distance bias log1p": (iv.DistanceBias(KAPPA), lambda t, h: _alibi_logits(t, h) + KAPPA[t, h] * np.log1p(_distance())),
     "distance bias unsquash k=3": (iv.DistanceBias(KAPPA, "unsquash", k=3.0),
                                    lambda t, h: _alibi_logits(t, h) + KAPPA[t, h] * _unsquash(_distance(), 3.0)),
@@ -108,7 +109,9 @@ def test_logit_interventions_on_a_power_kernel_are_exact():
 
     for intervention, changed in ((iv.Temperature(TAU), lambda t, h: logits(t, h) / TAU[t, h]),
                                   (iv.SlopeScale(SCALE), lambda t, h: logits(t, h, SLOPES * SCALE)),
-                                  (iv.DistanceBias(KAPPA), lambda t, h: logits(t, h) + KAPPA[t, h] * np.log1p(_distance()))):
+                                  (iv.DistanceBias(KAPPA), lambda t, h: logits(t, h) + KAPPA[t, h] * np.log1p(_distance())),
+                                  (iv.LengthScaledLogits(SCALE),
+                                   lambda t, h: logits(t, h) * SCALE[t, h] * np.log(np.arange(N) + 1.0)[:, None])):
         got = np.asarray(jaxroll.influence(intervention.apply(model)))
         np.testing.assert_allclose(got, _profile(_mixed(changed)), rtol=0, atol=1e-12)
 
@@ -128,6 +131,8 @@ def test_measured_kernels_are_tempered_and_reweighted_as_stated():
         np.testing.assert_allclose(got, _profile(expected), rtol=0, atol=1e-12)
     with pytest.raises(jaxroll.ConfigError, match=r"^tau: got shape \(3, 4\); allowed for a measured DenseKernel"):
         iv.Temperature(TAU).apply(model)
+    with pytest.raises(jaxroll.ConfigError, match=r"^ssmax_scale: a DenseKernel has no logits to scale"):
+        iv.LengthScaledLogits(0.5).apply(model)
 
 
 def test_branch_scale_moves_lambda_by_the_first_order_formula():
@@ -157,6 +162,9 @@ def test_several_interventions_apply_in_order():
 
 
 GRADIENT_CASES = {
+    "ssmax scale": (lambda x: iv.LengthScaledLogits(x), 0.8,
+                    lambda x: _mixed(lambda t, h: _alibi_logits(t, h) * x * np.log(np.arange(N) + 1.0)[:, None]),
+                    LAMBDAS),
     "tau": (lambda x: iv.Temperature(x), 1.3,
             lambda x: _mixed(lambda t, h: _alibi_logits(t, h) / x), LAMBDAS),
     "slope scale": (lambda x: iv.SlopeScale(x), 1.7,
@@ -208,6 +216,7 @@ def test_interventions_vmap_over_their_parameters():
     (lambda: iv.BranchScale(-0.5), r"^gamma: value -0\.5 is outside the allowed range \[0, inf\)"),
     (lambda: iv.SlopeScale([[[1.0]]]), r"^slope_scale: got shape \(1, 1, 1\); allowed: a number"),
     (lambda: iv.DistanceBias(0.1, "cubic"), r"^form: got 'cubic'; allowed: one of log1p, unsquash$"),
+    (lambda: iv.LengthScaledLogits(0.0), r"^ssmax_scale: value 0\.0 is outside the allowed range \(0, inf\)"),
     (lambda: iv.DistanceBias(0.1, "unsquash", k=0), r"^k: got 0; allowed: a number > 0$"),
 ])
 def test_bad_parameters_are_one_line(build, message):

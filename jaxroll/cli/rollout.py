@@ -26,7 +26,8 @@ def add_parser(commands) -> None:
                          help="how to multiply by the kernels (default auto)")
     rollout.add_argument("--intervene", metavar="NAME=VALUE[,...]",
                          help="predict the profile after changing the model: tau (softmax temperature), "
-                              "slope_scale (ALiBi slopes), kappa (a distance bias kappa g(i - j); kappa_form "
+                              "slope_scale (ALiBi slopes), ssmax_scale (SSMax: logits x s ln n), kappa (a "
+                              "distance bias kappa g(i - j); kappa_form "
                               "log1p or unsquash, kappa_k), gamma (the attention branch's strength), e.g. "
                               "tau=0.7,gamma=0.5, or a YAML file of them; config.yaml is then the changed "
                               "model and intervention.yaml records the change (docs/interventions.md)")

@@ -10,6 +10,7 @@ is exact in the theory or an approximation, and which.
 | intervention | change to the model | rollout transform |
 |---|---|---|
 | `Temperature` | logits / tau per layer and head | exact on ALiBi + content and relative kernels; an approximation on measured mean kernels |
+| `LengthScaledLogits` | SSMax: row i's logits x s ln(n_i) | exact on ALiBi + content and relative kernels (formed densely) |
 | `SlopeScale` | ALiBi slopes x s per head | exact |
 | `BranchScale` | attention output x gamma_t per layer | ``lambda' = gamma lambda / (gamma lambda + 1 - lambda)``: first order |
 | `DistanceBias` | ``kappa g(i - j)`` added to the logits | exact on ALiBi + content and relative kernels (an offset kernel); an approximation on measured mean kernels |
@@ -20,9 +21,9 @@ the command line's ``NAME=VALUE[,NAME=VALUE...]`` (or a YAML file) and
 """
 
 from ._base import AbstractIntervention, apply_all
-from .kernels import DistanceBias, SlopeScale, Temperature, log1p_distance, unsquash_distance
+from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
 from .spec import NAMES, describe, from_mapping, parse
 
-__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "NAMES", "SlopeScale", "Temperature", "apply_all",
-           "describe", "from_mapping", "log1p_distance", "parse", "unsquash_distance"]
+__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "SlopeScale",
+           "Temperature", "apply_all", "describe", "from_mapping", "log1p_distance", "parse", "unsquash_distance"]

@@ -21,14 +21,14 @@ from jax.scipy.special import gammaln
 from jaxtyping import Array, Float
 
 from .._checks import is_concrete
-from ..engine.alibi import AlibiKernel
+from ..engine.alibi import AlibiKernel, allowed, head_scores
 from ..engine.dense import DenseKernel
 from ..engine.offset import PowerKernel, TableKernel
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter, per_layer_head, per_layer_only
 
-__all__ = ["Temperature", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
+__all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
 
 
 def _replace_kernel(model: RolloutModel, kernel) -> RolloutModel:
@@ -56,7 +56,7 @@ class Temperature(AbstractIntervention):
 
     Attention temperature as a lever on position bias: SSMax (Nakanishi 2025,
     arXiv 2501.19399) scales logits by ``s log n``, a length-dependent
-    temperature; this class is the constant form.
+    temperature (`LengthScaledLogits`); this class is the constant form.
     """
 
     tau: Float[Array, "..."]
@@ -89,6 +89,62 @@ class Temperature(AbstractIntervention):
                 diagonal_scores=kernel.diagonal_scores / tau))
         raise ConfigError(f"tau: a {type(kernel).__name__} has no logits to temper; allowed: AlibiKernel, "
                           "PowerKernel, TableKernel or DenseKernel")
+
+
+class LengthScaledLogits(AbstractIntervention):
+    """SSMax: row i's logits multiplied by ``s_{t,h} ln n_i``, n_i the number of keys row i reads.
+
+    Scalable-softmax (Nakanishi 2025, arXiv 2501.19399) replaces
+    ``softmax(z)`` over n keys by ``softmax(s ln(n) z)``, so attention does
+    not flatten as the context grows; under a causal mask ``n_i = i + 1``
+    (row 0 reads one key, its weight stays 1). `scale` is a number, ``(H,)``,
+    ``(T, 1)`` or ``(T, H)``, each > 0.
+
+    Rollout transform: exact on ALiBi + content and relative kernels. The
+    changed kernel is no longer of either family (each row has its own
+    temperature), so it is formed densely at the model's `sequence_length`
+    as a `DenseKernel`: O(T N^2) memory, the plain O(N^2) product per layer.
+    Refused on a measured `DenseKernel` (its logits are not known).
+    """
+
+    scale: Float[Array, "..."]
+
+    def __init__(self, scale):
+        self.scale = checked_parameter("ssmax_scale", scale, 0.0, low_open=True)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        kernel = check_model(model).kernel
+        scale = per_layer_head("ssmax_scale", self.scale, model)
+        n = model.sequence_length
+        keep = allowed(n, kernel.mask, kernel.window)
+        row_log_length = jnp.log(jnp.sum(keep, axis=1).astype(jnp.result_type(float)))  # ln n_i, (n,)
+        if isinstance(kernel, AlibiKernel):
+            def head_logits(layer):  # (H, n, n) for one layer
+                slopes, diagonal, base = layer
+                return jax.vmap(head_scores, in_axes=(0, 0, 0, None, None))(slopes, diagonal, base,
+                                                                          kernel.temperature, n)
+            arrays = (kernel.alibi_slopes, kernel.diagonal_scores, kernel.base_scores)
+        elif isinstance(kernel, (PowerKernel, TableKernel)):
+            if isinstance(kernel, TableKernel) and is_concrete(kernel.offset_scores):
+                kernel.check_length(n)
+            offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
+
+            def head_logits(scores):  # f_h(i - j) from the (H, n) scores f_h(k)
+                return scores[:, offsets]
+            arrays = jax.vmap(lambda layer: layer.scores(n))(kernel)  # (T, H, n)
+        else:
+            raise ConfigError(f"ssmax_scale: a {type(kernel).__name__} has no logits to scale; allowed: "
+                              "AlibiKernel, PowerKernel or TableKernel")
+        weights = kernel.head_weights / jnp.sum(kernel.head_weights, axis=-1, keepdims=True)
+
+        def layer_kernel(inputs):  # one layer at a time: O(H n^2) memory, not O(T H n^2)
+            layer, layer_scale, layer_weights = inputs
+            scaled = head_logits(layer) * (layer_scale[:, None, None] * row_log_length[:, None])
+            per_head = jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1)
+            return jnp.einsum("h,hij->ij", layer_weights, per_head)
+
+        kernels = jax.lax.map(layer_kernel, (arrays, scale, weights))
+        return _replace_kernel(model, DenseKernel(kernels, kernel.mask == "causal"))
 
 
 class SlopeScale(AbstractIntervention):
@@ -185,7 +241,8 @@ class DistanceBias(AbstractIntervention):
             size = kernel.size
             distance = jnp.maximum(jnp.arange(size)[:, None] - jnp.arange(size)[None, :], 0)
             weights = jnp.exp(kappa[:, None, None] * self.bias(distance)[None])
-            return _replace_kernel(model, dataclasses.replace(kernel, kernels=_row_renormalised(kernel.kernels * weights)))
+            biased = _row_renormalised(kernel.kernels * weights)
+            return _replace_kernel(model, dataclasses.replace(kernel, kernels=biased))
         kappa = per_layer_head("kappa", self.kappa, model)
         n = model.sequence_length
         if isinstance(kernel, AlibiKernel):

@@ -6,6 +6,7 @@ The names are the command line's (`--intervene`) and a result's record:
 |---|---|---|
 | ``tau`` | `Temperature` | > 0: a number, or per head / layer / layer and head in YAML |
 | ``slope_scale`` | `SlopeScale` | >= 0 |
+| ``ssmax_scale`` | `LengthScaledLogits` (SSMax) | > 0 |
 | ``gamma`` | `BranchScale` | >= 0, a number or one per layer |
 | ``kappa`` | `DistanceBias` | any finite number; ``kappa_form`` (``log1p``, ``unsquash``) and ``kappa_k`` (> 0) set its form |
 
@@ -21,12 +22,12 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._base import AbstractIntervention
-from .kernels import DistanceBias, SlopeScale, Temperature
+from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
 
 __all__ = ["NAMES", "parse", "from_mapping", "describe"]
 
-NAMES = ("tau", "slope_scale", "kappa", "kappa_form", "kappa_k", "gamma")
+NAMES = ("tau", "slope_scale", "kappa", "kappa_form", "kappa_k", "ssmax_scale", "gamma")
 """The names `parse` knows, in the order the interventions apply."""
 
 
@@ -98,6 +99,8 @@ def from_mapping(mapping: dict, source: str = "--intervene") -> list[AbstractInt
         if isinstance(k, bool) or not isinstance(k, (int, float)):
             raise ConfigError(f"{source} kappa_k: got {k!r:.60}; allowed: a number > 0")
         interventions.append(DistanceBias(mapping["kappa"], form, k=float(k)))
+    if "ssmax_scale" in mapping:
+        interventions.append(LengthScaledLogits(mapping["ssmax_scale"]))
     if "gamma" in mapping:
         interventions.append(BranchScale(mapping["gamma"]))
     return interventions
@@ -119,9 +122,11 @@ def describe(interventions) -> dict:
         elif isinstance(intervention, DistanceBias):
             record |= {"kappa": _plain(intervention.kappa), "kappa_form": intervention.form,
                        "kappa_k": intervention.k}
+        elif isinstance(intervention, LengthScaledLogits):
+            record["ssmax_scale"] = _plain(intervention.scale)
         elif isinstance(intervention, BranchScale):
             record["gamma"] = _plain(intervention.gamma)
         else:
             raise ConfigError(f"intervention: {type(intervention).__name__} has no text form; allowed: "
-                              "Temperature, SlopeScale, DistanceBias, BranchScale")
+                              "Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale")
     return record
