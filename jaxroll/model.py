@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import equinox as eqx
+import jax
 import numpy as np
 from jaxtyping import Array, Float
 
@@ -196,8 +197,8 @@ def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
         return model
     n = model.sequence_length if n is None else check_positive_int("n", n)
     model.kernel.check_length(n)
-    kernels = np.stack([np.asarray(model.kernel.layer(t).dense(n), dtype=np.float64)
-                        for t in range(model.num_layers)])
+    stacked, shared = model.kernel.scan_parts()
+    kernels = np.array(jax.lax.map(lambda part: eqx.combine(part, shared).dense(n), stacked), dtype=np.float64)
     kernels /= kernels.sum(axis=-1, keepdims=True)
     return RolloutModel.create(kernel=DenseKernel.create(kernels), lambdas=np.asarray(model.lambdas),
                                sequence_length=n)

@@ -32,12 +32,7 @@ from jaxroll.measure import measure  # noqa: E402
 VOCAB, N, SEQUENCES = 53, 20, 3
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 def _tiny(family, implementation="sdpa"):

@@ -174,14 +174,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models: two intra-op threads only spin against each other on a busy
-    # 2-core machine (measured: a 4-layer training step 2.3 s with two, 0.17 s with one).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 def tiny_model(family, tmp_path):

@@ -62,14 +62,7 @@ VOCAB = 320
 GEOMETRY = pipeline.Geometry(layers=2, heads=3, hidden=48, length=LENGTH)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # Two intra-op threads spin against each other on a busy 2-core machine
-    # (measured: a 4-layer training step 2.3 s with two threads, 0.17 s with one).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._checks import as_float_array, check_range, is_concrete, per_layer, per_layer_and_head
+from .._checks import as_float_array, check_range, is_concrete, per_layer_and_head
+from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 
 __all__ = ["AbstractIntervention", "apply_all"]
@@ -41,15 +42,11 @@ def checked_parameter(field: str, value, low=None, *, low_open: bool = False):
         return jnp.asarray(value)
     array = as_float_array(field, value)
     if array.ndim > 2:
-        raise_shape(field, array.shape)
+        raise ConfigError(f"{field}: got shape {array.shape}; allowed: a number, (layers,), (heads,) or (layers, heads)")
     check_range(field, array, low, None, low_open=low_open)
     return array
 
 
-def raise_shape(field: str, shape):
-    from ..errors import ConfigError
-
-    raise ConfigError(f"{field}: got shape {tuple(shape)}; allowed: a number, (layers,), (heads,) or (layers, heads)")
 
 
 def per_layer_head(field: str, value, model: RolloutModel):
@@ -63,8 +60,3 @@ def per_layer_head(field: str, value, model: RolloutModel):
     if len(shape) == 1 and shape[0] == T and T != H:
         value = jnp.reshape(value, (T, 1)) if not is_concrete(value) else as_float_array(field, value)[:, None]
     return per_layer_and_head(field, value, T, H)
-
-
-def per_layer_only(field: str, value, model: RolloutModel):
-    """`value` broadcast to ``(T,)``: a number or one per layer."""
-    return per_layer(field, value, model.num_layers)

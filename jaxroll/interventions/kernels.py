@@ -20,13 +20,13 @@ import jax.numpy as jnp
 from jax.scipy.special import gammaln
 from jaxtyping import Array, Float
 
-from .._checks import is_concrete
+from .._checks import is_concrete, per_layer
 from ..engine.alibi import AlibiKernel, allowed, head_scores
 from ..engine.dense import DenseKernel
 from ..engine.offset import PowerKernel, TableKernel
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
-from ._base import AbstractIntervention, checked_parameter, per_layer_head, per_layer_only
+from ._base import AbstractIntervention, checked_parameter, per_layer_head
 
 __all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
 
@@ -70,7 +70,7 @@ class Temperature(AbstractIntervention):
             if jnp.ndim(self.tau) == 2 and jnp.shape(self.tau)[1] != 1:
                 raise ConfigError(f"tau: got shape {jnp.shape(self.tau)}; allowed for a measured DenseKernel (one "
                                   "head-averaged kernel per layer): a number or one per layer")
-            tau = per_layer_only("tau", jnp.reshape(self.tau, (-1,)) if jnp.ndim(self.tau) == 2 else self.tau, model)
+            tau = per_layer("tau", jnp.reshape(self.tau, (-1,)) if jnp.ndim(self.tau) == 2 else self.tau, model.num_layers)
             positive = kernel.kernels > 0
             logs = jnp.log(jnp.where(positive, kernel.kernels, 1.0))
             tempered = jnp.where(positive, jnp.exp(logs / tau[:, None, None]), 0.0)
@@ -236,8 +236,8 @@ class DistanceBias(AbstractIntervention):
             if jnp.ndim(self.kappa) == 2 and jnp.shape(self.kappa)[1] != 1:
                 raise ConfigError(f"kappa: got shape {jnp.shape(self.kappa)}; allowed for a measured DenseKernel: "
                                   "a number or one per layer")
-            kappa = per_layer_only("kappa", jnp.reshape(self.kappa, (-1,)) if jnp.ndim(self.kappa) == 2
-                                   else self.kappa, model)
+            kappa = per_layer("kappa", jnp.reshape(self.kappa, (-1,)) if jnp.ndim(self.kappa) == 2
+                              else self.kappa, model.num_layers)
             size = kernel.size
             distance = jnp.maximum(jnp.arange(size)[:, None] - jnp.arange(size)[None, :], 0)
             weights = jnp.exp(kappa[:, None, None] * self.bias(distance)[None])

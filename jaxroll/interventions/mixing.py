@@ -6,8 +6,9 @@ import dataclasses
 
 from jaxtyping import Array, Float
 
+from .._checks import per_layer
 from ..model import RolloutModel, check_model
-from ._base import AbstractIntervention, checked_parameter, per_layer_only
+from ._base import AbstractIntervention, checked_parameter
 
 __all__ = ["BranchScale"]
 
@@ -35,7 +36,7 @@ class BranchScale(AbstractIntervention):
 
     def apply(self, model: RolloutModel) -> RolloutModel:
         model = check_model(model)
-        gamma = per_layer_only("gamma", self.gamma, model)
+        gamma = per_layer("gamma", self.gamma, model.num_layers)
         moved = gamma * model.lambdas
         # lambda = 1 and gamma = 0 is 0 / 0: a removed branch mixes nothing.
         denominator = moved + 1.0 - model.lambdas
