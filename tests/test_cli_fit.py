@@ -286,8 +286,8 @@ def test_fit_kernel_from_published_kernels(tmp_path, capsys):
     target (32 heads mixed per layer, which one power head cannot represent
     exactly, so recovery is tested in test_fit_recovery.py; here the
     plumbing): the family's parameters are written and read back, one row per
-    layer in kernel_fit.csv with the steps taken, and the first line says how
-    the layers stopped."""
+    layer in kernel_fit.csv with the steps taken, the first line says how
+    the layers stopped, and a warning closes stdout when some did not converge."""
     out = tmp_path / "k"
     assert main(["fit-kernel", "--published", "mpt-7b", "--length", "12", "--steps", "50",
                  "--out", str(out), "--float64"]) == 0
@@ -300,4 +300,11 @@ def test_fit_kernel_from_published_kernels(tmp_path, capsys):
     assert table.shape == (32, 4) and np.all((table[:, 3] >= 1) & (table[:, 3] <= 50))
     model = jaxroll.load_config(out / "fitted.yaml")
     assert model.num_layers == 32 and np.all(np.asarray(model.kernel.slopes) > 0)
-    assert ("warning:" in captured.err) == ("not converged" in first)
+    # One place for a run's counts and warnings: stdout, after the summary (as `fit`).
+    assert "warning:" not in captured.err
+    assert ("warning:" in captured.out.splitlines()[-1]) == ("not converged" in first)
+    assert main(["fit-kernel", "--published", "mpt-7b", "--length", "12", "--steps", "3",
+                 "--out", str(tmp_path / "short"), "--float64"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].startswith("warning: the kernel fit did not converge in 3 steps")
+    assert "warning:" not in captured.err

@@ -79,4 +79,4 @@ def _run_kernel_fit(arguments) -> None:
     print(f"  wrote {out}/fitted.yaml{extra}, kernel_fit.csv")
     if not result.converged:
         print(f"warning: the kernel fit did not converge in {arguments.steps} steps ({result.stop_reason}); "
-              "raise --steps", file=sys.stderr)
+              "raise --steps")
