@@ -255,7 +255,7 @@ def test_text_specifications_parse_in_a_fixed_order_and_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("temp=0.7", r"^--intervene temp: unknown intervention; allowed: one of tau, slope_scale, kappa, "),
+    ("temp=0.7", r"^--intervene temp: unknown intervention; allowed: one of sinks, rotary_ratio, tau, slope_scale, "),
     ("tau", r"^--intervene: got 'tau'; allowed: NAME=VALUE with NAME one of "),
     ("tau=abc", r"^--intervene tau: got 'abc'; allowed: a number$"),
     ("tau=inf", r"^--intervene tau: got 'inf'; allowed: a finite number$"),

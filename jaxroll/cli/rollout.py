@@ -25,7 +25,10 @@ def add_parser(commands) -> None:
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
     rollout.add_argument("--intervene", metavar="NAME=VALUE[,...]",
-                         help="predict the profile after changing the model: tau (softmax temperature), "
+                         help="predict the profile after changing the model: sinks (K tokens prepended: the "
+                              "profile over the original positions, renormalised, and the sinks' mass), "
+                              "rotary_ratio (rotary positions / r per head, Ms-PoE; a rotary model's offset "
+                              "kernel), tau (softmax temperature), "
                               "slope_scale (ALiBi slopes), ssmax_scale (SSMax: logits x s ln n), kappa (a "
                               "distance bias kappa g(i - j); kappa_form "
                               "log1p or unsquash, kappa_k), gamma (the attention branch's strength), e.g. "
@@ -57,6 +60,7 @@ def _run_rollout(arguments) -> None:
         # Every change is applied (and refused, in one line) before --out is touched.
         runs = [(interventions.apply_all(model, changes), source, out) for model, source, out in runs]
         arguments.changes = interventions.describe(changes)
+        arguments.sinks = next((change for change in changes if isinstance(change, interventions.SinkTokens)), None)
         io.prepare_output_dir(arguments.out, force=arguments.force)
         for model, source, out in runs:
             out.mkdir(parents=True, exist_ok=True)
@@ -94,6 +98,10 @@ def _write_rollout(model, source, out, arguments, influence_with_mass, io) -> No
     profile = np.asarray(profile, dtype=np.float64)
     if not np.all(np.isfinite(profile)):
         raise ConfigError("rollout: the profile is not finite; try --float64")
+    sinks = getattr(arguments, "sinks", None)
+    if sinks is not None:  # the model runs at n + k; what is reported is the n original positions
+        sink_mass, profile = (np.asarray(part, dtype=np.float64) for part in sinks.split(profile))
+        attention_only = sinks.split(attention_only)[1]
 
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
@@ -103,17 +111,22 @@ def _write_rollout(model, source, out, arguments, influence_with_mass, io) -> No
         import yaml
 
         (out / "intervention.yaml").write_text(yaml.safe_dump(changes, sort_keys=False), encoding="utf-8")
+    if sinks is not None:
+        (out / "sinks.yaml").write_text(yaml.safe_dump(
+            {"sinks": sinks.num_sinks, "sink_mass": float(sink_mass), "length_with_sinks": model.sequence_length},
+            sort_keys=False), encoding="utf-8")
     if not arguments.no_figure:
         from .. import plot
 
         plot.plot_profile(out / "profile.png", profile, attention_only,
                           attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
-                          title=f"{source}{' with ' + changed if changed else ''}: N={model.sequence_length}, "
+                          title=f"{source}{' with ' + changed if changed else ''}: N={profile.size}, "
                                 f"T={model.num_layers}, H={model.num_heads}")
-    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure, changed=changed)
+    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure, changed=changed,
+                   sink_mass=None if sinks is None else float(sink_mass))
 
 
-def _print_summary(model, profile, mass, source, out, figure=True, changed: str = "") -> None:
+def _print_summary(model, profile, mass, source, out, figure=True, changed: str = "", sink_mass=None) -> None:
     import numpy as np
 
     from ..metrics import edge_count
@@ -123,6 +136,9 @@ def _print_summary(model, profile, mass, source, out, figure=True, changed: str 
     print(f"jaxroll rollout: {source}")
     if changed:
         print(f"  intervened: {changed} (the rollout's prediction of the changed model)")
+    if sink_mass is not None:
+        print(f"  sinks: {model.sequence_length - n} tokens in front (the model runs at N = {model.sequence_length}); "
+              f"their mass = {sink_mass:.6g}; the profile below is over the {n} original positions, renormalised")
     print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
     print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
     print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
@@ -135,4 +151,5 @@ def _print_summary(model, profile, mass, source, out, figure=True, changed: str 
 
     extra = ", config.kernels.npz" if kernel_arrays(model) else ""
     extra += ", intervention.yaml" if changed else ""
+    extra += ", sinks.yaml" if sink_mass is not None else ""
     print(f"  wrote {out}/profile.csv, {'profile.png, ' if figure else ''}config.yaml{extra}")

@@ -14,6 +14,8 @@ is exact in the theory or an approximation, and which.
 | `SlopeScale` | ALiBi slopes x s per head | exact |
 | `BranchScale` | attention output x gamma_t per layer | ``lambda' = gamma lambda / (gamma lambda + 1 - lambda)``: first order |
 | `DistanceBias` | ``kappa g(i - j)`` added to the logits | exact on ALiBi + content and relative kernels (an offset kernel); an approximation on measured mean kernels |
+| `RotaryRescale` | rotary positions / r per head (Ms-PoE; position interpolation) | ``f'(k) = f(k / r)`` on a rotary model's offset kernel (power: ``m r^-alpha``; table: interpolated): an approximation; refused on ALiBi |
+| `SinkTokens` | k tokens prepended (attention sinks) | the model at length n + k; ``split`` gives the sinks' mass and the n originals' profile renormalised: exact for kernels of positions |
 
 `apply_all(model, interventions)` applies several in order; `parse` reads
 the command line's ``NAME=VALUE[,NAME=VALUE...]`` (or a YAML file) and
@@ -23,7 +25,9 @@ the command line's ``NAME=VALUE[,NAME=VALUE...]`` (or a YAML file) and
 from ._base import AbstractIntervention, apply_all
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
+from .positions import RotaryRescale, SinkTokens, ms_poe_ratios, table_at_distances
 from .spec import NAMES, describe, from_mapping, parse
 
-__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "SlopeScale",
-           "Temperature", "apply_all", "describe", "from_mapping", "log1p_distance", "parse", "unsquash_distance"]
+__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "RotaryRescale",
+           "SinkTokens", "SlopeScale", "Temperature", "apply_all", "describe", "from_mapping", "log1p_distance",
+           "ms_poe_ratios", "parse", "table_at_distances", "unsquash_distance"]

@@ -4,14 +4,18 @@ The names are the command line's (`--intervene`) and a result's record:
 
 | name | intervention | value |
 |---|---|---|
+| ``sinks`` | `SinkTokens` | an integer >= 0: tokens prepended (the model runs at n + sinks) |
+| ``rotary_ratio`` | `RotaryRescale` | > 0: a number, or per head / layer / layer and head in YAML |
 | ``tau`` | `Temperature` | > 0: a number, or per head / layer / layer and head in YAML |
 | ``slope_scale`` | `SlopeScale` | >= 0 |
 | ``ssmax_scale`` | `LengthScaledLogits` (SSMax) | > 0 |
 | ``gamma`` | `BranchScale` | >= 0, a number or one per layer |
 | ``kappa`` | `DistanceBias` | any finite number; ``kappa_form`` (``log1p``, ``unsquash``) and ``kappa_k`` (> 0) set its form |
 
-`parse` gives the interventions in a fixed order (kernel changes first, then
-the branch scale) and `describe` the record every output carries.
+`parse` gives the interventions in a fixed order (the sinks first, since they
+set the length the kernel changes are formed at; then the rotary rescale,
+before anything that changes the distance scores; the other kernel changes;
+the branch scale last) and `describe` the record every output carries.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from ..errors import ConfigError
 from ._base import AbstractIntervention
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
+from .positions import RotaryRescale, SinkTokens
 
 __all__ = ["NAMES", "parse", "from_mapping", "describe"]
 
-NAMES = ("tau", "slope_scale", "kappa", "kappa_form", "kappa_k", "ssmax_scale", "gamma")
+NAMES = ("sinks", "rotary_ratio", "tau", "slope_scale", "kappa", "kappa_form", "kappa_k", "ssmax_scale", "gamma")
 """The names `parse` knows, in the order the interventions apply."""
 
 
@@ -88,6 +93,10 @@ def from_mapping(mapping: dict, source: str = "--intervene") -> list[AbstractInt
     if ("kappa_form" in mapping or "kappa_k" in mapping) and "kappa" not in mapping:
         raise ConfigError(f"{source} kappa_form/kappa_k: set the distance bias' form; allowed only with kappa")
     interventions: list[AbstractIntervention] = []
+    if "sinks" in mapping:
+        interventions.append(SinkTokens(mapping["sinks"]))
+    if "rotary_ratio" in mapping:
+        interventions.append(RotaryRescale(mapping["rotary_ratio"]))
     if "tau" in mapping:
         interventions.append(Temperature(mapping["tau"]))
     if "slope_scale" in mapping:
@@ -115,7 +124,11 @@ def describe(interventions) -> dict:
     """The record of `interventions` as a plain mapping (`from_mapping` reads it back)."""
     record: dict = {}
     for intervention in interventions:
-        if isinstance(intervention, Temperature):
+        if isinstance(intervention, SinkTokens):
+            record["sinks"] = intervention.num_sinks
+        elif isinstance(intervention, RotaryRescale):
+            record["rotary_ratio"] = _plain(intervention.ratio)
+        elif isinstance(intervention, Temperature):
             record["tau"] = _plain(intervention.tau)
         elif isinstance(intervention, SlopeScale):
             record["slope_scale"] = _plain(intervention.scale)
@@ -128,5 +141,6 @@ def describe(interventions) -> dict:
             record["gamma"] = _plain(intervention.gamma)
         else:
             raise ConfigError(f"intervention: {type(intervention).__name__} has no text form; allowed: "
-                              "Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale")
+                              "SinkTokens, RotaryRescale, Temperature, SlopeScale, DistanceBias, LengthScaledLogits, "
+                              "BranchScale")
     return record

@@ -1,0 +1,234 @@
+"""Interventions on positions: a rotary position rescale per head, and attention-sink tokens.
+
+`RotaryRescale` changes what distance a rotary head reads (Ms-PoE, position
+interpolation): on the theory's relative kernel ``s_{t,h}(i, j) = f_{t,h}(i - j)``
+the distance is divided by a ratio per head. `SinkTokens` prepends k tokens
+to every sequence (StreamingLLM's attention sinks): the model runs at length
+n + k and the profile over the n original positions is read off the end.
+Both transforms keep arXiv 2602.16837's rollout
+``R_t = (1 - lambda_t) I + lambda_t A_t`` (``A[i, j]`` the weight with which
+token i reads token j); each class says whether its transform is exact in the
+theory or an approximation, and which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import check_positive_int, check_range, is_concrete
+from ..engine.alibi import AlibiKernel
+from ..engine.offset import PowerKernel, TableKernel
+from ..errors import ConfigError
+from ..model import RolloutModel, check_model
+from ._base import AbstractIntervention, checked_parameter, per_layer_head
+
+__all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "table_at_distances"]
+
+_ROTARY_KERNELS = "a rotary model's measured offset kernel (TableKernel, PowerKernel)"
+
+
+def table_at_distances(offset_scores: Float[Array, "... K"], distances: Float[Array, "... m"]) -> Float[Array, "... m"]:
+    """A score table ``f(k) = offset_scores[k - 1]`` (k = 1..K) read at real distances x >= 0.
+
+    Linear interpolation between the integer distances,
+    ``f(x) = (1 - u) f(floor x) + u f(floor x + 1)`` with ``u = x - floor x``,
+    held at ``f(1)`` below distance 1 and at ``f(K)`` above K (the table says
+    nothing outside ``[1, K]``; distance 0 is a `TableKernel`'s separate
+    diagonal score, never read here). At an integer x in ``[1, K]`` the value
+    is the table's entry exactly. Leading axes broadcast; differentiable in
+    `distances` (piecewise linear: kinks at the integers).
+    """
+    size = offset_scores.shape[-1]
+    position = jnp.clip(distances, 1.0, float(size)) - 1.0  # 0-based, in [0, K - 1]
+    if size == 1:
+        return jnp.broadcast_to(offset_scores, jnp.broadcast_shapes(offset_scores.shape, position.shape))
+    lower = jnp.clip(jnp.floor(position), 0, size - 2)
+    fraction = position - lower
+    shape = jnp.broadcast_shapes(offset_scores.shape[:-1] + (1,), position.shape)
+    table = jnp.broadcast_to(offset_scores, shape[:-1] + (size,))
+    index = jnp.broadcast_to(lower.astype(jnp.int32), shape)
+    below = jnp.take_along_axis(table, index, axis=-1)
+    above = jnp.take_along_axis(table, index + 1, axis=-1)
+    # (1 - u) a + u b, not a + u (b - a): exact at u = 0 and u = 1.
+    return (1.0 - fraction) * below + fraction * above
+
+
+class RotaryRescale(AbstractIntervention):
+    """Rotary positions compressed by ``r_{t,h} > 0`` per head: the angle at distance m becomes the angle at m / r.
+
+    Ms-PoE (Zhang et al. 2024, "Found in the Middle", arXiv 2403.04797,
+    github.com/VITA-Group/Ms-PoE) divides the position indices of head h by
+    its own ratio ``r_h >= 1`` (`ms_poe_ratios`); position interpolation
+    (Chen et al. 2023, arXiv 2306.15595) is the one-ratio case. `ratio` is a
+    number, ``(H,)``, ``(T, 1)`` or ``(T, H)`` (a ``(T,)`` array is per layer
+    unless T == H); ``r > 1`` compresses distances (head h sees far tokens as
+    nearer), ``r < 1`` stretches them.
+
+    Rollout transform, on the offset kernel of a rotary model, whose head h
+    scores a causal pair by its distance, ``s_{t,h}(i, j) = f_{t,h}(i - j)``
+    with ``f(0) = d`` the diagonal (content) score:
+
+        f'_{t,h}(k) = f_{t,h}(k / r_{t,h})   (k >= 1),   f'_{t,h}(0) = d_{t,h}.
+
+    - `PowerKernel` (``f(k) = -m k^alpha``, the form read at real distances):
+      ``f'(k) = -m (k / r)^alpha``, again a `PowerKernel`, with slopes
+      ``m' = m r^(-alpha)``; defined at every length.
+    - `TableKernel` (``f(k)`` at k = 1..K): the table read at ``k / r`` by
+      linear interpolation between integer distances, held at ``f(1)`` below
+      distance 1 (`table_at_distances`); again a `TableKernel` of K offsets.
+      A ratio below 1 reads distances up to ``(n - 1) / r``, which the table
+      must reach at the model's length n (refused otherwise; under tracing the
+      value is held at ``f(K)``).
+
+    An APPROXIMATION: a rotary model's logits ``q_i^T R_{(i - j) theta} k_j``
+    depend on content as well as distance, and its measured offset kernel is
+    a mean over sequences (and over heads, when fitted with fewer heads), so
+    the rescaled mean is not the mean of the rescaled model; the values
+    between integer distances (the table's interpolation, the power form's
+    continuation) are assumed, not measured. The diagonal score stays on the
+    diagonal (distance 0 is 0 at every ratio). Differentiable in `ratio`
+    (the table's interpolation has kinks where k / r is an integer).
+    Refused on ALiBi kernels (no rotary positions) and on measured dense
+    kernels (not a function of distance; `jaxroll fit-kernel` fits one).
+    """
+
+    ratio: Float[Array, "..."]
+
+    def __init__(self, ratio):
+        self.ratio = checked_parameter("rotary_ratio", ratio, 0.0, low_open=True)
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        kernel = check_model(model).kernel
+        if isinstance(kernel, AlibiKernel):
+            raise ConfigError(f"rotary_ratio: a rotary rescale on an ALiBi model; allowed: {_ROTARY_KERNELS}")
+        if not isinstance(kernel, (PowerKernel, TableKernel)):
+            raise ConfigError(f"rotary_ratio: a {type(kernel).__name__} is not a function of distance; allowed: "
+                              f"{_ROTARY_KERNELS}, e.g. from jaxroll fit-kernel")
+        ratio = per_layer_head("rotary_ratio", self.ratio, model)
+        if isinstance(kernel, PowerKernel):
+            # -m (k / r)^alpha = -(m r^-alpha) k^alpha: the same family, every length.
+            slopes = kernel.slopes * jnp.power(ratio, -kernel.exponents)
+            return dataclasses.replace(model, kernel=dataclasses.replace(kernel, slopes=slopes))
+        _check_table_reach(kernel, ratio, model.sequence_length)
+        distances = jnp.arange(1, kernel.num_offsets + 1, dtype=jnp.result_type(kernel.offset_scores))
+        table = table_at_distances(kernel.offset_scores, distances / ratio[..., None])
+        return dataclasses.replace(model, kernel=dataclasses.replace(kernel, offset_scores=table))
+
+
+def _check_table_reach(kernel: TableKernel, ratio, n: int) -> None:
+    """One line when a stretching ratio reads the table beyond its last offset at length n."""
+    if not is_concrete(ratio) or n < 2:
+        return
+    smallest = float(np.min(np.asarray(ratio)))
+    if (n - 1) / smallest > kernel.num_offsets:
+        raise ConfigError(f"rotary_ratio: ratio {smallest:g} reads distance (n - 1) / r = {(n - 1) / smallest:g} at "
+                          f"length {n}, beyond the table's {kernel.num_offsets} offsets; allowed: ratio >= "
+                          f"{(n - 1) / kernel.num_offsets:g} here")
+
+
+def ms_poe_ratios(num_heads: int, low: float = 1.2, high: float = 1.8, order=None) -> Float[Array, " heads"]:
+    """Ms-PoE's ratios per head: ``r_k = low + (high - low) k / H`` (k = 0..H-1), head h taking ``r_{order[h]}``.
+
+    As in Ms-PoE's code (VITA-Group/Ms-PoE, ``utils/modify_arch/llama.py``,
+    ``MsPoELlamaRotaryEmbedding``: ``min + (max - min) * arange(H) / H``, so
+    `high` itself is never reached; defaults 1.2 and 1.8 as in their
+    ``inference.py`` and ``src/ms_poe.sh``, arXiv 2403.04797). Their heads
+    read their tables through ``head_order`` (``cos[head_order]``): head h
+    takes ratio ``r_{head_order[h]}``, where ``head_order`` is the argsort of
+    minus each head's outlier fraction (the share of the last query row's
+    attention weights above 4x the row mean, measured once on the first
+    input). Give that permutation as `order` (default: head h takes ``r_h``).
+    Their scripts rescale layers 2..31 of a 32-layer model and leave layers 0
+    and 1 alone: a ``(T, H)`` ratio with rows of ones there.
+
+    Returns:
+        ``(H,)``, the ratios for `RotaryRescale`.
+    """
+    num_heads = check_positive_int("num_heads", num_heads)
+    if is_concrete(low) and is_concrete(high):
+        check_range("low", np.asarray(low, dtype=np.float64), 0.0, None, low_open=True)
+        check_range("high", np.asarray(high, dtype=np.float64), float(low), None)
+    ratios = low + (high - low) * jnp.arange(num_heads) / num_heads
+    if order is None:
+        return ratios
+    order = np.asarray(order)
+    if order.shape != (num_heads,) or not np.array_equal(np.sort(order), np.arange(num_heads)):
+        raise ConfigError(f"order: got {order.tolist()!r:.60}; allowed: a permutation of 0..{num_heads - 1}")
+    return ratios[order]
+
+
+class SinkTokens(AbstractIntervention):
+    """k tokens prepended to every sequence (attention sinks): the model at length n + k, read over the n originals.
+
+    StreamingLLM (Xiao et al. 2023, arXiv 2309.17453) keeps the first tokens
+    of a stream as "attention sinks", and a learned sink token prepended in
+    training serves the same purpose. In the rollout the sinks are positions
+    ``0..k-1`` of the same model at length n + k: ``apply(model)`` returns
+    the model with ``sequence_length = n + k`` (`length`), kernel and lambdas
+    unchanged, and ``influence`` of it is the profile
+    ``p_T(j) = P_T[n + k - 1, j]`` whose first k entries are the sinks.
+    `split` reads it as the sinks' mass and the profile over the n original
+    positions, renormalised:
+
+        sink_mass = sum_{j < k} p_T(j),   p'(j) = p_T(k + j) / sum_{i >= k} p_T(i),   j = 0..n-1.
+
+    Exact in the theory for a kernel of positions alone (ALiBi + content,
+    relative kernels): the sinks are tokens like any other, at the front. A
+    model of real sinks: an approximation where the sinks' keys draw extra
+    attention by their content (a kernel of positions does not see it).
+    `num_sinks` is an integer >= 0 (0: the identity, `split` returns the
+    profile unchanged), static: it sets a shape, so it takes no gradient and
+    does not `vmap`. A measured dense kernel of N positions takes n + k <= N.
+    """
+
+    num_sinks: int = eqx.field(static=True)
+
+    def __init__(self, num_sinks):
+        self.num_sinks = _sink_count(num_sinks)
+
+    def length(self, n: int) -> int:
+        """``n + k``: the length the model runs at with the sinks in front of n tokens."""
+        return n + self.num_sinks
+
+    def apply(self, model: RolloutModel) -> RolloutModel:
+        model = check_model(model)
+        n = self.length(model.sequence_length)
+        try:
+            model.kernel.check_length(n)
+        except ConfigError as error:
+            raise ConfigError(f"sinks: {self.num_sinks} sink tokens make the length {n}; {error}") from None
+        return dataclasses.replace(model, sequence_length=n)
+
+    def split(self, profile: Float[Array, "... length"]) -> tuple[Float[Array, "..."], Float[Array, "... n"]]:
+        """``(sink_mass, profile over the n original positions renormalised)`` of a profile at length n + k.
+
+        The mass is the sinks' share of the profile's total; without sinks it
+        is 0 and the profile comes back unchanged. Leading axes are batch axes.
+        """
+        profile = jnp.asarray(profile)
+        k = self.num_sinks
+        if profile.ndim < 1 or profile.shape[-1] <= k:
+            raise ConfigError(f"profile: got shape {profile.shape}; allowed: a last axis longer than the "
+                              f"{k} sinks")
+        if k == 0:
+            return jnp.zeros(profile.shape[:-1], profile.dtype), profile
+        sinks, originals = profile[..., :k], profile[..., k:]
+        original_mass = jnp.sum(originals, axis=-1, keepdims=True)
+        sink_mass = jnp.sum(sinks, axis=-1)
+        return sink_mass / (sink_mass + original_mass[..., 0]), originals / original_mass
+
+
+def _sink_count(value) -> int:
+    """An integer >= 0 (an integral float, as ``--intervene sinks=4`` reads, included); one line otherwise."""
+    integral = (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+                and math.isfinite(value) and value == int(value))
+    if not integral or value < 0:
+        raise ConfigError(f"sinks: got {int(value) if integral else value!r:.60}; allowed: an integer >= 0")
+    return int(value)
