@@ -229,6 +229,11 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
     exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
     and N = `size`, the length of the profile read from `profile_path`.
     """
+    return measured_arrays(directory, flag, size, profile_path)[0]
+
+
+def measured_arrays(directory: Path, flag: str, size: int, profile_path: Path):
+    """`measured_rows` and every array of the ``measurement.npz`` it was read from (one read of the file)."""
     from ..measure.uncertainty import check_rows
 
     path = directory / "measurement.npz"
@@ -249,7 +254,7 @@ def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
     if rows.shape[1] != size:
         raise ConfigError(f"{flag} {directory}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
                           f"the length of {profile_path}")
-    return rows
+    return rows, data
 
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")

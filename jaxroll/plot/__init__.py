@@ -6,7 +6,8 @@ contrast), `forces` (the forces ladder), `fit` (a fit and its loss curve),
 `measured` (lambdas, measured influence, two profiles with bands), `sweep`
 (lines and heatmaps of a sweep), `task` (task accuracy by depth, a task
 curve beside the prediction) and `kinetic` (the kinetic closed form beside
-its rollout); `_canvas` holds the axes they share. The ``plot_*`` functions
+its rollout), `effect` (a predicted change against two
+measurements); `_canvas` holds the axes they share. The ``plot_*`` functions
 here write one of them to a file, all through `_save`, so that one wrapper
 of ``jaxroll.plot._save`` (as the tests use) sees every figure written.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 # __all__ would ask for an API page of its own, scripts/check_api_docs.py), with the private
 # helpers the tests use; _save is the one writer every plot_* below goes through.
 from ._canvas import FLOOR_DECADES, INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _log_floor, _save
+from .effect import effect_figure
 from .fit import CLIP_FACTOR, fit_figure
 from .forces import COINCIDE, FORCE_LABELS, RUNG_STYLES, forces_figure
 from .interventions import interventions_figure
@@ -109,3 +111,10 @@ def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, 
 def plot_interventions(path, baseline, changed: dict, *, title: str = "") -> Path:
     """`interventions_figure` written to `path` (PNG)."""
     return _save(interventions_figure(baseline, changed, title=title), path)
+
+
+def plot_effect(path, baseline, intervened, predicted, *, bands=(None, None), labels=("", "", "", ""),
+                predicted_baseline=None, level: float = 0.95, title: str = "") -> Path:
+    """`effect_figure` (baseline and intervened measurements, the predicted change), written to `path`."""
+    return _save(effect_figure(baseline, intervened, predicted, bands=bands, labels=labels,
+                               predicted_baseline=predicted_baseline, level=level, title=title), path)

@@ -1,0 +1,175 @@
+"""``jaxroll effect``: the rollout's predicted change against a baseline and an intervened measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+from . import _common
+
+OUTPUT_FILES = ("effect.json", "effect.png")
+"""What `jaxroll effect` writes into --out."""
+
+
+def add_parser(commands) -> None:
+    effect = commands.add_parser(
+        "effect", help="score a predicted change: baseline and intervened measurements against the rollout's "
+                       "prediction of the intervened model",
+        description="Compare the per-sequence influence of BASELINE_DIR and INTERVENED_DIR (each the --out of "
+                    "jaxroll measure, with influence_per_sequence in measurement.npz) and score the rollout's "
+                    "predicted profile of the intervened model (--predicted, as jaxroll rollout --intervene "
+                    "writes profile.csv). Reports the measured effect W1(m_I, m_B) over the noise of the "
+                    "difference with a permutation p-value (paired when both measurements read the same "
+                    "token_ids: the rows of a sequence swapped; else labels permuted), the prediction's "
+                    "W1(p_I, m_I) over the noise of m_I with its p-value (as jaxroll score), the predicted and "
+                    "measured changes of middle mass and center of mass with bootstrap intervals, and whether "
+                    "the prediction beats 'no change'. Writes effect.json (every number) and effect.png into "
+                    "--out. Pure NumPy; seeded (docs/interventions.md, 'Scoring a predicted change').")
+    effect.add_argument("baseline", type=Path, metavar="BASELINE_DIR", help="the measurement of the baseline model")
+    effect.add_argument("intervened", type=Path, metavar="INTERVENED_DIR",
+                        help="the measurement of the intervened model")
+    effect.add_argument("--predicted", type=Path, required=True, metavar="PROFILE.csv",
+                        help="the rollout's profile of the intervened model (token_position,probability; sums to 1)")
+    effect.add_argument("--predicted-baseline", type=Path, metavar="PROFILE.csv",
+                        help="the rollout's profile of the baseline model: the predicted change is then "
+                             "f(predicted) - f(predicted baseline), not f(predicted) - f(measured baseline)")
+    effect.add_argument("--resamples", type=_common.positive_int, default=1000,
+                        help="bootstrap resamples and permutations B (default 1000)")
+    effect.add_argument("--seed", type=_common.non_negative_int, default=0, help="random seed (default 0)")
+    effect.add_argument("--level", type=float, default=0.95,
+                        help="interval coverage; the tests' alpha is 1 - level (default 0.95)")
+    effect.add_argument("--out", type=Path, default=Path("results") / "effect",
+                        help="output directory (default results/effect)")
+    effect.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    effect.set_defaults(run=_run_effect, uses_jax=False)
+
+
+def _run_effect(arguments) -> None:
+    from .. import io
+    from ..measure.effect import effect, pairing
+
+    if not 0 < arguments.level < 1:
+        raise ConfigError(f"--level: got {arguments.level}; allowed: 0 < level < 1")
+    if arguments.resamples < 2:
+        raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
+    io.check_output_dir(arguments.out, force=arguments.force)
+    predicted = _profile(io, arguments.predicted, "--predicted")
+    reference = None
+    if arguments.predicted_baseline is not None:
+        reference = _profile(io, arguments.predicted_baseline, "--predicted-baseline")
+        if reference.size != predicted.size:
+            raise ConfigError(f"--predicted-baseline {arguments.predicted_baseline}: N = {reference.size}; "
+                              f"allowed: N = {predicted.size}, the length of {arguments.predicted}")
+    measurements = []
+    for directory, flag in ((arguments.baseline, "BASELINE_DIR"), (arguments.intervened, "INTERVENED_DIR")):
+        if not directory.is_dir():
+            raise ConfigError(f"{flag} {directory}: no such directory; allowed: the --out of jaxroll measure")
+        measurements.append(_common.measured_arrays(directory, flag, predicted.size, arguments.predicted))
+    (baseline_rows, baseline_arrays), (intervened_rows, intervened_arrays) = measurements
+    paired, why = pairing(baseline_arrays.get("token_ids"), intervened_arrays.get("token_ids"))
+    intervention = _intervention(arguments.intervened)
+    try:
+        result = effect(baseline_rows, intervened_rows, predicted, predicted_baseline=reference, paired=paired,
+                        pairing_note=why, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
+    except ValueError as error:
+        raise ConfigError(f"effect: {error}") from None
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    record = {"baseline": str(arguments.baseline), "intervened": str(arguments.intervened),
+              "predicted": str(arguments.predicted),
+              "predicted_baseline": None if reference is None else str(arguments.predicted_baseline),
+              "intervention": intervention} | result.as_dict()
+    (out / "effect.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    _figure(out / "effect.png", arguments, result, baseline_rows, intervened_rows, predicted, reference,
+            intervention)
+    _print_table(arguments, result, intervention, out)
+
+
+def _profile(io, path: Path, flag: str):
+    """A profile CSV that sums to 1, or a one-line refusal naming `flag`."""
+    profile = io.read_profile(path)
+    if abs(profile.sum() - 1.0) > 1e-6:
+        raise ConfigError(f"{flag} {path}: probabilities sum to {profile.sum():.9g}; allowed: 1")
+    return profile
+
+
+def _intervention(directory: Path) -> str:
+    """The intervention record of a measurement (key ``intervention`` of metadata.json, else config.yaml) as
+    ``name=value, ...``; "" when neither records one."""
+    from .._readers import read_json
+
+    record = None
+    if (directory / "metadata.json").is_file():
+        record = read_json(directory / "metadata.json", "the metadata.json of jaxroll measure",
+                           label=f"INTERVENED_DIR {directory}: metadata.json").get("intervention")
+    if record is None and (directory / "config.yaml").is_file():
+        import yaml
+
+        try:
+            config = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as error:
+            raise ConfigError(f"INTERVENED_DIR {directory}: config.yaml is not readable YAML "
+                              f"({type(error).__name__}); allowed: the config.yaml of jaxroll measure") from None
+        record = config.get("intervention") if isinstance(config, dict) else None
+    if isinstance(record, dict):
+        return ", ".join(f"{name}={value}" for name, value in record.items())
+    return "" if record is None else str(record)
+
+
+def _figure(path, arguments, result, baseline_rows, intervened_rows, predicted, reference, intervention) -> None:
+    from ..measure.uncertainty import profile_band
+    from ..plot import plot_effect
+
+    bands = tuple(profile_band(rows, level=arguments.level, resamples=arguments.resamples, seed=arguments.seed)
+                  for rows in (baseline_rows, intervened_rows))
+    score = result.prediction
+    title = "\n".join([*([f"intervention: {intervention}"] if intervention else []),
+                       f"measured effect: W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of "
+                       f"the difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
+                       f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, "
+                       f"p = {score.p_value:.2g}; "
+                       f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' "
+                       f"(W1/(N-1) = {result.effect_w1:.3g})"])
+    labels = (f"baseline, measured: {arguments.baseline} ({result.sequences_baseline} sequences)",
+              f"intervened, measured: {arguments.intervened} ({result.sequences_intervened} sequences)",
+              f"intervened, predicted: {arguments.predicted}",
+              f"baseline, predicted: {arguments.predicted_baseline}")
+    baseline, intervened = (rows.sum(axis=0) / rows.sum() for rows in (baseline_rows, intervened_rows))  # m_B, m_I
+    plot_effect(path, baseline, intervened, predicted, bands=bands, labels=labels, predicted_baseline=reference, level=arguments.level,
+                title=title)
+
+
+def _print_table(arguments, result, intervention: str, out: Path) -> None:
+    percent = f"{100 * result.level:g}%"
+    score = result.prediction
+    print(f"jaxroll effect: baseline {arguments.baseline}, intervened {arguments.intervened}, predicted "
+          f"{arguments.predicted} (N = {result.positions}; S = {result.sequences_baseline} and "
+          f"{result.sequences_intervened}; {result.resamples} resamples, seed {result.seed})")
+    if intervention:
+        print(f"  intervention: {intervention}")
+    print(f"  {result.pairing}")
+    print(f"  {'':36} {'W1/(N-1)':>11} {'noise':>11} {'W1 / noise':>11} {'p':>9}")
+    print(f"  {'measured effect W1(m_I, m_B)':36} {result.effect_w1:11.5g} {result.effect_noise:11.5g} "
+          f"{result.effect_ratio:11.4g} {result.effect_p_value:9.3g}")
+    print(f"  {'prediction W1(p_I, m_I)':36} {score.w1:11.5g} {score.noise:11.5g} {score.ratio:11.4g} "
+          f"{score.p_value:9.3g}")
+    reference = next(iter(result.changes.values())).reference
+    print(f"  change, intervened - baseline      {'measured [' + percent + ' interval]':>33}  "
+          f"{'predicted [' + percent + ' interval]':>33}  {'measured - predicted':>33}")
+    for name, change in result.changes.items():
+        cells = [_interval(getattr(change, field), getattr(change, field + "_interval"))
+                 for field in ("measured", "predicted", "miss")]
+        print(f"  {name:34} {cells[0]:>33}  {cells[1]:>33}  {cells[2]:>33}")
+    print(f"  (predicted change: from the {reference}"
+          f"{'; exact, no sampling noise' if reference == 'predicted baseline' else ''})")
+    low, high = result.advantage_interval
+    print(f"  against 'no change': W1(m_B, m_I) = {result.effect_w1:.5g}, W1(p_I, m_I) = {score.w1:.5g}, "
+          f"advantage {result.advantage:.5g} [{low:.5g}, {high:.5g}]: the prediction "
+          f"{'beats' if result.beats_no_change else 'does not beat'} 'no change'")
+    print(f"  effect: {result.verdict()}")
+    print(f"  prediction: {score.verdict()}")
+    print(f"  wrote {out / 'effect.json'}, {out / 'effect.png'}")
+
+
+def _interval(value: float, interval) -> str:
+    return f"{value:+.4g} [{interval[0]:+.4g}, {interval[1]:+.4g}]"
