@@ -1,0 +1,222 @@
+"""Predict, apply, measure, score: every intervention on the validation models trained here (issue 47).
+
+    PYTHONPATH=. python3 validation/interventions.py --models DIR --out DIR [--samples 64] [--force]
+
+``--models`` holds ``bloom-trained/``, ``llama-trained/`` and
+``held_out.jsonl`` (`validation/train.py`). For each model:
+
+1. the baseline: ``jaxroll measure --dtype float64`` on the held-out texts
+   (lambda, content for ALiBi, influence, the mean attention and its offsets);
+2. the baseline's predicted profile ``p_B``: the rollout of the measured
+   configuration (BLOOM: ALiBi slopes + measured content; Llama: the
+   measured dense kernels, or, where an intervention needs a function of
+   distance, the measured offset kernel `offset_rollout_model`);
+3. for each intervention of `INTERVENTIONS`: the rollout's prediction
+   ``p_I = influence(apply_all(model, interventions))`` (naive), the same
+   change anchored on the measured baseline ``m_B p_I / p_B`` renormalised
+   (what the rollout predicts of the *ratio*, applied to what was measured),
+   ``jaxroll measure --intervene`` (the torch patch), and
+   `jaxroll.measure.effect.effect` (paired: the same texts);
+4. the held-out loss (nats per token) under each intervention, and
+   ``jaxroll task`` (copy, N = 64) by depth before and after for the two
+   interventions with the largest predicted middle-mass gain.
+
+Writes ``table.md``, ``results.json`` and the measurement folders into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pipeline  # noqa: E402
+
+import jaxroll  # noqa: E402
+from jaxroll import interventions  # noqa: E402
+from jaxroll.cli import main as cli  # noqa: E402
+from jaxroll.measure.effect import effect, middle_mass  # noqa: E402
+from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402
+from jaxroll.measure.uncertainty import score  # noqa: E402
+
+LENGTH = 64
+INTERVENTIONS = {
+    "bloom": ["tau=0.7", "tau=1.5", "slope_scale=0.5", "slope_scale=2", "gamma=0.5", "gamma=2",
+              "kappa=-0.5", "kappa=0.5", "kappa=1,kappa_form=unsquash", "ssmax_scale=0.3", "ssmax_scale=0.5",
+              "sinks=4", "sinks=8", "per-layer gamma", "per-head tau"],
+    "llama": ["tau=0.7", "tau=1.5", "gamma=0.5", "gamma=2", "kappa=-0.5", "kappa=0.5",
+              "kappa=1,kappa_form=unsquash", "ssmax_scale=0.3", "rotary_ratio=2", "rotary_ratio=0.5", "ms-poe",
+              "sinks=4", "sinks=8", "per-layer gamma", "per-head tau"],
+}
+"""Each entry an ``--intervene`` value, or a name of `yaml_interventions`."""
+
+STATS = {"bloom": "lambda,content,influence,attention_offsets", "llama": "lambda,influence,attention,attention_offsets"}
+
+
+def yaml_interventions(name: str, layers: int, heads: int) -> dict | None:
+    """The per-layer and per-head interventions (written to YAML for ``--intervene``)."""
+    if name == "per-layer gamma":
+        return {"gamma": [1.0] * (layers // 2) + [0.5] * (layers - layers // 2)}
+    if name == "per-head tau":
+        return {"tau": np.linspace(0.7, 1.4, heads).round(3).tolist()}
+    if name == "ms-poe":
+        return {"rotary_ratio": np.asarray(interventions.ms_poe_ratios(heads)).round(4).tolist()}
+    return None
+
+
+def quiet_cli(argv) -> None:
+    """``jaxroll ARGV`` in this process; its stdout kept out of the run's log, an error raised."""
+    with contextlib.redirect_stdout(io.StringIO()) as captured:
+        code = cli([str(a) for a in argv])
+    if code != 0:
+        raise RuntimeError(f"jaxroll {' '.join(map(str, argv))}: exit {code}\n{captured.getvalue()}")
+
+
+def measure(model_dir: Path, texts: Path, out: Path, stats: str, samples: int, length: int = LENGTH,
+            intervene: str | None = None) -> dict:
+    if not (out / "measurement.npz").is_file():
+        argv = ["measure", model_dir, "--texts", texts, "--length", length, "--samples", samples, "--dtype",
+                "float64", "--stats", stats, "--out", out, "--quiet", "--force"]
+        quiet_cli(argv + (["--intervene", intervene] if intervene else []))
+    with np.load(out / "measurement.npz", allow_pickle=False) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def rollout_models(measured: dict, family: str, config: Path):
+    """The baseline's rollout models: the measured configuration, and for Llama the offset kernel too."""
+    models = {"config": jaxroll.load_config(config)}
+    if "attention_offsets" in measured:
+        models["offsets"] = offset_rollout_model(measured["attention_offsets"], measured["lambdas"], LENGTH)
+    return models
+
+
+def predict(models: dict, changes, length: int):
+    """``(p_B, p_I, which model)`` at `length`: the first model the interventions apply to."""
+    sinks = next((c for c in changes if isinstance(c, interventions.SinkTokens)), interventions.SinkTokens(0))
+    last = None
+    for name, model in models.items():
+        base = _at_length(model, length)
+        try:
+            changed = interventions.apply_all(base, changes)
+        except jaxroll.ConfigError as error:
+            last = error
+            continue
+        p_base = np.asarray(jaxroll.influence(base), dtype=np.float64)
+        _, p_changed = sinks.split(jaxroll.influence(changed))
+        return p_base, np.asarray(p_changed, dtype=np.float64), name
+    raise last
+
+
+def _at_length(model, length):
+    import dataclasses
+
+    return dataclasses.replace(model, sequence_length=length)
+
+
+def anchored(measured_baseline, p_base, p_changed):
+    """``m_B p_I / p_B`` renormalised: the rollout's predicted ratio applied to the measured baseline."""
+    profile = measured_baseline * p_changed / p_base
+    return profile / profile.sum()
+
+
+def held_out_loss(model_dir: Path, stream: np.ndarray, changes) -> float:
+    from jaxroll.interventions.patching import patched
+
+    model = pipeline.load_float64(model_dir)
+    with patched(model, changes):
+        return pipeline.held_out_loss(model, stream, LENGTH)
+
+
+def profile_of(rows):
+    return rows.sum(0) / rows.sum()
+
+
+def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> list[dict]:
+    model_dir, texts = models_dir / f"{family}-trained", models_dir / "held_out.jsonl"
+    base_dir = out / family / "baseline"
+    baseline = measure(model_dir, texts, base_dir, STATS[family], samples)
+    layers, heads = baseline["lambdas"].shape[0], int(baseline["num_heads"]) if "num_heads" in baseline else 4
+    models = rollout_models(baseline, family, base_dir / "config.yaml")
+    m_base = profile_of(baseline["influence_per_sequence"])
+    rows = []
+    for entry in INTERVENTIONS[family]:
+        started = time.perf_counter()
+        mapping = yaml_interventions(entry, layers, heads)
+        slug = entry.replace("=", "").replace(",", "_").replace(" ", "-")
+        spec = entry
+        if mapping is not None:
+            spec = str(out / family / f"{slug}.yaml")
+            Path(spec).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec).write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in mapping.items()))
+        changes = interventions.parse(spec)
+        sinks = next((c.num_sinks for c in changes if isinstance(c, interventions.SinkTokens)), 0)
+        length = LENGTH - sinks
+        # Sinks: the n = N - k original tokens against a baseline of the same n tokens.
+        reference_dir = base_dir if not sinks else out / family / f"baseline-n{length}"
+        reference = baseline if not sinks else measure(model_dir, texts, reference_dir, STATS[family], samples,
+                                                       length)
+        try:
+            p_base, p_changed, which = predict(models, changes, length)
+        except jaxroll.ConfigError as error:
+            log(f"  {family} {entry}: no prediction: {error}")
+            rows.append({"family": family, "intervention": entry, "error": str(error)})
+            continue
+        intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
+        m_ref = profile_of(reference["influence_per_sequence"])
+        result = effect(reference["influence_per_sequence"], intervened["influence_per_sequence"], p_changed,
+                        predicted_baseline=p_base, paired=True, B=1000, seed=0)
+        naive = result.prediction
+        anchor = score(anchored(m_ref, p_base, p_changed), intervened["influence_per_sequence"], B=1000, seed=0)
+        unchanged = score(p_base, intervened["influence_per_sequence"], B=1000, seed=0)
+        base_score = score(p_base, reference["influence_per_sequence"], B=1000, seed=0)
+        row = {
+            "family": family, "intervention": entry, "rollout_model": which, "length": length,
+            "effect_ratio": result.effect_ratio, "effect_p": result.effect_p_value,
+            "naive_ratio": naive.ratio, "naive_p": naive.p_value,
+            "anchored_ratio": anchor.ratio, "anchored_p": anchor.p_value,
+            "unchanged_ratio": unchanged.ratio, "baseline_ratio": base_score.ratio,
+            "middle_measured": result.changes["middle_mass"].measured,
+            "middle_measured_interval": list(result.changes["middle_mass"].measured_interval),
+            "middle_predicted": result.changes["middle_mass"].predicted,
+            "middle_anchored": float(middle_mass(anchored(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
+            "seconds": time.perf_counter() - started,
+        }
+        rows.append(row)
+        log(f"  {family} {entry:28s} effect {row['effect_ratio']:6.1f}x (p {row['effect_p']:.3f})  naive "
+            f"{row['naive_ratio']:6.1f}x  anchored {row['anchored_ratio']:6.1f}x  unchanged "
+            f"{row['unchanged_ratio']:6.1f}x  middle {row['middle_measured']:+.4f} vs {row['middle_predicted']:+.4f}"
+            f" / {row['middle_anchored']:+.4f}  ({row['seconds']:.0f} s)")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--families", default="bloom,llama")
+    arguments = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for family in arguments.families.split(","):
+        results += run_family(family, arguments.models, arguments.out, arguments.samples, print)
+    (arguments.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
