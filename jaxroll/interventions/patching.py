@@ -67,7 +67,7 @@ from ._base import per_layer_head
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
 
-__all__ = ["LogitChange", "Patch", "Plan", "check", "patch", "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
+__all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
 
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
@@ -215,6 +215,18 @@ def check(interventions, config) -> Plan:
         else:
             steps.append(("log_length", values, None))
     return Plan(layer_map.name, LogitChange(tuple(steps)) if steps else None, gammas)
+
+
+def parse_for(text: str | None, config) -> list:
+    """``--intervene TEXT`` read (`jaxroll.interventions.parse`) and checked against a model's `config`
+    (`check`): the interventions, or ``[]`` for None. Commands call it before any weights load."""
+    if text is None:
+        return []
+    from .spec import parse
+
+    interventions = parse(text)
+    check(interventions, config)
+    return interventions
 
 
 def patch(model, interventions, resolved=None) -> "Patch":
