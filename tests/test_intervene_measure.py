@@ -46,7 +46,10 @@ def _config(family, vocab=VOCAB):
                                            hidden_size=16, intermediate_size=24, vocab_size=vocab),
             "gpt2": lambda: T.GPT2Config(n_layer=2, n_head=4, n_embd=16, vocab_size=vocab, n_positions=128,
                                          bos_token_id=0, eos_token_id=0),
-            "mpt": lambda: T.MptConfig(n_layers=2, n_heads=4, d_model=16, vocab_size=vocab, max_seq_len=128)}[family]()
+            "mpt": lambda: T.MptConfig(n_layers=2, n_heads=4, d_model=16, vocab_size=vocab, max_seq_len=32),
+            "falcon": lambda: T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=16, alibi=True,
+                                             vocab_size=vocab, new_decoder_architecture=False, multi_query=False,
+                                             bias=True)}[family]()
 
 
 def tiny(family, implementation):
@@ -62,11 +65,14 @@ def _ids():
     return np.random.default_rng(3).integers(0, VOCAB, size=(S, N))
 
 
-IDENTITY = {"bloom": "tau=1,slope_scale=1,kappa=0,gamma=1", "llama": "tau=1,kappa=0,gamma=1"}
-STATS = {"bloom": ("lambda", "content", "influence", "attention"), "llama": ("lambda", "influence", "attention")}
+IDENTITY = {"bloom": "tau=1,slope_scale=1,kappa=0,gamma=1", "mpt": "tau=1,slope_scale=1,kappa=0,gamma=1",
+            "llama": "tau=1,kappa=0,gamma=1"}
+STATS = {"bloom": ("lambda", "content", "influence", "attention"), "mpt": ("lambda", "content", "influence", "attention"),
+         "llama": ("lambda", "influence", "attention")}
 
 
-@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("llama", "sdpa"), ("llama", "eager")])
+@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("mpt", "eager"), ("llama", "sdpa"),
+                                                    ("llama", "eager")])
 def test_an_identity_intervention_leaves_the_measurement_unchanged(family, implementation):
     model = tiny(family, implementation)
     plain = measure(model, _ids(), stats=STATS[family], batch_size=2)
@@ -89,7 +95,7 @@ def test_recomputed_attention_rows_are_the_patched_models(family):
     assert np.abs(eager.attention_mean - plain.attention_mean).max() > 1e-3  # the change is visible
 
 
-@pytest.mark.parametrize("family, implementation", [("llama", "sdpa"), ("bloom", "eager")])
+@pytest.mark.parametrize("family, implementation", [("llama", "sdpa"), ("bloom", "eager"), ("mpt", "eager")])
 def test_lambda_reads_the_scaled_attention_update(family, implementation):
     model = tiny(family, implementation)
     ids = _ids()
@@ -123,7 +129,7 @@ def test_lambda_reads_the_scaled_attention_update(family, implementation):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     directories = {}
-    for family in ("bloom", "llama", "mpt"):
+    for family in ("bloom", "llama", "falcon"):
         torch.manual_seed(0)
         directory = tmp_path_factory.mktemp(family)
         transformers.AutoModelForCausalLM.from_config(_config(family)).save_pretrained(directory)
@@ -169,7 +175,7 @@ def test_measure_intervene_records_the_change_in_every_output(saved, texts, tmp_
     ("bloom", "tau=-1", "tau:"),
     ("bloom", "tau=abc", "--intervene tau: got 'abc'"),
     ("llama", "slope_scale=2", "slope_scale: a llama model has rope positions"),
-    ("mpt", "tau=0.5", "tau: the mpt family's attention cannot be patched"),
+    ("falcon", "tau=0.5", "tau: the falcon family's attention cannot be patched"),
 ])
 @pytest.mark.parametrize("command", ["measure", "task"])
 def test_bad_interventions_exit_2_in_one_line_before_out_exists(saved, texts, tmp_path, capsys, family, text,
@@ -215,3 +221,15 @@ def test_task_intervene_scores_the_patched_model_and_resume_must_match(tmp_path,
     assert code == 2 and "--resume: interventions" in stderr
     code, _, stderr = _run([*arguments, "--resume"], capsys)
     assert code == 2 and "--resume: interventions {} differs" in stderr
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_content_reads_the_models_own_query_under_a_query_scale(family):
+    # Layer 1's q and k depend on the embeddings only: a patch that scales the fused query
+    # must leave what the measurement's projection hook reads unchanged there.
+    model = tiny(family, "eager")
+    plain = measure(model, _ids(), stats=("content", "attention"))
+    changed = measure(model, _ids(), stats=("content", "attention"), interventions=parse("tau=0.4,ssmax_scale=1.5"))
+    np.testing.assert_allclose(changed.content_diagonal[0], plain.content_diagonal[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(changed.content_base[0], plain.content_base[0], rtol=0, atol=1e-12)
+    assert np.abs(changed.attention_mean[0] - plain.attention_mean[0]).max() > 1e-3

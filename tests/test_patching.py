@@ -45,6 +45,8 @@ ROTARY = dict(num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value
 def _config(family):
     T = transformers
     return {"bloom": lambda: T.BloomConfig(n_layer=LAYERS, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB),
+            "mpt": lambda: T.MptConfig(n_layers=LAYERS, n_heads=HEADS, d_model=HIDDEN, vocab_size=VOCAB,
+                                       max_seq_len=16),
             "llama": lambda: T.LlamaConfig(**ROTARY),
             "qwen2": lambda: T.Qwen2Config(**ROTARY),
             "gpt2": lambda: T.GPT2Config(n_layer=LAYERS, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB,
@@ -70,7 +72,8 @@ def _np(tensor):
 
 def _attentions(model, family):
     return {"bloom": lambda: [block.self_attention for block in model.transformer.h],
-            "gpt2": lambda: [block.attn for block in model.transformer.h]}.get(
+            "gpt2": lambda: [block.attn for block in model.transformer.h],
+            "mpt": lambda: [block.attn for block in model.transformer.blocks]}.get(
         family, lambda: [layer.self_attn for layer in model.model.layers])()
 
 
@@ -96,6 +99,10 @@ def hand_qkv(family, attention, x, config):
         fused = _linear(attention.query_key_value, x).reshape(B, N, HEADS, 3, HEAD_DIM)
         slopes = 2.0 ** (-8.0 * np.arange(1, HEADS + 1) / HEADS)
         return fused[..., 0, :], fused[..., 1, :], fused[..., 2, :], slopes
+    if family == "mpt":  # (3, H, d) per token; MPT's bias m_h (j - (N_max - 1)) is m_h j up to a row constant
+        fused = _linear(attention.Wqkv, x)
+        q, k, v = (fused[..., i * HIDDEN:(i + 1) * HIDDEN].reshape(B, N, HEADS, HEAD_DIM) for i in range(3))
+        return q, k, v, 2.0 ** (-8.0 * np.arange(1, HEADS + 1) / HEADS)
     if family == "gpt2":  # Conv1D: x W + b
         fused = x @ _np(attention.c_attn.weight) + _np(attention.c_attn.bias)
         q, k, v = (fused[..., i * HIDDEN:(i + 1) * HIDDEN].reshape(B, N, HEADS, HEAD_DIM) for i in range(3))
@@ -113,7 +120,7 @@ def hand_output(family, attention, probabilities, v):
     context = np.einsum("bhij,bjhd->bihd", probabilities, v).reshape(v.shape[0], N, HIDDEN)
     if family == "gpt2":
         return context @ _np(attention.c_proj.weight) + _np(attention.c_proj.bias)
-    return _linear(attention.o_proj, context)
+    return _linear(attention.out_proj if family == "mpt" else attention.o_proj, context)
 
 
 def unsquash(m, k):
@@ -166,7 +173,7 @@ SPECS = {
 }
 ALIBI_SPECS = {"slope per head": {"slope_scale": [0.0, 1.0, 3.0, 0.5]},
                "all with slopes": {"tau": [[0.6], [1.5]], "slope_scale": 2.0, "kappa": -0.4, "ssmax": 0.8}}
-CASES = ([("bloom", "eager", name) for name in (*SPECS, *ALIBI_SPECS)]
+CASES = ([(family, "eager", name) for family in ("bloom", "mpt") for name in (*SPECS, *ALIBI_SPECS)]
          + [(family, implementation, name) for family in ("llama", "qwen2", "gpt2")
             for implementation in ("eager", "sdpa") for name in SPECS])
 
@@ -216,9 +223,10 @@ def test_each_patch_matches_the_hand_written_intervened_attention(family, implem
                                        atol=1e-10)
 
 
-@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("llama", "sdpa"), ("gpt2", "eager")])
+@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("mpt", "eager"), ("llama", "sdpa"),
+                                                    ("gpt2", "eager")])
 def test_float32_patches_match_the_float64_oracle(family, implementation):
-    spec = _spec("all with slopes" if family == "bloom" else "all")
+    spec = _spec("all with slopes" if family in ("bloom", "mpt") else "all")
     model = tiny(family, implementation, dtype=torch.float32)
     eager = implementation == "eager"
     inputs, outputs, probabilities = _run_patched(model, family, _interventions(spec), _ids(), eager)
@@ -234,11 +242,11 @@ def test_float32_patches_match_the_float64_oracle(family, implementation):
                                        rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bloom"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bloom", "mpt"])
 def test_the_chunked_row_recomputation_applies_the_same_change(family):
     from jaxroll.measure.attention_rows import row_chunks
 
-    spec = _spec("all with slopes" if family == "bloom" else "all")
+    spec = _spec("all with slopes" if family in ("bloom", "mpt") else "all")
     model = tiny(family, "eager")
     changes = _interventions(spec)
     inputs, _, probabilities = _run_patched(model, family, changes, _ids(), True)
@@ -272,19 +280,21 @@ def assert_same(before, after):
     assert all(torch.equal(before[3][name], after[3][name]) for name in before[3])
 
 
-IDENTITY = {"bloom": "tau=1,slope_scale=1,kappa=0,gamma=1", "llama": "tau=1,kappa=0,gamma=1",
+IDENTITY = {"bloom": "tau=1,slope_scale=1,kappa=0,gamma=1", "mpt": "tau=1,slope_scale=1,kappa=0,gamma=1",
+            "llama": "tau=1,kappa=0,gamma=1",
             "gpt2": "tau=1,kappa=0,gamma=1"}
 
 
-@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("llama", "sdpa"), ("llama", "eager"),
-                                                    ("gpt2", "sdpa")])
+@pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("mpt", "eager"), ("llama", "sdpa"),
+                                                    ("llama", "eager"), ("gpt2", "sdpa")])
 def test_the_model_is_bit_identical_after_the_block_even_when_it_raises(family, implementation):
     model = tiny(family, implementation)
     ids = _ids()
     with torch.no_grad():
         baseline = model(ids).logits
     before = snapshot(model)
-    changes = parse("tau=0.5,kappa=1,ssmax_scale=1.2,gamma=0.3" + (",slope_scale=2" if family == "bloom" else ""))
+    changes = parse("tau=0.5,kappa=1,ssmax_scale=1.2,gamma=0.3" + (",slope_scale=2" if family in ("bloom", "mpt")
+                                                                   else ""))
     with torch.no_grad(), patch(model, changes):
         changed = model(ids).logits
     assert not torch.allclose(changed, baseline)
@@ -333,7 +343,8 @@ def test_gamma_zero_removes_the_attention_branch(family, implementation):
 @pytest.mark.parametrize("family, text, message", [
     ("llama", "slope_scale=2", "slope_scale: a llama model has rope positions"),
     ("gpt2", "slope_scale=2", "slope_scale: a gpt2 model has learned positions"),
-    ("mpt", "tau=0.5", "tau: the mpt family's attention cannot be patched"),
+    ("mpt_clipped", "tau=0.5", "tau: MPT clips its fused q/k/v"),
+    ("mpt_clipped", "kappa=0.5,slope_scale=2", None),
     ("falcon", "kappa=1", "kappa: the falcon family's attention cannot be patched"),
     ("gemma2", "ssmax_scale=1", "ssmax_scale: a model with soft-capped attention logits"),
     ("llama", "gamma=0.5", None),
@@ -343,12 +354,14 @@ def test_check_refuses_what_cannot_be_patched_from_the_config_alone(family, text
     T = transformers
     config = {"llama": lambda: T.LlamaConfig(**ROTARY), "gpt2": lambda: _config("gpt2"),
               "mpt": lambda: T.MptConfig(n_layers=2, n_heads=4, d_model=16, vocab_size=VOCAB),
+              "mpt_clipped": lambda: T.MptConfig(n_layers=2, n_heads=4, d_model=16, vocab_size=VOCAB,
+                                                 attn_config={"clip_qkv": 6.0}),
               "falcon": lambda: T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=16,
                                                alibi=True, vocab_size=VOCAB),
               "gemma2": lambda: T.Gemma2Config(**ROTARY, head_dim=4)}[family]()
     if message is None:
         plan = check(parse(text), config)
-        assert plan.change is None and plan.gammas.shape == (2,)
+        assert (plan.change is None) == ("gamma" in text) and (plan.gammas is None) == ("gamma" not in text)
         return
     with pytest.raises(ConfigError, match=message) as refused:
         check(parse(text), config)

@@ -37,9 +37,13 @@ the patched model only, the query is multiplied by ``a`` per head and row
 added to the additive mask (an explicit float mask replaces a None or
 boolean one; a sliding window already in the mask stays). A module of any
 other model falls through to the entry it had. BLOOM builds its scores
-itself (``baddbmm(alibi, q, k)``): a forward pre-hook on each attention
-scales ``alibi`` by c and adds d to the mask, and a forward hook on the
-fused ``query_key_value`` projection multiplies its query slice by a.
+itself (``baddbmm(alibi, q, k)``), MPT too (``q . k`` scaled plus a
+``position_bias``): a forward pre-hook on each attention scales the ALiBi
+bias by c and adds d (BLOOM: to the mask; MPT: to the position bias), and a
+forward hook on the fused ``query_key_value`` / ``Wqkv`` projection
+multiplies its query slice by a. That hook is registered after the ones
+already there: a measurement that hooks the projection first reads the
+model's own q (and its recomputed rows apply the change).
 
 **BranchScale** gamma_t: a forward hook on the module whose output is the
 attention's residual update ``a`` (the layer map's ``output_projection``:
@@ -47,10 +51,11 @@ after W_O and its bias, or after a post-norm) multiplies it by gamma_t. It
 is registered first (``prepend``), so that a measurement's hook on the same
 module reads the scaled update.
 
-MPT and Falcon (ALiBi, their own attention code) take `BranchScale` only;
-a logit change there, slope_scale on a model without ALiBi, soft-capped
-logits and GPT-2's ``reorder_and_upcast_attn`` are refused by `check`,
-from the config alone, before any weights load.
+Falcon (its own attention code, with ALiBi in the mask on one path and
+twice on the other) takes `BranchScale` only; a logit change there,
+slope_scale on a model without ALiBi, soft-capped logits, GPT-2's
+``reorder_and_upcast_attn`` and a query scale under MPT's ``clip_qkv`` are
+refused by `check`, from the config alone, before any weights load.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ __all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "INTER
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
 """Layer maps whose attention calls transformers' attention interface: logit changes wrap its entries."""
-MODULE_FAMILIES = ("bloom",)
+MODULE_FAMILIES = ("bloom", "mpt")
 """Layer maps whose attention builds its scores itself, patched by hooks on their modules."""
 IMPLEMENTATIONS = ("eager", "sdpa")
 """The attention implementations a logit change wraps."""
@@ -170,7 +175,7 @@ def check(interventions, config) -> Plan:
     Raises:
         ConfigError: one line naming the field: an intervention without a
             torch patch, slope_scale on a model without ALiBi, a logit change
-            on a family that cannot be patched (MPT, Falcon) or with
+            on a family that cannot be patched (Falcon) or with
             soft-capped logits, a shape that does not fit the model.
     """
     from ..measure.layer_maps import layer_map_for
@@ -199,6 +204,10 @@ def check(interventions, config) -> Plan:
         if getattr(config, "attn_logit_softcapping", None):
             raise ConfigError(f"{field}: a model with soft-capped attention logits (attn_logit_softcapping="
                               f"{config.attn_logit_softcapping}); allowed: gamma alone")
+        clip = getattr(getattr(config, "attn_config", None), "clip_qkv", None)
+        if clip and isinstance(intervention, (Temperature, LengthScaledLogits)):
+            raise ConfigError(f"{field}: MPT clips its fused q/k/v (clip_qkv={clip}), so a scaled query is clipped "
+                              "differently; allowed: slope_scale, kappa, gamma")
         if getattr(config, "reorder_and_upcast_attn", False):
             raise ConfigError(f"{field}: GPT-2 with reorder_and_upcast_attn bypasses the attention interface; "
                               "allowed: gamma alone, or reorder_and_upcast_attn=False")
@@ -300,11 +309,12 @@ class Patch:
             raise ConfigError(f"attn_implementation: got {implementation!r}; allowed for a logit change: "
                               f"{', '.join(IMPLEMENTATIONS)}")
         if plan.family in MODULE_FAMILIES:
+            scores, layout = {"bloom": (self._bloom_scores, "interleaved"), "mpt": (self._mpt_scores, "chunks")}[
+                plan.family]
             for layer, attention in enumerate(resolved.attentions):
-                self._handles.append(attention.register_forward_pre_hook(self._bloom_scores(layer),
-                                                                         with_kwargs=True))
+                self._handles.append(attention.register_forward_pre_hook(scores(layer), with_kwargs=True))
                 (projection,) = resolved.query_keys[layer]
-                self._handles.append(projection.register_forward_hook(self._bloom_query(layer)))
+                self._handles.append(projection.register_forward_hook(self._fused_query(layer, layout)))
             return
         self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)})
 
@@ -343,26 +353,58 @@ class Patch:
             return args, kwargs
         return hook
 
-    def _bloom_query(self, layer):
+    def _mpt_scores(self, layer):
+        change = self.plan.change
+
+        def hook(module, args, kwargs):
+            bias, mask = kwargs.get("position_bias"), kwargs.get("attention_mask")
+            if bias is None:
+                raise ConfigError(f"layer {layer}: MPT's attention got no position_bias keyword; allowed: "
+                                  "transformers' MptBlock call")
+            hidden = args[0] if args else kwargs["hidden_states"]
+            q = hidden.shape[1]
+            kv = q if mask is None else mask.shape[-1]
+            rows, keys = _positions(q, kv, hidden.device)
+            # MPT's mask is boolean, True where a key is hidden.
+            visible = _visible(None if mask is None else ~mask, rows, keys, True)
+            counts = visible.sum(-1, keepdim=True)
+            if not bool((counts == counts[:1]).all()):
+                raise ConfigError("attention_mask: MPT's position bias is one per batch, and these rows see "
+                                  "different numbers of keys; allowed: unpadded sequences of one length")
+            a, c, d = change.terms(layer, rows, keys, counts[:1])
+            # (H, 1, max_seq_len) -> its last kv keys (as MPT slices it), changed to (H, q, kv).
+            changed = bias[:, :, bias.shape[-1] - kv:].double()[None]
+            changed = changed if c is None else changed * c
+            changed = changed if d is None else changed + d
+            kwargs["position_bias"] = changed[0].expand(-1, q, -1).to(bias.dtype)
+            self._pending[layer] = a
+            return args, kwargs
+        return hook
+
+    def _fused_query(self, layer, layout: str):
         def hook(module, args, output):
             a = self._pending.pop(layer, None)
             if a is None:
                 return None
             batch, length, _ = output.shape
-            heads = a.shape[1]
-            # BLOOM's fused output is (heads, 3, head_dim) per token: q is slot 0 (layer_spec.split_fused_interleaved).
-            factor = _query_slot_factor(a, batch, length, heads, output.dtype)
-            return (output.view(batch, length, heads, 3, -1) * factor).view(batch, length, -1)
+            factor = _query_slot_factor(a, batch, length, layout, output.dtype)
+            return (output.view(*factor.shape[:4], -1) * factor).view(batch, length, -1)
         return hook
 
 
-def _query_slot_factor(a, batch, length, heads, dtype):
-    """``(B, N, H, 3, 1)``: a (per head and row) on the query slot, 1 on the key and value slots."""
+def _query_slot_factor(a, batch, length, layout: str, dtype):
+    """a (per head and row) on the query slot of a fused q/k/v output, 1 on the key and value slots.
+
+    ``"interleaved"`` (BLOOM: ``(H, 3, d)`` per token, `layer_spec.split_fused_interleaved`) gives
+    ``(B, N, H, 3, 1)``; ``"chunks"`` (MPT: ``(3, H, d)``, `layer_spec.split_fused_chunks`) ``(B, N, 3, H, 1)``.
+    """
     import torch
 
+    heads = a.shape[1]
     query = a[..., 0].transpose(1, 2).expand(batch, length, heads)  # (B, N, H)
     ones = torch.ones_like(query)
-    return torch.stack((query, ones, ones), dim=-1)[..., None].to(dtype)
+    slots = torch.stack((query, ones, ones), dim=-1 if layout == "interleaved" else 2)
+    return slots[..., None].to(dtype)
 
 
 def _branch_scale(gamma: float):
