@@ -68,7 +68,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import ConfigError
-from ._base import per_layer_head
+from ._base import layer_head_values
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
 
@@ -183,7 +183,6 @@ def check(interventions, config) -> Plan:
     layer_map = layer_map_for(SimpleNamespace(config=config))
     num_layers = _num_layers(config)
     num_heads = int(getattr(config, layer_map.num_heads))
-    shape = SimpleNamespace(num_layers=num_layers, num_heads=num_heads)
     steps, gammas = [], None
     for intervention in interventions:
         if not isinstance(intervention, (Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale)):
@@ -213,8 +212,8 @@ def check(interventions, config) -> Plan:
                               "allowed: gamma alone, or reorder_and_upcast_attn=False")
         parameter = {Temperature: "tau", SlopeScale: "scale", DistanceBias: "kappa",
                      LengthScaledLogits: "scale"}[type(intervention)]
-        values = np.asarray(per_layer_head(field, np.asarray(getattr(intervention, parameter)), shape),
-                            dtype=np.float64)
+        values = np.asarray(layer_head_values(field, np.asarray(getattr(intervention, parameter)), num_layers,
+                                              num_heads), dtype=np.float64)
         if isinstance(intervention, Temperature):
             steps.append(("divide", values, None))
         elif isinstance(intervention, SlopeScale):
@@ -302,7 +301,8 @@ class Patch:
             for layer, module in enumerate(resolved.output_projections):
                 self._handles.append(module.register_forward_hook(_branch_scale(float(plan.gammas[layer])),
                                                                   prepend=True))
-        if plan.change is None:
+        change = plan.change
+        if change is None:
             return
         implementation = getattr(self.model.config, "_attn_implementation", None)
         if implementation not in IMPLEMENTATIONS:
@@ -312,16 +312,16 @@ class Patch:
             scores, layout = {"bloom": (self._bloom_scores, "interleaved"), "mpt": (self._mpt_scores, "chunks")}[
                 plan.family]
             for layer, attention in enumerate(resolved.attentions):
-                self._handles.append(attention.register_forward_pre_hook(scores(layer), with_kwargs=True))
+                self._handles.append(attention.register_forward_pre_hook(scores(layer, change), with_kwargs=True))
                 (projection,) = resolved.query_keys[layer]
                 self._handles.append(projection.register_forward_hook(self._fused_query(layer, layout)))
             return
-        self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)})
+        self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)},
+                             change)
 
-    def _wrap_interface(self, owned) -> None:
+    def _wrap_interface(self, owned, change: LogitChange) -> None:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        change = self.plan.change
         local = ALL_ATTENTION_FUNCTIONS._local_mapping
         for key in IMPLEMENTATIONS:
             had = key in local
@@ -330,9 +330,7 @@ class Patch:
             self._entries.append((key, had, local.get(key)))
             local[key] = _interface_wrapper(previous, owned, change)
 
-    def _bloom_scores(self, layer):
-        change = self.plan.change
-
+    def _bloom_scores(self, layer: int, change: LogitChange):
         def hook(module, args, kwargs):
             alibi, mask = kwargs.get("alibi"), kwargs.get("attention_mask")
             if alibi is None or mask is None:
@@ -353,9 +351,7 @@ class Patch:
             return args, kwargs
         return hook
 
-    def _mpt_scores(self, layer):
-        change = self.plan.change
-
+    def _mpt_scores(self, layer: int, change: LogitChange):
         def hook(module, args, kwargs):
             bias, mask = kwargs.get("position_bias"), kwargs.get("attention_mask")
             if bias is None:

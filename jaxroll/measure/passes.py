@@ -176,12 +176,12 @@ def measure(
     layer_map = resolved.layer_map
     config = model.config
     interventions = list(interventions)
-    patching = None
+    patching, record = None, {}
     if interventions:  # checked (one line) before anything runs
         from ..interventions import describe
         from ..interventions.patching import patch
 
-        patching = patch(model, interventions, resolved)
+        patching, record = patch(model, interventions, resolved), describe(interventions)
     num_layers, num_heads, head_dim = len(resolved.blocks), resolved.num_heads, resolved.head_dim
 
     if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], str):
@@ -266,7 +266,7 @@ def measure(
             "measurement.npz": "content_diagonal/content_base raw q.k; alibi_slopes as the model builds them",
         },
         "versions": _versions(),
-        "interventions": describe(interventions) if interventions else {},
+        "interventions": record,
     }
     fingerprint = json.dumps({key: metadata[key] for key in (
         "model_class", "num_layers", "num_heads", "stats", "falcon_alibi", "dtype", "qk_position_stride",
