@@ -67,8 +67,8 @@ def _ids():
 
 IDENTITY = {"bloom": "tau=1,slope_scale=1,kappa=0,gamma=1", "mpt": "tau=1,slope_scale=1,kappa=0,gamma=1",
             "llama": "tau=1,kappa=0,gamma=1"}
-STATS = {"bloom": ("lambda", "content", "influence", "attention"), "mpt": ("lambda", "content", "influence", "attention"),
-         "llama": ("lambda", "influence", "attention")}
+ALIBI_STATS = ("lambda", "content", "influence", "attention")
+STATS = {"bloom": ALIBI_STATS, "mpt": ALIBI_STATS, "llama": ("lambda", "influence", "attention")}
 
 
 @pytest.mark.parametrize("family, implementation", [("bloom", "eager"), ("mpt", "eager"), ("llama", "sdpa"),

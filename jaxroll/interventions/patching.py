@@ -455,7 +455,12 @@ def _interface_wrapper(previous, owned, change):
 
 
 def _changed(change: LogitChange, layer: int, query, key, attention_mask, is_causal: bool):
-    """The query scaled by a and the mask plus d, for one attention call of `layer` (query ``(B, H, q, d)``)."""
+    """The query scaled by a and the mask plus d, for one attention call of `layer` (query ``(B, H, q, d)``).
+
+    Here the rotary families' q and k are already rotated: a change of the
+    rotation itself (a per-head rotary rescale) belongs here, re-rotating
+    both by the difference of the angles at their positions.
+    """
     import torch
 
     rows, keys = _positions(query.shape[2], key.shape[2], query.device)
