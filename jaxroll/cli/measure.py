@@ -65,6 +65,11 @@ def add_parser(commands) -> None:
     measure.add_argument("--batch-size", type=_common.positive_int, default=None,
                          help="sequences per forward and backward pass (default: as many as the device's free "
                               "memory holds, at most 64); results do not depend on it")
+    measure.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+                         help="measure the model changed by interventions, applied to its attention for the run: "
+                              "tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), gamma, e.g. "
+                              "tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
+                              "the same change); metadata.json and config.yaml record it (docs/interventions.md)")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
@@ -86,6 +91,7 @@ def _run_measure(arguments) -> None:
                           "python3 -m pip install torch==2.13.0 (a bare `torch` pulls a CUDA build), then "
                           "python3 -m pip install 'jaxroll[measure]'") from None
     from .. import measure
+    from ..interventions.patching import parse_for
     from ..measure import distributed, loading
 
     world = distributed.from_environment()
@@ -96,6 +102,7 @@ def _run_measure(arguments) -> None:
                           "interrupted run (with the same number of processes)")
     # Everything is read and checked before the weights load and --out is touched.
     plan = measure.inspect_model(arguments.model)
+    changes = parse_for(arguments.intervene, plan.config)
     stats = given or plan.default
     refine = None
     if arguments.refine is not None:
@@ -164,6 +171,7 @@ def _run_measure(arguments) -> None:
                 model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
                 checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
                 resume=arguments.resume, source=str(arguments.model), batch_size=arguments.batch_size,
+                interventions=changes,
                 shard=(world.rank, world.size) if world.distributed else None,
                 reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
         except KeyboardInterrupt:
@@ -342,6 +350,8 @@ def _print_measure_summary(result, out, written) -> None:
           f"{meta['num_heads']} heads, {meta['dtype']})")
     print(f"  S = {meta['num_sequences']} sequences of N = {result.sequence_length} tokens; "
           f"formula: {meta['logit_formula']}")
+    if meta.get("interventions"):
+        print("  intervened: " + ", ".join(f"{name}={value}" for name, value in meta["interventions"].items()))
     if result.lambdas is not None:
         print(f"  lambda_t: mean {float(np.mean(result.lambdas)):.4g}, first {result.lambdas[0]:.4g}, "
               f"last {result.lambdas[-1]:.4g}")

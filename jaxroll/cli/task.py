@@ -39,6 +39,10 @@ def add_parser(commands) -> None:
     task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    task.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+                      help="score the model changed by interventions (tau, slope_scale, ssmax_scale, kappa, gamma; "
+                           "as jaxroll measure --intervene), e.g. tau=0.7, or a YAML file of them; task.json "
+                           "records it and a --resume must give the same (docs/interventions.md)")
     task.add_argument("--quiet", action="store_true", help="no progress (default: a bar on a terminal, else a line at most every 5 s on stderr)")
     task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
     task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")
@@ -86,6 +90,7 @@ def _run_task(arguments) -> None:
     world = distributed.from_environment()
     tasks, lengths, depths = _grid(arguments)
     plan = loading.inspect_model(arguments.model)
+    changes, record = _interventions(arguments.intervene, plan.config)
     if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
         raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
                           "minus 8 answer tokens")
@@ -104,7 +109,7 @@ def _run_task(arguments) -> None:
     settings = {"model": str(arguments.model.resolve()), "model_type": plan.config.model_type,
                 "vocabulary": len(builder.tokenizer), "seed": arguments.seed, "tasks": tasks, "lengths": lengths,
                 "depths": depths, "samples": arguments.samples, "dtype": arguments.dtype,
-                "threshold": summary.THRESHOLD}
+                "threshold": summary.THRESHOLD, "interventions": record}
     distributed.init(world, device)
     try:
         error = None
@@ -127,9 +132,11 @@ def _run_task(arguments) -> None:
         model = loading.load_model(arguments.model, dtype=arguments.dtype, device=device, attn_implementation=None)
         progress = _progress(arguments, world, tasks, lengths, depths)
         try:
-            rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
-                                 samples=arguments.samples, seed=arguments.seed, batch_size=arguments.batch_size,
-                                 world=world, progress=None if progress is None else progress.update)
+            with _patched(model, changes):
+                rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
+                                     samples=arguments.samples, seed=arguments.seed,
+                                     batch_size=arguments.batch_size, world=world,
+                                     progress=None if progress is None else progress.update)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"the scored cases are in {arguments.out}/{grid.CASES_FILE}; rerun with "
                                     "--resume to continue") from None
@@ -141,6 +148,30 @@ def _run_task(arguments) -> None:
             _write_summary(rows, arguments.out, tasks)
     finally:
         distributed.finalize(world)
+
+
+def _interventions(text, config):
+    """``--intervene``: the interventions, checked against the model's config, and their record (none: ``[], {}``).
+
+    JAX (the interventions' arrays) loads only when there are some.
+    """
+    if text is None:
+        return [], {}
+    from ..interventions import describe
+    from ..interventions.patching import parse_for
+
+    changes = parse_for(text, config)
+    return changes, describe(changes)
+
+
+def _patched(model, changes):
+    import contextlib
+
+    if not changes:
+        return contextlib.nullcontext()
+    from ..interventions.patching import patch
+
+    return patch(model, changes)
 
 
 def _progress(arguments, world, tasks, lengths, depths):

@@ -55,7 +55,12 @@ def per_layer_head(field: str, value, model: RolloutModel):
     A ``(T,)`` value is one per layer (read as ``(T, 1)``), unless T == H, where
     ``(T,)`` would be ambiguous and ``(T, 1)`` or ``(1, H)`` must be given.
     """
-    T, H = model.num_layers, model.num_heads
+    return layer_head_values(field, value, model.num_layers, model.num_heads)
+
+
+def layer_head_values(field: str, value, num_layers: int, num_heads: int):
+    """`per_layer_head` for a model of `num_layers` layers and `num_heads` heads (the torch patches' shapes)."""
+    T, H = num_layers, num_heads
     shape = jnp.shape(value)
     if len(shape) == 1 and shape[0] == T and T != H:
         value = jnp.reshape(value, (T, 1)) if not is_concrete(value) else as_float_array(field, value)[:, None]

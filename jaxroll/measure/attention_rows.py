@@ -12,7 +12,9 @@ units (BLOOM, MPT: the model's bias; Falcon: ``c m_h j s`` with c = 1, its
 intended formula, or 2, its eager path; 0 for learned and rotary
 positions), and the probabilities ``A_h(i, j) = softmax_j z_h(i, j)``,
 computed in float64 for the rows ``start <= i < stop`` only:
-``(B, H, stop - start, N)``, so ``O(chunk N)`` memory per head.
+``(B, H, stop - start, N)``, so ``O(chunk N)`` memory per head. Under an
+intervention the logit is first mapped as the patched model maps it,
+``z' = a s q_i . k_j + c b_h(j) + d(i, j)`` (`jaxroll.interventions.patching`).
 `chunk_rows` picks the chunk from a byte budget; `row_chunks` walks all N
 rows. Rotary: ``R q = q cos + rotate_half(q) sin`` (`rotate`), the
 convention of Hugging Face's ``apply_rotary_pos_emb``, with ``(cos, sin)``
@@ -77,33 +79,43 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def probability_rows(q: torch.Tensor, k: torch.Tensor, *, scale: float, bias: torch.Tensor | None = None,
-                     start: int = 0, stop: int | None = None, window: int | None = None) -> torch.Tensor:
+                     start: int = 0, stop: int | None = None, window: int | None = None,
+                     change=None) -> torch.Tensor:
     """``A_h(i, :)`` for ``start <= i < stop``: ``(B, H, stop - start, N)`` float64 (module docstring).
 
-    `q`, `k` ``(B, N, H, d)`` (rotary families: already rotated).
+    `q`, `k` ``(B, N, H, d)`` (rotary families: already rotated). `change`,
+    an intervention's logit map of this layer (``LogitChange.logits`` with
+    the layer bound, `jaxroll.interventions.patching`), takes the content
+    logits ``s q . k``, the bias, the positions and the keys each row sees,
+    and gives ``a s q . k + c b + d``: the rows of the intervened model.
     """
     n = k.shape[1]
     stop = n if stop is None else stop
     queries = q[:, start:stop].double().transpose(1, 2)  # (B, H, c, d)
     keys = k.double().transpose(1, 2)  # (B, H, N, d)
     logits = scale * (queries @ keys.transpose(-1, -2))
-    if bias is not None:
-        logits = logits + bias.to(logits.device)[None, :, None, :]
-    i = torch.arange(start, stop, device=logits.device)[:, None]
-    j = torch.arange(n, device=logits.device)[None, :]
+    bias = None if bias is None else bias.to(logits.device)[None, :, None, :]
+    rows = torch.arange(start, stop, device=logits.device)
+    columns = torch.arange(n, device=logits.device)
+    i, j = rows[:, None], columns[None, :]
     hidden = j > i
     if window is not None:
         hidden = hidden | (i - j >= window)
+    if change is not None:
+        counts = (~hidden).sum(-1)[None, None, :, None]  # n_i, the keys row i sees
+        logits = change(logits, bias, rows, columns, counts)
+    elif bias is not None:
+        logits = logits + bias
     return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
 
 
-def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None):
+def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None, change=None):
     """Yield ``(start, rows)`` over all N rows, ``rows = probability_rows(q, k, start, start + chunk)``."""
     batch, n, heads, _ = q.shape
     chunk = chunk or chunk_rows(batch, heads, n)
     for start in range(0, n, chunk):
         yield start, probability_rows(q, k, scale=scale, bias=bias, start=start, stop=min(n, start + chunk),
-                                      window=window)
+                                      window=window, change=change)
 
 
 class RotaryCapture:

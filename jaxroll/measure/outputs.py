@@ -34,7 +34,8 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     """Write the outputs of one measurement into `directory` (which must exist).
 
     Files: ``measurement.npz`` (every measured array), ``metadata.json``,
-    and, where the stats allow, ``config.yaml`` (needs lambda; for a model
+    and, where the stats allow, ``config.yaml`` (needs lambda; its first line
+    a comment naming the interventions, when it was measured under some; for a model
     without ALiBi measured with attention, a dense-kernel config with its
     kernels in ``config.kernels.npz``),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
@@ -63,6 +64,7 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
 
         model = measurement.to_rollout_model()
         save_config(model, directory / "config.yaml", overwrite=True)
+        _note_interventions(directory / "config.yaml", measurement.metadata.get("interventions"))
         written.append(directory / "config.yaml")
         if kernel_arrays(model):
             written.append(kernel_file_path(directory / "config.yaml"))
@@ -72,6 +74,13 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
         written.append(directory / "influence.csv")
         written.append(_plot_influence(directory / "influence.png", measurement))
     return written
+
+
+def _note_interventions(path: Path, record) -> None:
+    """A first comment line in config.yaml naming the interventions the model was measured under (YAML ignores it)."""
+    if record:
+        note = f"# measured under the interventions {json.dumps(record)} (metadata.json, docs/interventions.md)\n"
+        path.write_text(note + path.read_text(encoding="utf-8"), encoding="utf-8")
 
 
 def read_measurement(directory) -> tuple[dict[str, np.ndarray], dict]:

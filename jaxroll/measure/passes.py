@@ -46,6 +46,7 @@ index.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import time
@@ -113,6 +114,7 @@ def measure(
     shard: tuple[int, int] | None = None,
     reduce: Callable | None = None,
     batch_size: int | None = None,
+    interventions=(),
 ) -> Measurement | None:
     """Measure lambda_t, content scores, attention and gradient influence.
 
@@ -151,6 +153,10 @@ def measure(
         batch_size: sequences per forward and backward pass (None: as many
             as the device's free memory holds, `batching.choose_batch_size`).
             Results do not depend on it (see the module docstring).
+        interventions: `jaxroll.interventions` objects (`jaxroll.interventions.parse`):
+            the passes run under `jaxroll.interventions.patching.patch`, recomputed
+            attention rows apply the same logit change, and the record
+            (`jaxroll.interventions.describe`) goes into the metadata.
 
     Returns:
         A `Measurement` (None on a rank whose `reduce` returned None).
@@ -169,6 +175,13 @@ def measure(
     resolved = resolve(model, layer_map)
     layer_map = resolved.layer_map
     config = model.config
+    interventions = list(interventions)
+    patching, record = None, {}
+    if interventions:  # checked (one line) before anything runs
+        from ..interventions import describe
+        from ..interventions.patching import patch
+
+        patching, record = patch(model, interventions, resolved), describe(interventions)
     num_layers, num_heads, head_dim = len(resolved.blocks), resolved.num_heads, resolved.head_dim
 
     if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], str):
@@ -253,9 +266,11 @@ def measure(
             "measurement.npz": "content_diagonal/content_base raw q.k; alibi_slopes as the model builds them",
         },
         "versions": _versions(),
+        "interventions": record,
     }
     fingerprint = json.dumps({key: metadata[key] for key in (
-        "model_class", "num_layers", "num_heads", "stats", "falcon_alibi", "dtype", "qk_position_stride")}
+        "model_class", "num_layers", "num_heads", "stats", "falcon_alibi", "dtype", "qk_position_stride",
+        "interventions")}
         | {"tokens": int(np.asarray(token_ids, dtype=np.int64).sum() % 1_000_000_007),
            "shape": list(token_ids.shape)}
         | ({"shard": list(shard)} if shard is not None and shard[1] > 1 else {}), sort_keys=True)
@@ -273,7 +288,8 @@ def measure(
 
         rotary = RotaryCapture(model, resolved) if layer_map.position == "rope" else None
         step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, length, falcon_alibi),
-                     "window": sliding_window(config, layer_map.name), "rotary": rotary}
+                     "window": sliding_window(config, layer_map.name), "rotary": rotary,
+                     "change": patching.plan.change if patching is not None else None}
     metadata["attention_rows"] = "recomputed from q, k in chunks" if recompute else None
     wants = {kind: any(kind in statistic.hooks for statistic in extra.values()) for kind in HOOK_KINDS}
     hooks = Hooks(
@@ -306,7 +322,10 @@ def measure(
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         # A float64 model in float64 end to end: no float32 norms, rotary tables or softmax (precision.py).
-        with full_precision(model), hooks, (rotary if rotary is not None else contextlib.nullcontext()):
+        # The patch after the hooks: a hook on the q/k projection reads the model's own q, k (the rows
+        # apply the change), and the branch scale runs before the hook that reads a (it is prepended).
+        with full_precision(model), hooks, (patching or contextlib.nullcontext()), \
+                (rotary if rotary is not None else contextlib.nullcontext()):
             for statistic in step.registered:
                 if statistic.attach is not None:
                     # Under recomputed rows its alpha comes from observe_rows, not from a hook.
@@ -386,7 +405,7 @@ class _Step:
         self.stats = stats
         self.grid = torch.as_tensor(grid)
         self.registered = [registered()[name] for name in stats if name in registered()]
-        self.rows = None  # {scale, bias, window, rotary}: recompute attention rows from q, k
+        self.rows = None  # {scale, bias, window, rotary, change}: recompute attention rows from q, k
         self.reset(1)
 
     def reset(self, batch):
@@ -446,7 +465,9 @@ class _Step:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
         n = q.shape[1]
-        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["window"]):
+        change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
+        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["window"],
+                                       change=change):
             if "attention" in self.stats:
                 if layer not in self.attention:
                     self.attention[layer] = chunk.new_zeros((n, n))

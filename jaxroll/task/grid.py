@@ -6,8 +6,9 @@ output directory as they are scored (one JSON object per line, see
 `jaxroll.task.scoring.case_row`); a case whose ``key`` is already there is
 skipped, so an interrupted run continues by running it again (``--resume``),
 and a grid can be extended with more lengths, depths or samples.
-``task.json`` records the model, the tokenizer's size and the seed; a
-resumed run must match them.
+``task.json`` records the model, the tokenizer's size, the seed and the
+interventions the model was scored under (``--intervene``, `describe`'s
+record, ``{}`` for none); a resumed run must match them.
 
 Data parallel as `jaxroll measure` (`jaxroll.measure.distributed`): under
 torchrun, rank r of K scores the contiguous block r of
@@ -112,16 +113,18 @@ def fold_rank_files(out: Path) -> None:
 
 
 def check_settings(out: Path, settings: dict, resume: bool) -> None:
-    """Write ``task.json``, or on `resume` refuse one whose model, tokenizer or seed differ."""
+    """Write ``task.json``, or on `resume` refuse one whose model, tokenizer, seed or interventions differ."""
     path = out / SETTINGS_FILE
     if resume and path.is_file():
         from .._readers import read_json
 
         old = read_json(path, "the task.json of jaxroll task")
-        for name in ("model", "vocabulary", "seed"):
-            if old.get(name) != settings.get(name):
-                raise ConfigError(f"--resume: {name} {settings.get(name)!r} differs from {old.get(name)!r} in "
-                                  f"{path}; allowed: the same model and --seed as the run being continued")
+        for name in ("model", "vocabulary", "seed", "interventions"):
+            default = {} if name == "interventions" else None  # a task.json from before --intervene: none
+            if old.get(name, default) != settings.get(name, default):
+                raise ConfigError(f"--resume: {name} {settings.get(name, default)!r} differs from "
+                                  f"{old.get(name, default)!r} in {path}; allowed: the same model, --seed and "
+                                  "--intervene as the run being continued")
         settings = {**old, **settings, "lengths": sorted(set(old.get("lengths", [])) | set(settings["lengths"])),
                     "depths": sorted(set(old.get("depths", [])) | set(settings["depths"])),
                     "tasks": list(dict.fromkeys([*old.get("tasks", []), *settings["tasks"]]))}
