@@ -27,6 +27,7 @@ Writes ``table.md``, ``results.json`` and the measurement folders into ``--out``
 from __future__ import annotations
 
 import argparse
+import functools
 import contextlib
 import io
 import json
@@ -41,12 +42,14 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
+from jaxroll.interventions import patching  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure.effect import effect, middle_mass  # noqa: E402
 from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402
@@ -132,12 +135,64 @@ def anchored(measured_baseline, p_base, p_changed):
     return profile / profile.sum()
 
 
-def held_out_loss(model_dir: Path, stream: np.ndarray, changes) -> float:
-    from jaxroll.interventions.patching import patched
-
-    model = pipeline.load_float64(model_dir)
-    with patched(model, changes):
+def held_out_loss(model, stream: np.ndarray, changes) -> float:
+    """Mean next-token loss (nats) on the held-out stream, the model patched by `changes` (`pipeline.held_out_loss`)."""
+    if not changes:
         return pipeline.held_out_loss(model, stream, LENGTH)
+    with patching.patch(model, changes):
+        return pipeline.held_out_loss(model, stream, LENGTH)
+
+
+def sequence_attention(model, token_ids: np.ndarray) -> list[torch.Tensor]:
+    """Each layer's attention probabilities of each sequence, ``(S, H, N, N)`` float64 (eager forward)."""
+    with torch.no_grad():
+        output = model(input_ids=torch.as_tensor(token_ids), output_attentions=True)
+    return [layer.double() for layer in output.attentions]
+
+
+def per_sequence_prediction(model, attention, lambdas, changes, hf_config):
+    """The rollout of the mean over sequences of each sequence's own changed attention.
+
+    Per sequence, head and layer, the measured ``log A = s q.k + b + row constant``
+    gives the content logit ``log A - b`` (b the model's ALiBi bias, 0 for
+    rotary), which the patch's `LogitChange` maps to ``a (log A - b) + c b + d``;
+    its softmax is the changed row, exact at the first layer (later layers'
+    q and k change with their inputs, which this holds fixed). The changed
+    rows are averaged over sequences and heads into one kernel per layer;
+    `BranchScale` acts on the lambdas as in `BranchScale.apply`.
+    """
+    from jaxroll.engine.dense import DenseKernel
+    from jaxroll.measure.attention_rows import key_bias
+    from jaxroll.measure.layer_maps import resolve
+
+    plan = patching.check(changes, hf_config)
+    n = attention[0].shape[-1]
+    resolved = resolve(model)
+    bias = key_bias(model, resolved, n)
+    bias = None if bias is None else bias[None, :, None, :]
+    rows = keys = torch.arange(n)
+    counts = (rows + 1).to(torch.float64)[None, None, :, None]
+    kernels = []
+    for layer, probabilities in enumerate(attention):
+        hidden = probabilities == 0  # above the diagonal
+        logits = torch.log(probabilities.masked_fill(hidden, 1.0))
+        if plan.change is not None:
+            # SSMax's a = s ln 1 = 0 at row 0: mask after the change, never 0 x -inf.
+            content = logits if bias is None else logits - bias
+            logits = plan.change.logits(layer, content, bias, rows, keys, counts)
+        logits = logits.masked_fill(hidden, float("-inf"))
+        kernels.append(torch.softmax(logits, dim=-1).mean(dim=(0, 1)).numpy())
+    base = jaxroll.RolloutModel(lambdas=np.asarray(lambdas), kernel=DenseKernel.create(np.stack(kernels)),
+                                sequence_length=n)
+    mixing = [c for c in changes if isinstance(c, interventions.BranchScale)]
+    return np.asarray(jaxroll.influence(interventions.apply_all(base, mixing)), dtype=np.float64)
+
+
+def held_stream(models_dir: Path) -> np.ndarray:
+    """The held-out token stream of `pipeline` (the texts the models never trained on), as in training."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models_dir / "bloom-trained")
+    _, held_texts = pipeline.split_corpus(pipeline.stdlib_files()[:900])
+    return pipeline.token_stream(tokenizer, held_texts)
 
 
 def profile_of(rows):
@@ -148,7 +203,13 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
     model_dir, texts = models_dir / f"{family}-trained", models_dir / "held_out.jsonl"
     base_dir = out / family / "baseline"
     baseline = measure(model_dir, texts, base_dir, STATS[family], samples)
-    layers, heads = baseline["lambdas"].shape[0], int(baseline["num_heads"]) if "num_heads" in baseline else 4
+    hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+    layers, heads = hf_config.num_hidden_layers, hf_config.num_attention_heads
+    model = pipeline.load_float64(model_dir)
+    stream = held_stream(models_dir)
+    loss_before = held_out_loss(model, stream, [])
+    attention = sequence_attention(model, baseline["token_ids"])
+    p_sequences_base = per_sequence_prediction(model, attention, baseline["lambdas"], [], hf_config)
     models = rollout_models(baseline, family, base_dir / "config.yaml")
     m_base = profile_of(baseline["influence_per_sequence"])
     rows = []
@@ -161,7 +222,12 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             spec = str(out / family / f"{slug}.yaml")
             Path(spec).parent.mkdir(parents=True, exist_ok=True)
             Path(spec).write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in mapping.items()))
-        changes = interventions.parse(spec)
+        try:
+            changes = patching.parse_for(spec, hf_config)
+        except jaxroll.ConfigError as error:
+            log(f"  {family} {entry}: not applied: {error}")
+            rows.append({"family": family, "intervention": entry, "error": str(error)})
+            continue
         sinks = next((c.num_sinks for c in changes if isinstance(c, interventions.SinkTokens)), 0)
         length = LENGTH - sinks
         # Sinks: the n = N - k original tokens against a baseline of the same n tokens.
@@ -174,12 +240,18 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             log(f"  {family} {entry}: no prediction: {error}")
             rows.append({"family": family, "intervention": entry, "error": str(error)})
             continue
+        p_sequences = per_sequence_prediction(model, attention, baseline["lambdas"], changes, hf_config) \
+            if not sinks else None
         intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
         m_ref = profile_of(reference["influence_per_sequence"])
         result = effect(reference["influence_per_sequence"], intervened["influence_per_sequence"], p_changed,
                         predicted_baseline=p_base, paired=True, B=1000, seed=0)
         naive = result.prediction
         anchor = score(anchored(m_ref, p_base, p_changed), intervened["influence_per_sequence"], B=1000, seed=0)
+        if p_sequences is not None:
+            sequences = score(p_sequences, intervened["influence_per_sequence"], B=1000, seed=0)
+            anchored_sequences = score(anchored(m_ref, p_sequences_base, p_sequences),
+                                       intervened["influence_per_sequence"], B=1000, seed=0)
         unchanged = score(p_base, intervened["influence_per_sequence"], B=1000, seed=0)
         base_score = score(p_base, reference["influence_per_sequence"], B=1000, seed=0)
         row = {
@@ -187,19 +259,78 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             "effect_ratio": result.effect_ratio, "effect_p": result.effect_p_value,
             "naive_ratio": naive.ratio, "naive_p": naive.p_value,
             "anchored_ratio": anchor.ratio, "anchored_p": anchor.p_value,
+            "sequences_ratio": sequences.ratio if p_sequences is not None else None,
+            "sequences_p": sequences.p_value if p_sequences is not None else None,
+            "anchored_sequences_ratio": anchored_sequences.ratio if p_sequences is not None else None,
+            "middle_sequences": float(middle_mass(p_sequences) - middle_mass(p_sequences_base))
+            if p_sequences is not None else None,
             "unchanged_ratio": unchanged.ratio, "baseline_ratio": base_score.ratio,
             "middle_measured": result.changes["middle_mass"].measured,
             "middle_measured_interval": list(result.changes["middle_mass"].measured_interval),
             "middle_predicted": result.changes["middle_mass"].predicted,
             "middle_anchored": float(middle_mass(anchored(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
-            "seconds": time.perf_counter() - started,
+            "loss_before": loss_before, "loss_after": held_out_loss(model, stream, changes) if not sinks else None,
+            "spec": spec, "seconds": time.perf_counter() - started,
         }
         rows.append(row)
         log(f"  {family} {entry:28s} effect {row['effect_ratio']:6.1f}x (p {row['effect_p']:.3f})  naive "
             f"{row['naive_ratio']:6.1f}x  anchored {row['anchored_ratio']:6.1f}x  unchanged "
-            f"{row['unchanged_ratio']:6.1f}x  middle {row['middle_measured']:+.4f} vs {row['middle_predicted']:+.4f}"
-            f" / {row['middle_anchored']:+.4f}  ({row['seconds']:.0f} s)")
+            f"{row['unchanged_ratio']:6.1f}x  sequences {row['sequences_ratio'] or float('nan'):6.1f}x / anchored "
+            f"{row['anchored_sequences_ratio'] or float('nan'):6.1f}x  middle {row['middle_measured']:+.4f} vs "
+            f"{row['middle_predicted']:+.4f} / {row['middle_anchored']:+.4f} / {row['middle_sequences'] or 0:+.4f}  loss {loss_before:.3f} -> {row['loss_after'] or float('nan'):.3f}"
+            f"  ({row['seconds']:.0f} s)")
     return rows
+
+
+def task_by_depth(model_dir: Path, out: Path, spec: str | None) -> dict:
+    """``jaxroll task`` (copy, N = 64, five depths, 32 cases each): gold log-probability and exact match by depth."""
+    if not (out / "summary.json").is_file():
+        argv = ["task", model_dir, "--out", out, "--tasks", "copy", "--lengths", LENGTH, "--depths",
+                "0,0.25,0.5,0.75,1", "--samples", 32, "--dtype", "float64", "--quiet", "--force"]
+        quiet_cli(argv + (["--intervene", spec] if spec else []))
+    with open(out / "summary.csv", newline="") as handle:
+        import csv
+
+        rows = list(csv.DictReader(handle))
+    return {"depth": [float(r["depth_fraction"]) for r in rows], "logprob": [float(r["logprob"]) for r in rows],
+            "accuracy": [float(r["accuracy"]) for r in rows]}
+
+
+def tasks(family: str, models_dir: Path, out: Path, rows: list[dict], log) -> dict:
+    """Task by depth before and after the two interventions with the largest predicted middle-mass gain."""
+    ranked = sorted((r for r in rows if "error" not in r and r["middle_predicted"] > 0),
+                    key=lambda r: -r["middle_predicted"])[:2]
+    model_dir = models_dir / f"{family}-trained"
+    results = {"baseline": task_by_depth(model_dir, out / family / "task-baseline", None)}
+    for row in ranked:
+        results[row["intervention"]] = task_by_depth(model_dir, out / family / f"task-{Path(row['spec']).stem}",
+                                                     row["spec"])
+    for name, result in results.items():
+        log(f"  {family} task copy {name:28s} log-prob by depth "
+            + " ".join(f"{v:7.2f}" for v in result["logprob"]) + "  exact " + " ".join(f"{v:.2f}" for v in result["accuracy"]))
+    return results
+
+
+def markdown(rows: list[dict]) -> str:
+    """The validation table of docs/interventions.md."""
+    lines = ["| model | intervention | effect / noise (p) | naive rollout | anchored | per-sequence rows | "
+             "anchored per-sequence | unchanged p_B | middle mass: measured [95 %] | predicted (naive / per-seq.) "
+             "| held-out loss |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['family']} | `{r['intervention']}` | not applied: {r['error']} |||||||||")
+            continue
+        low, high = r["middle_measured_interval"]
+        seq = "-" if r["sequences_ratio"] is None else f"{r['sequences_ratio']:.1f}x"
+        aseq = "-" if r["anchored_sequences_ratio"] is None else f"{r['anchored_sequences_ratio']:.1f}x"
+        mseq = "-" if r["middle_sequences"] is None else f"{r['middle_sequences']:+.3f}"
+        loss = "-" if r["loss_after"] is None else f"{r['loss_before']:.3f} -> {r['loss_after']:.3f}"
+        lines.append(f"| {r['family']} | `{r['intervention']}` | {r['effect_ratio']:.1f}x ({r['effect_p']:.3f}) | "
+                     f"{r['naive_ratio']:.1f}x | {r['anchored_ratio']:.1f}x | {seq} | {aseq} | "
+                     f"{r['unchanged_ratio']:.1f}x | {r['middle_measured']:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                     f"{r['middle_predicted']:+.3f} / {mseq} | {loss} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -211,10 +342,14 @@ def main(argv=None) -> int:
     arguments = parser.parse_args(argv)
     torch.set_num_threads(1)
     arguments.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    log = functools.partial(print, flush=True)
+    results, task_results = [], {}
     for family in arguments.families.split(","):
-        results += run_family(family, arguments.models, arguments.out, arguments.samples, print)
-    (arguments.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        rows = run_family(family, arguments.models, arguments.out, arguments.samples, log)
+        task_results[family] = tasks(family, arguments.models, arguments.out, rows, log)
+        results += rows
+    (arguments.out / "results.json").write_text(json.dumps({"rows": results, "tasks": task_results}, indent=2) + "\n")
+    (arguments.out / "table.md").write_text(markdown(results))
     return 0
 
 
