@@ -463,6 +463,14 @@ class _Step:
         if rows["rotary"] is not None:  # the rotation the attention applies after the projections
             cos, sin = rows["rotary"].cos, rows["rotary"].sin
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            ratios = None if rows["change"] is None else rows["change"].rotary_ratios
+            if ratios is not None:  # a rotary rescale: at p / r per head, as the patched attention rotates
+                from ..interventions.patching import rerotate
+
+                positions = torch.arange(q.shape[1], device=q.device)
+                inv_freq = rows["rotary"].module.inv_freq
+                q = rerotate(q.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
+                k = rerotate(k.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
         watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
         n = q.shape[1]
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
