@@ -162,3 +162,221 @@ def test_check_refuses_a_rotary_rescale_it_cannot_apply(tmp_path, config, text, 
     with pytest.raises(ConfigError, match=message) as refused:
         check(parse(text), config)
     assert "\n" not in str(refused.value)
+
+
+# Sinks in measure: a hand-built batch with the k sink ids in front, float64 autograd written here.
+
+S, LENGTH = 3, 8
+
+
+def _sequences():
+    return np.random.default_rng(5).integers(0, VOCAB, size=(S, LENGTH))
+
+
+def hand_sink_influence(model, ids, k, sink_id):
+    """Per sequence: the gradient norms at the N + k positions of ``max_v softmax(logits_{N+k-1})_v``."""
+    from jaxroll.measure.precision import full_precision
+
+    norms = []
+    for row in ids:
+        batch = torch.as_tensor(np.concatenate([np.full(k, sink_id), row]))[None]
+        with full_precision(model):
+            embeddings = model.get_input_embeddings()(batch).detach().requires_grad_(True)
+            logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1].double()
+            (gradient,) = torch.autograd.grad(torch.softmax(logits, -1).max(), embeddings)
+        norms.append(gradient[0].norm(dim=-1).numpy())
+    return np.stack(norms)  # (S, N + k)
+
+
+@pytest.mark.parametrize("family, implementation", [("llama", "sdpa"), ("bloom", "eager"), ("gpt2", "eager")])
+@pytest.mark.parametrize("k", [1, 3])
+def test_measure_with_sinks_equals_the_hand_computed_influence_and_sink_mass(family, implementation, k):
+    model = tiny(family, implementation)
+    ids = _sequences()
+    result = measure(model, ids, stats=("influence",), batch_size=2, interventions=parse(f"sinks={k}"))
+    sink_id = {"llama": 1, "bloom": 1, "gpt2": 0}[family]  # the config's bos_token_id (no tokenizer given)
+    assert result.metadata["sink_tokens"] == {"count": k, "token_id": sink_id, "token": "the config's bos_token_id",
+                                              "run_length": LENGTH + k,
+                                              "sink_mass_mean": pytest.approx(result.metadata["sink_tokens"][
+                                                  "sink_mass_mean"])}
+    norms = hand_sink_influence(model, ids, k, sink_id)
+    originals = norms[:, k:]
+    np.testing.assert_allclose(result.influence_per_sequence, originals, rtol=0, atol=1e-10)
+    mean = originals.mean(axis=0)
+    np.testing.assert_allclose(result.influence, mean / mean.sum(), rtol=0, atol=1e-10)
+    assert result.influence.shape == (LENGTH,) and abs(result.influence.sum() - 1) < 1e-12
+    sink_mass = norms[:, :k].sum(axis=1) / norms.sum(axis=1)
+    np.testing.assert_allclose(result.extra["sink_mass"], sink_mass, rtol=0, atol=1e-10)
+    assert result.metadata["sink_tokens"]["sink_mass_mean"] == pytest.approx(sink_mass.mean(), abs=1e-10)
+    assert sink_mass.min() > 1e-6  # the sinks take a visible share
+    np.testing.assert_array_equal(result.token_ids, ids)  # the originals, as without sinks
+
+
+def test_lambda_and_attention_under_sinks():
+    # lambda over the N original positions (hand: the block input and attention output norms after the sinks);
+    # the attention at the model's N + k positions.
+    model = tiny("llama", "eager")
+    ids, k = _sequences(), 2
+    from jaxroll.measure.layer_maps import resolve
+    from jaxroll.measure.precision import full_precision
+
+    resolved = resolve(model)
+    seen = {}
+    handles = [resolved.blocks[0].register_forward_pre_hook(
+        lambda module, args, kwargs: seen.__setitem__("x", (args[0] if args else kwargs["hidden_states"]).detach()),
+        with_kwargs=True),
+        resolved.output_projections[0].register_forward_hook(
+            lambda module, args, output: seen.__setitem__("a", output.detach()))]
+    batch = torch.as_tensor(np.concatenate([np.full((S, k), 1), ids], axis=1))
+    try:
+        with torch.no_grad(), full_precision(model):
+            attentions = model(batch, use_cache=False, output_attentions=True).attentions
+    finally:
+        for handle in handles:
+            handle.remove()
+    x, a = seen["x"].norm(dim=-1).numpy()[:, k:], seen["a"].norm(dim=-1).numpy()[:, k:]
+    result = measure(model, ids, stats=("lambda", "attention"), interventions=parse(f"sinks={k}"))
+    np.testing.assert_allclose(result.lambdas_per_sequence[:, 0], (a / (x + a)).mean(axis=-1), rtol=0, atol=1e-12)
+    assert result.attention_mean.shape == (LAYERS, LENGTH + k, LENGTH + k)
+    np.testing.assert_allclose(result.attention_mean, np.stack([_np(p).mean(axis=(0, 1)) for p in attentions]),
+                               rtol=0, atol=1e-10)
+
+
+def test_identity_sinks_and_ratio_leave_the_measurement_unchanged():
+    model = tiny("llama", "sdpa")
+    ids = _sequences()
+    stats = ("lambda", "influence", "attention")
+    plain = measure(model, ids, stats=stats, batch_size=2)
+    changed = measure(model, ids, stats=stats, batch_size=2, interventions=parse("sinks=0,rotary_ratio=1"))
+    assert plain.arrays().keys() == changed.arrays().keys()
+    for name, value in plain.arrays().items():
+        np.testing.assert_allclose(changed.arrays()[name], value, rtol=0, atol=1e-10, err_msg=name)
+    assert changed.metadata["sink_tokens"] is None
+
+
+# The command line.
+
+def _run(argv, capsys):
+    code = main([str(item) for item in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    T = transformers
+    directories = {}
+    configs = {"bloom": T.BloomConfig(n_layer=2, n_head=4, hidden_size=16, vocab_size=64),
+               "mpt": T.MptConfig(n_layers=2, n_heads=4, d_model=16, vocab_size=64, max_seq_len=16),
+               "gpt2": T.GPT2Config(n_layer=2, n_head=4, n_embd=16, vocab_size=64, n_positions=16),
+               "llama_linear": T.LlamaConfig(**{**ROTARY, "vocab_size": 64},
+                                             rope_scaling={"rope_type": "linear", "factor": 2.0})}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        directory = tmp_path_factory.mktemp(name)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+        tokenizer = word_level_tokenizer()
+        if name == "bloom":
+            tokenizer.bos_token = "w3"  # id 4
+        tokenizer.save_pretrained(directory)
+        directories[name] = directory
+    return directories
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("texts") / "docs.txt"
+    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(4)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_measure_intervene_sinks_writes_the_originals_and_the_sink_mass(saved, texts, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, stderr = _run(["measure", saved["bloom"], "--texts", texts, "--length", 10, "--samples", 3,
+                                 "--out", out, "--quiet", "--dtype", "float64", "--intervene", "sinks=2"], capsys)
+    assert code == 0, stderr
+    assert "sinks: 2 tokens of id 4 (the tokenizer's bos_token_id)" in stdout and "sink_mass mean" in stdout
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["interventions"] == {"sinks": 2}
+    assert metadata["sink_tokens"]["token_id"] == 4 and metadata["sink_tokens"]["run_length"] == 12
+    profile = np.loadtxt(out / "influence.csv", delimiter=",", skiprows=1, usecols=-1)
+    assert profile.shape == (10,) and abs(profile.sum() - 1) < 1e-9
+    with np.load(out / "measurement.npz") as arrays:
+        assert arrays["sink_mass"].shape == (3,) and arrays["influence_per_sequence"].shape == (3, 10)
+        model = transformers.AutoModelForCausalLM.from_pretrained(saved["bloom"], dtype=torch.float64).eval()
+        norms = hand_sink_influence(model, arrays["token_ids"], 2, 4)
+        np.testing.assert_allclose(arrays["sink_mass"], norms[:, :2].sum(1) / norms.sum(1), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(arrays["influence_per_sequence"], norms[:, 2:], rtol=0, atol=1e-10)
+    assert abs(metadata["sink_tokens"]["sink_mass_mean"] - float(np.mean(norms[:, :2].sum(1) / norms.sum(1)))) < 1e-10
+
+
+@pytest.mark.parametrize("name, extra, message", [
+    ("mpt", ["--intervene", "sinks=8"], "--length: 10 with sinks=8 runs 18 positions; allowed: at most the model's "
+                                        "max_seq_len (16)"),
+    ("gpt2", ["--intervene", "sinks=7"], "--length: 10 with sinks=7 runs 17 positions; allowed: at most the model's "
+                                         "n_positions (16)"),
+    ("bloom", ["--intervene", "rotary_ratio=2"], "rotary_ratio: a bloom model has alibi positions"),
+    ("llama_linear", ["--intervene", "rotary_ratio=2"], "rotary_ratio: rope_scaling type 'linear' is not supported"),
+    ("bloom", ["--intervene", "sinks=2", "--queries", "2"], "--queries: with sinks=2"),
+    ("bloom", ["--intervene", "sinks=1.5"], "sinks: got 1.5; allowed: an integer >= 0"),
+])
+def test_measure_refuses_in_one_line_before_out_exists(saved, texts, tmp_path, capsys, name, extra, message):
+    out = tmp_path / "never"
+    code, _, stderr = _run(["measure", saved[name], "--texts", texts, "--length", 10, "--samples", 2, "--out", out,
+                            "--quiet", *extra], capsys)
+    assert code == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_task_under_sinks_rescored_by_hand(tmp_path, capsys):
+    from test_task import VOCAB as TASK_VOCAB, task_tokenizer
+
+    from jaxroll.task import grid
+
+    torch.manual_seed(0)
+    directory = tmp_path / "llama"
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=16, intermediate_size=24, vocab_size=TASK_VOCAB)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    task_tokenizer().save_pretrained(directory)  # no BOS or EOS: the sinks are id 0
+    out = tmp_path / "task"
+    code, _, stderr = _run(["task", directory, "--out", out, "--tasks", "copy", "--lengths", 66, "--depths", "0,1",
+                            "--samples", 1, "--quiet", "--dtype", "float64", "--intervene", "sinks=3,rotary_ratio=2"],
+                           capsys)
+    assert code == 0, stderr
+    settings = json.loads((out / "task.json").read_text())
+    assert settings["interventions"] == {"sinks": 3, "rotary_ratio": 2.0}
+    assert settings["sink_tokens"] == {"count": 3, "token_id": 0, "token": "id 0 (no bos_token_id or eos_token_id)"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
+    for row in grid.read_rows(out / "cases.jsonl"):
+        assert len(row["prompt_ids"]) == 66  # the prompt's own ids; the sinks go in front of them
+        ids = torch.tensor([[0, 0, 0] + row["prompt_ids"] + row["answer_ids"][:-1]])
+        start = 3 + len(row["prompt_ids"]) - 1  # the answer positions, shifted by the 3 sinks
+        gold = torch.tensor(row["answer_ids"])
+
+        def logprob(logits, first):
+            rows = logits[0, first: first + len(row["answer_ids"])].double()
+            return float(rows.log_softmax(-1).gather(-1, gold[:, None]).sum())
+
+        with torch.no_grad(), patch(model, [RotaryRescale(2.0)]):
+            expected = logprob(model(ids).logits, start)
+            without_sinks = logprob(model(ids[:, 3:]).logits, start - 3)
+        assert row["logprob"] == pytest.approx(expected, abs=1e-9) and abs(expected - without_sinks) > 1e-6
+
+
+def test_task_refuses_sinks_beyond_the_position_limit(tmp_path, capsys):
+    from test_task import VOCAB as TASK_VOCAB, task_tokenizer
+
+    directory = tmp_path / "mpt"
+    transformers.AutoModelForCausalLM.from_config(transformers.MptConfig(
+        n_layers=2, n_heads=4, d_model=16, vocab_size=TASK_VOCAB, max_seq_len=80)).save_pretrained(directory)
+    task_tokenizer().save_pretrained(directory)
+    capsys.readouterr()  # the saving's progress bars
+    out = tmp_path / "never"
+    code, _, stderr = _run(["task", directory, "--out", out, "--tasks", "copy", "--lengths", 66, "--quiet",
+                            "--intervene", "sinks=8"], capsys)
+    assert code == 2 and "--lengths: 66 with sinks=8 and 8 answer tokens runs 82 positions; allowed: at most the " \
+                          "model's max_seq_len (80)" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not out.exists()

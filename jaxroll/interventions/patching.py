@@ -73,7 +73,8 @@ from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
 from .positions import RotaryRescale, SinkTokens
 
-__all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
+__all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "rerotate", "sink_token", "position_limit",
+           "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
 
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
@@ -284,6 +285,43 @@ def check(interventions, config) -> Plan:
             steps.append(("log_length", values, None))
     change = LogitChange(tuple(steps), ratios) if steps or ratios is not None else None
     return Plan(layer_map.name, change, gammas, sinks)
+
+
+def sink_token(tokenizer, config) -> tuple[int, str]:
+    """The id `SinkTokens` prepends, and where it came from: the tokenizer's ``bos_token_id``, else its
+    ``eos_token_id``; without a tokenizer the config's (same order); else 0."""
+    for owner, name in ((tokenizer, "tokenizer"), (None if tokenizer is not None else config, "config")):
+        for field in ("bos_token_id", "eos_token_id"):
+            value = getattr(owner, field, None) if owner is not None else None
+            if isinstance(value, (list, tuple)):  # some configs list several end tokens
+                value = value[0] if value else None
+            if value is not None:
+                return int(value), f"the {name}'s {field}"
+    return 0, "id 0 (no bos_token_id or eos_token_id)"
+
+
+def position_limit(config) -> tuple[int | None, str | None]:
+    """The longest sequence the model's positions allow and the field that says so: MPT's ``max_seq_len``,
+    a learned table's ``n_positions`` (GPT-2) or ``max_position_embeddings`` (OPT); (None, None) for
+    rotary and ALiBi models, whose positions have no table."""
+    from ..measure.layer_maps import layer_map_for
+
+    layer_map = layer_map_for(SimpleNamespace(config=config))
+    if layer_map.name == "mpt":
+        return int(config.max_seq_len), "max_seq_len"
+    if layer_map.position == "learned":
+        for field in ("n_positions", "max_position_embeddings"):
+            if getattr(config, field, None):
+                return int(getattr(config, field)), field
+    return None, None
+
+
+def check_sink_length(config, length: int, sinks: int, flag: str = "--length") -> None:
+    """One line when ``length + sinks`` exceeds the model's `position_limit`."""
+    limit, field = position_limit(config)
+    if sinks and limit is not None and length + sinks > limit:
+        raise ConfigError(f"{flag}: {length} with sinks={sinks} runs {length + sinks} positions; allowed: at most "
+                          f"the model's {field} ({limit}), so {flag} {limit - sinks} or fewer sinks")
 
 
 def parse_for(text: str | None, config) -> list:
