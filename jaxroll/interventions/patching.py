@@ -45,6 +45,16 @@ multiplies its query slice by a. That hook is registered after the ones
 already there: a measurement that hooks the projection first reads the
 model's own q (and its recomputed rows apply the change).
 
+**RotaryRescale** r_{t,h}: in the same wrapper, q and k (rotated by the
+model at positions p) are rotated again per head by ``theta_i p (1/r - 1)``
+(`rerotate`, theta from the rotary module's ``inv_freq``): head h reads
+positions ``p / r``. Llama, Mistral and Qwen2 with the default rope type;
+one ratio per key-value group (shared keys).
+
+**SinkTokens** k change the input, not the model: `check` records k in
+``Plan.sinks`` and `patch` does nothing for them; `jaxroll.measure.measure`
+and ``jaxroll task`` prepend the k ids of `sink_token`.
+
 **BranchScale** gamma_t: a forward hook on the module whose output is the
 attention's residual update ``a`` (the layer map's ``output_projection``:
 after W_O and its bias, or after a post-norm) multiplies it by gamma_t. It
