@@ -348,7 +348,7 @@ def test_task_under_sinks_rescored_by_hand(tmp_path, capsys):
     assert code == 0, stderr
     settings = json.loads((out / "task.json").read_text())
     assert settings["interventions"] == {"sinks": 3, "rotary_ratio": 2.0}
-    assert settings["sink_tokens"] == {"count": 3, "token_id": 0, "token": "id 0 (no bos_token_id or eos_token_id)"}
+    assert settings["sink_tokens"] == {"count": 3, "token_id": 0, "token": "no bos_token_id or eos_token_id"}
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
     for row in grid.read_rows(out / "cases.jsonl"):
         assert len(row["prompt_ids"]) == 66  # the prompt's own ids; the sinks go in front of them

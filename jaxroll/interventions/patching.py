@@ -307,7 +307,7 @@ def sink_token(tokenizer, config) -> tuple[int, str]:
                 value = value[0] if value else None
             if value is not None:
                 return int(value), f"the {name}'s {field}"
-    return 0, "id 0 (no bos_token_id or eos_token_id)"
+    return 0, "no bos_token_id or eos_token_id"
 
 
 def position_limit(config) -> tuple[int | None, str | None]:
