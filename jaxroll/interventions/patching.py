@@ -192,7 +192,7 @@ ROTARY_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def rope_type(config) -> str:
-    """The config's rope type (``rope_parameters`` or ``rope_scaling``: ``rope_type`` or ``type``), ``"default"`` if none."""
+    """The config's rope type (``rope_type`` or ``type`` of ``rope_parameters`` or ``rope_scaling``); default: "default"."""
     for name in ("rope_parameters", "rope_scaling"):
         parameters = getattr(config, name, None)
         if isinstance(parameters, dict) and parameters:
