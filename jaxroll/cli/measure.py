@@ -67,7 +67,8 @@ def add_parser(commands) -> None:
                               "memory holds, at most 64); results do not depend on it")
     measure.add_argument("--intervene", metavar="NAME=VALUE[,...]",
                          help="measure the model changed by interventions, applied to its attention for the run: "
-                              "tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), gamma, e.g. "
+                              "sinks, rotary_ratio, tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), "
+                              "gamma, e.g. "
                               "tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
                               "the same change); metadata.json and config.yaml record it (docs/interventions.md)")
     measure.add_argument("--no-checkpointing", action="store_true",
@@ -103,6 +104,7 @@ def _run_measure(arguments) -> None:
     # Everything is read and checked before the weights load and --out is touched.
     plan = measure.inspect_model(arguments.model)
     changes = parse_for(arguments.intervene, plan.config)
+    sinks = sink_count(changes)
     stats = given or plan.default
     refine = None
     if arguments.refine is not None:
@@ -114,6 +116,14 @@ def _run_measure(arguments) -> None:
         stats = tuple(dict.fromkeys((*stats, *missing)))
     arguments.refine_switches = refine
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
+    if sinks:
+        from ..interventions.patching import check_sink_length
+
+        check_sink_length(plan.config, arguments.length, sinks)
+        for flag, given_flag in (("--queries", arguments.queries), ("--refine", arguments.refine)):
+            if given_flag is not None:
+                raise ConfigError(f"{flag}: with sinks={sinks}; allowed: sinks without {flag} (its rows and "
+                                  "kernels are not split at the sinks)")
     if plan.max_length is not None and arguments.length > plan.max_length:
         raise ConfigError(f"--length: {arguments.length}; allowed: at most the model's max_seq_len "
                           f"({plan.max_length})")
@@ -126,6 +136,7 @@ def _run_measure(arguments) -> None:
         if world.distributed:
             raise ConfigError("--queries: under torchrun; allowed: a single process (the rows are "
                               "measured after the merge, on one process)")
+    arguments.sinks = sinks
     _check_measure_memory(plan, stats, arguments)
     device = loading.resolve_device(arguments.device)
     if world.distributed and device == "cuda" and arguments.device_map is None:
@@ -171,7 +182,7 @@ def _run_measure(arguments) -> None:
                 model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
                 checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
                 resume=arguments.resume, source=str(arguments.model), batch_size=arguments.batch_size,
-                interventions=changes,
+                interventions=changes, tokenizer=tokenizer,
                 shard=(world.rank, world.size) if world.distributed else None,
                 reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
         except KeyboardInterrupt:
@@ -184,6 +195,13 @@ def _run_measure(arguments) -> None:
             _write(result, indices, documents, arguments, out, world, measure)
     finally:
         distributed.finalize(world)
+
+
+def sink_count(changes) -> int:
+    """k of a `SinkTokens` among `changes` (0 without one): the model runs at ``--length + k``."""
+    from ..interventions import SinkTokens
+
+    return next((change.num_sinks for change in changes if isinstance(change, SinkTokens)), 0)
 
 
 def _add_rows(result, model, token_ids, positions, progress) -> None:
@@ -293,7 +311,7 @@ def _check_measure_memory(plan, stats, arguments) -> None:
     from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
-    length = arguments.length
+    length = arguments.length + getattr(arguments, "sinks", 0)  # the model runs at N + k with sinks in front
     shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, length)
     needed = stats_bytes(stats, shape, arguments.positions)
     queries = getattr(arguments, "query_positions", None)
@@ -352,6 +370,11 @@ def _print_measure_summary(result, out, written) -> None:
           f"formula: {meta['logit_formula']}")
     if meta.get("interventions"):
         print("  intervened: " + ", ".join(f"{name}={value}" for name, value in meta["interventions"].items()))
+    sinks = meta.get("sink_tokens")
+    if sinks:
+        mass = sinks.get("sink_mass_mean")
+        print(f"  sinks: {sinks['count']} tokens of id {sinks['token_id']} ({sinks['token']}) before each sequence, "
+              f"run at N + k = {sinks['run_length']}" + (f"; sink_mass mean {mass:.4g}" if mass is not None else ""))
     if result.lambdas is not None:
         print(f"  lambda_t: mean {float(np.mean(result.lambdas)):.4g}, first {result.lambdas[0]:.4g}, "
               f"last {result.lambdas[-1]:.4g}")

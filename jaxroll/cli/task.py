@@ -40,9 +40,10 @@ def add_parser(commands) -> None:
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     task.add_argument("--intervene", metavar="NAME=VALUE[,...]",
-                      help="score the model changed by interventions (tau, slope_scale, ssmax_scale, kappa, gamma; "
-                           "as jaxroll measure --intervene), e.g. tau=0.7, or a YAML file of them; task.json "
-                           "records it and a --resume must give the same (docs/interventions.md)")
+                      help="score the model changed by interventions (sinks, rotary_ratio, tau, slope_scale, "
+                           "ssmax_scale, kappa, gamma; as jaxroll measure --intervene; sinks=k go before every "
+                           "prompt), e.g. tau=0.7, or a YAML file of them; task.json records it and a --resume must "
+                           "give the same (docs/interventions.md)")
     task.add_argument("--quiet", action="store_true", help="no progress (default: a bar on a terminal, else a line at most every 5 s on stderr)")
     task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
     task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")
@@ -91,10 +92,26 @@ def _run_task(arguments) -> None:
     tasks, lengths, depths = _grid(arguments)
     plan = loading.inspect_model(arguments.model)
     changes, record = _interventions(arguments.intervene, plan.config)
+    from .measure import sink_count
+
+    sinks = sink_count(changes)
+    if sinks:
+        from ..interventions.patching import position_limit
+
+        limit, field = position_limit(plan.config)
+        if limit is not None and max(lengths) + 8 + sinks > limit:
+            raise ConfigError(f"--lengths: {max(lengths)} with sinks={sinks} and 8 answer tokens runs "
+                              f"{max(lengths) + 8 + sinks} positions; allowed: at most the model's {field} ({limit})")
     if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
         raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
                           "minus 8 answer tokens")
     builder = Builder(texts.load_tokenizer(arguments.model))
+    prefix, sink_tokens = (), None
+    if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
+        from ..interventions.patching import sink_token
+
+        sink_id, origin = sink_token(builder.tokenizer, plan.config)
+        prefix, sink_tokens = (sink_id,) * sinks, {"count": sinks, "token_id": sink_id, "token": origin}
     for task in tasks:  # every refusal the grid can cause, before the weights load
         for length in lengths:
             builder.depth_range(task, length)
@@ -109,7 +126,7 @@ def _run_task(arguments) -> None:
     settings = {"model": str(arguments.model.resolve()), "model_type": plan.config.model_type,
                 "vocabulary": len(builder.tokenizer), "seed": arguments.seed, "tasks": tasks, "lengths": lengths,
                 "depths": depths, "samples": arguments.samples, "dtype": arguments.dtype,
-                "threshold": summary.THRESHOLD, "interventions": record}
+                "threshold": summary.THRESHOLD, "interventions": record, "sink_tokens": sink_tokens}
     distributed.init(world, device)
     try:
         error = None
@@ -135,7 +152,7 @@ def _run_task(arguments) -> None:
             with _patched(model, changes):
                 rows = grid.run_grid(model, builder, arguments.out, tasks=tasks, lengths=lengths, depths=depths,
                                      samples=arguments.samples, seed=arguments.seed,
-                                     batch_size=arguments.batch_size, world=world,
+                                     batch_size=arguments.batch_size, world=world, prefix=prefix,
                                      progress=None if progress is None else progress.update)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"the scored cases are in {arguments.out}/{grid.CASES_FILE}; rerun with "

@@ -45,6 +45,16 @@ multiplies its query slice by a. That hook is registered after the ones
 already there: a measurement that hooks the projection first reads the
 model's own q (and its recomputed rows apply the change).
 
+**RotaryRescale** r_{t,h}: in the same wrapper, q and k (rotated by the
+model at positions p) are rotated again per head by ``theta_i p (1/r - 1)``
+(`rerotate`, theta from the rotary module's ``inv_freq``): head h reads
+positions ``p / r``. Llama, Mistral and Qwen2 with the default rope type;
+one ratio per key-value group (shared keys).
+
+**SinkTokens** k change the input, not the model: `check` records k in
+``Plan.sinks`` and `patch` does nothing for them; `jaxroll.measure.measure`
+and ``jaxroll task`` prepend the k ids of `sink_token`.
+
 **BranchScale** gamma_t: a forward hook on the module whose output is the
 attention's residual update ``a`` (the layer map's ``output_projection``:
 after W_O and its bias, or after a post-norm) multiplies it by gamma_t. It
@@ -71,8 +81,10 @@ from ..errors import ConfigError
 from ._base import layer_head_values
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
 from .mixing import BranchScale
+from .positions import RotaryRescale, SinkTokens
 
-__all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
+__all__ = ["LogitChange", "Patch", "Plan", "check", "parse_for", "patch", "rerotate", "sink_token", "position_limit",
+           "INTERFACE_FAMILIES", "MODULE_FAMILIES"]
 
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
@@ -92,9 +104,13 @@ class LogitChange:
             kind is ``"divide"`` (tau), ``"bias_scale"`` (slope_scale),
             ``"add"`` (kappa, with g the distance function) or
             ``"log_length"`` (ssmax_scale).
+        rotary_ratios: `RotaryRescale`'s ``r (T, H)`` float64, or None: q and
+            k of head h in layer t are rotated at positions ``p / r_{t,h}``
+            instead of p before the content logit is formed (`rerotate`).
     """
 
     steps: tuple
+    rotary_ratios: np.ndarray | None = None
 
     def terms(self, layer: int, rows, keys, counts):
         """``(a, c, d)`` of `layer` in float64, or None where a term is untouched (a = c = 1, d = 0).
@@ -157,6 +173,7 @@ class Plan:
     family: str
     change: LogitChange | None
     gammas: np.ndarray | None  # (T,)
+    sinks: int = 0  # SinkTokens: prepended by the caller (measure, task), not by `patch`
 
 
 def _num_layers(config) -> int:
@@ -166,7 +183,53 @@ def _num_layers(config) -> int:
 
 def _field(intervention) -> str:
     return {Temperature: "tau", SlopeScale: "slope_scale", DistanceBias: "kappa",
-            LengthScaledLogits: "ssmax_scale", BranchScale: "gamma"}[type(intervention)]
+            LengthScaledLogits: "ssmax_scale", BranchScale: "gamma", RotaryRescale: "rotary_ratio"}[
+        type(intervention)]
+
+
+ROTARY_FAMILIES = ("llama", "mistral", "qwen2")
+"""Rotary families whose layer map names the rotary module (its ``inv_freq``): a rotary rescale applies there."""
+
+
+def rope_type(config) -> str:
+    """The config's rope type (``rope_type`` or ``type`` of ``rope_parameters`` or ``rope_scaling``); default: "default"."""
+    for name in ("rope_parameters", "rope_scaling"):
+        parameters = getattr(config, name, None)
+        if isinstance(parameters, dict) and parameters:
+            if all(isinstance(value, dict) for value in parameters.values()):  # one per layer type (Gemma 3)
+                kinds = {value.get("rope_type", value.get("type", "default")) for value in parameters.values()}
+                return kinds.pop() if len(kinds) == 1 else "per layer type"
+            return str(parameters.get("rope_type", parameters.get("type", "default")))
+    return "default"
+
+
+def _rotary_ratios(intervention, config, layer_map, num_layers: int, num_heads: int) -> np.ndarray:
+    """`RotaryRescale`'s ratios ``(T, H)``, checked against the config: one line naming the field otherwise."""
+    if layer_map.position != "rope":
+        raise ConfigError(f"rotary_ratio: a {layer_map.name} model has {layer_map.position} positions, no rotary "
+                          f"angles; allowed: a rotary model of {', '.join(ROTARY_FAMILIES)}")
+    if layer_map.name not in ROTARY_FAMILIES:
+        raise ConfigError(f"rotary_ratio: the {layer_map.name} family's rotary module is not mapped; allowed: a "
+                          f"model of {', '.join(ROTARY_FAMILIES)}")
+    kind = rope_type(config)
+    if kind != "default":
+        raise ConfigError(f"rotary_ratio: rope_scaling type {kind!r} is not supported; allowed: the default rope "
+                          "type (no rope_scaling)")
+    parameters = getattr(config, "rope_parameters", None) or {}
+    partial = float(parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        raise ConfigError(f"rotary_ratio: partial_rotary_factor={partial}; allowed: 1 (every dimension rotated)")
+    ratios = np.asarray(layer_head_values("rotary_ratio", np.asarray(intervention.ratio), num_layers, num_heads),
+                        dtype=np.float64)
+    key_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    grouped = ratios.reshape(num_layers, key_heads, num_heads // key_heads)
+    differ = np.argwhere(grouped.max(-1) != grouped.min(-1))
+    if differ.size:
+        layer, group = (int(value) for value in differ[0])
+        raise ConfigError(f"rotary_ratio: layer {layer} gives different ratios to the query heads of key head "
+                          f"{group} (num_key_value_heads={key_heads}, which they share); allowed: one ratio per "
+                          "key-value group")
+    return ratios
 
 
 def check(interventions, config) -> Plan:
@@ -183,11 +246,16 @@ def check(interventions, config) -> Plan:
     layer_map = layer_map_for(SimpleNamespace(config=config))
     num_layers = _num_layers(config)
     num_heads = int(getattr(config, layer_map.num_heads))
-    steps, gammas = [], None
+    steps, gammas, sinks, ratios = [], None, 0, None
     for intervention in interventions:
-        if not isinstance(intervention, (Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale)):
+        if isinstance(intervention, SinkTokens):
+            sinks = intervention.num_sinks
+            continue
+        if not isinstance(intervention, (Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale,
+                                         RotaryRescale)):
             raise ConfigError(f"intervention: {type(intervention).__name__} has no torch patch; allowed: "
-                              "Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale")
+                              "SinkTokens, RotaryRescale, Temperature, SlopeScale, DistanceBias, "
+                              "LengthScaledLogits, BranchScale")
         field = _field(intervention)
         if isinstance(intervention, BranchScale):
             from .._checks import per_layer
@@ -210,6 +278,9 @@ def check(interventions, config) -> Plan:
         if getattr(config, "reorder_and_upcast_attn", False):
             raise ConfigError(f"{field}: GPT-2 with reorder_and_upcast_attn bypasses the attention interface; "
                               "allowed: gamma alone, or reorder_and_upcast_attn=False")
+        if isinstance(intervention, RotaryRescale):
+            ratios = _rotary_ratios(intervention, config, layer_map, num_layers, num_heads)
+            continue
         parameter = {Temperature: "tau", SlopeScale: "scale", DistanceBias: "kappa",
                      LengthScaledLogits: "scale"}[type(intervention)]
         values = np.asarray(layer_head_values(field, np.asarray(getattr(intervention, parameter)), num_layers,
@@ -222,7 +293,45 @@ def check(interventions, config) -> Plan:
             steps.append(("add", values, _unsquash(intervention.k) if intervention.form == "unsquash" else _log1p))
         else:
             steps.append(("log_length", values, None))
-    return Plan(layer_map.name, LogitChange(tuple(steps)) if steps else None, gammas)
+    change = LogitChange(tuple(steps), ratios) if steps or ratios is not None else None
+    return Plan(layer_map.name, change, gammas, sinks)
+
+
+def sink_token(tokenizer, config) -> tuple[int, str]:
+    """The id `SinkTokens` prepends, and where it came from: the tokenizer's ``bos_token_id``, else its
+    ``eos_token_id``; without a tokenizer the config's (same order); else 0."""
+    for owner, name in ((tokenizer, "tokenizer"), (None if tokenizer is not None else config, "config")):
+        for field in ("bos_token_id", "eos_token_id"):
+            value = getattr(owner, field, None) if owner is not None else None
+            if isinstance(value, (list, tuple)):  # some configs list several end tokens
+                value = value[0] if value else None
+            if value is not None:
+                return int(value), f"the {name}'s {field}"
+    return 0, "no bos_token_id or eos_token_id"
+
+
+def position_limit(config) -> tuple[int | None, str | None]:
+    """The longest sequence the model's positions allow and the field that says so: MPT's ``max_seq_len``,
+    a learned table's ``n_positions`` (GPT-2) or ``max_position_embeddings`` (OPT); (None, None) for
+    rotary and ALiBi models, whose positions have no table."""
+    from ..measure.layer_maps import layer_map_for
+
+    layer_map = layer_map_for(SimpleNamespace(config=config))
+    if layer_map.name == "mpt":
+        return int(config.max_seq_len), "max_seq_len"
+    if layer_map.position == "learned":
+        for field in ("n_positions", "max_position_embeddings"):
+            if getattr(config, field, None):
+                return int(getattr(config, field)), field
+    return None, None
+
+
+def check_sink_length(config, length: int, sinks: int, flag: str = "--length") -> None:
+    """One line when ``length + sinks`` exceeds the model's `position_limit`."""
+    limit, field = position_limit(config)
+    if sinks and limit is not None and length + sinks > limit:
+        raise ConfigError(f"{flag}: {length} with sinks={sinks} runs {length + sinks} positions; allowed: at most "
+                          f"the model's {field} ({limit}), so {flag} {limit - sinks} or fewer sinks")
 
 
 def parse_for(text: str | None, config) -> list:
@@ -316,10 +425,15 @@ class Patch:
                 (projection,) = resolved.query_keys[layer]
                 self._handles.append(projection.register_forward_hook(self._fused_query(layer, layout)))
             return
-        self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)},
-                             change)
+        rotary = None
+        if change.rotary_ratios is not None:
+            from ..measure.attention_rows import rotary_module
 
-    def _wrap_interface(self, owned, change: LogitChange) -> None:
+            rotary = rotary_module(self.model, resolved)
+        self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)},
+                             change, rotary)
+
+    def _wrap_interface(self, owned, change: LogitChange, rotary) -> None:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         local = ALL_ATTENTION_FUNCTIONS._local_mapping
@@ -328,7 +442,7 @@ class Patch:
             # What get_interface returned before: the entry, or (eager) the modeling file's own function.
             previous = ALL_ATTENTION_FUNCTIONS[key] if key in ALL_ATTENTION_FUNCTIONS else None
             self._entries.append((key, had, local.get(key)))
-            local[key] = _interface_wrapper(previous, owned, change)
+            local[key] = _interface_wrapper(previous, owned, change, rotary)
 
     def _bloom_scores(self, layer: int, change: LogitChange):
         def hook(module, args, kwargs):
@@ -442,32 +556,59 @@ def _biased_mask(mask, visible, d, dtype):
     return torch.where(visible, base + d, base).to(dtype)
 
 
-def _interface_wrapper(previous, owned, change):
+def _interface_wrapper(previous, owned, change, rotary):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         entry = owned.get(id(module))
         target = previous if previous is not None else sys.modules[type(module).__module__].eager_attention_forward
         if entry is None or entry[0] is not module:
             return target(module, query, key, value, attention_mask, *args, **kwargs)
-        query, attention_mask = _changed(change, entry[1], query, key, attention_mask,
-                                         kwargs.get("is_causal", getattr(module, "is_causal", True)))
+        query, key, attention_mask = _changed(change, entry[1], query, key, attention_mask,
+                                              kwargs.get("is_causal", getattr(module, "is_causal", True)), rotary)
         return target(module, query, key, value, attention_mask, *args, **kwargs)
     return attention
 
 
-def _changed(change: LogitChange, layer: int, query, key, attention_mask, is_causal: bool):
-    """The query scaled by a and the mask plus d, for one attention call of `layer` (query ``(B, H, q, d)``).
+def rerotate(x, positions, inv_freq, ratios):
+    """x rotated at positions ``p`` (Hugging Face's ``x cos + rotate_half(x) sin``) -> rotated at ``p / r_h``.
 
-    Here the rotary families' q and k are already rotated: a change of the
-    rotation itself (a per-head rotary rescale) belongs here, re-rotating
-    both by the difference of the angles at their positions.
+    A rotation by the difference of the angles, ``theta_i p (1 / r_h - 1)``
+    with ``theta_i`` the rotary module's `inv_freq` ``(d / 2,)``: rotations
+    of one plane compose by adding angles. `x` ``(B, H, n, d)``, `positions`
+    ``(n,)``, `ratios` ``(H,)`` (one per head of x: key heads take their
+    group's). Computed in float64, returned in x's dtype. Only for the
+    default rope type, where the tables carry no ``attention_scaling``.
     """
     import torch
 
+    ratios = torch.as_tensor(ratios, dtype=torch.float64, device=x.device)
+    angles = (positions.to(torch.float64)[None, :, None] * inv_freq.to(device=x.device, dtype=torch.float64)
+              [None, None, :] * (1.0 / ratios - 1.0)[:, None, None])  # (H, n, d/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    wide = x.double()
+    half = wide.shape[-1] // 2
+    turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)
+    return (wide * angles.cos() + turned * angles.sin()).to(x.dtype)
+
+
+def _changed(change: LogitChange, layer: int, query, key, attention_mask, is_causal: bool, rotary=None):
+    """The query scaled by a and the mask plus d, for one attention call of `layer` (query ``(B, H, q, d)``).
+
+    Here the rotary families' q and k are already rotated at their positions
+    (``_positions``: 0..n-1, the last q of them the queries): a rotary
+    rescale re-rotates both per head to ``p / r`` (`rerotate`, with the
+    angles of `rotary`'s ``inv_freq``); the key heads, shared by groups of
+    query heads, take their group's ratio (`check` refuses ratios that
+    differ within a group).
+    """
     rows, keys = _positions(query.shape[2], key.shape[2], query.device)
+    if change.rotary_ratios is not None:
+        ratios = change.rotary_ratios[layer]
+        query = rerotate(query, rows, rotary.inv_freq, ratios)
+        key = rerotate(key, keys, rotary.inv_freq, ratios[:: ratios.shape[0] // key.shape[1]])
     visible = _visible(attention_mask, rows, keys, is_causal)
     a, _, d = change.terms(layer, rows, keys, visible.sum(-1, keepdim=True))
     if a is not None:
         query = (query.double() * a).to(query.dtype)
     if d is not None:
         attention_mask = _biased_mask(attention_mask, visible, d, query.dtype)
-    return query, attention_mask
+    return query, key, attention_mask

@@ -14,7 +14,8 @@ positions), and the probabilities ``A_h(i, j) = softmax_j z_h(i, j)``,
 computed in float64 for the rows ``start <= i < stop`` only:
 ``(B, H, stop - start, N)``, so ``O(chunk N)`` memory per head. Under an
 intervention the logit is first mapped as the patched model maps it,
-``z' = a s q_i . k_j + c b_h(j) + d(i, j)`` (`jaxroll.interventions.patching`).
+``z' = a s q_i . k_j + c b_h(j) + d(i, j)`` (`jaxroll.interventions.patching`),
+with q and k rotated at ``p / r_h`` under a rotary rescale (`rerotate`).
 `chunk_rows` picks the chunk from a byte budget; `row_chunks` walks all N
 rows. Rotary: ``R q = q cos + rotate_half(q) sin`` (`rotate`), the
 convention of Hugging Face's ``apply_rotary_pos_emb``, with ``(cos, sin)``
@@ -34,7 +35,7 @@ from ..errors import ConfigError
 from .layer_maps import Resolved
 
 __all__ = ["probability_rows", "row_chunks", "chunk_rows", "key_bias", "rotate", "RotaryCapture",
-           "sliding_window"]
+           "rotary_module", "sliding_window"]
 
 CHUNK_BYTES = 64 * 2**20
 """Float64 bytes of one chunk of rows ``(B, H, chunk, N)`` (a few such buffers are live at once)."""
@@ -118,6 +119,20 @@ def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None, change=None):
                                       window=window, change=change)
 
 
+def rotary_module(model, resolved: Resolved):
+    """The module the layer map's ``rotary`` names (its ``inv_freq`` and ``(cos, sin)``); one line if none."""
+    path = resolved.layer_map.rotary
+    if path is None:
+        raise ConfigError(f"layer map {resolved.layer_map.name!r}: no rotary module; allowed: a rotary "
+                          "family whose map names it (rotary=...)")
+    module = model
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            raise ConfigError(f"layer map {resolved.layer_map.name!r}: rotary {path!r} not found")
+    return module
+
+
 class RotaryCapture:
     """Context manager: a forward hook on the layer map's ``rotary`` module keeps its latest ``(cos, sin)``.
 
@@ -127,16 +142,7 @@ class RotaryCapture:
     """
 
     def __init__(self, model, resolved: Resolved):
-        path = resolved.layer_map.rotary
-        if path is None:
-            raise ConfigError(f"layer map {resolved.layer_map.name!r}: no rotary module; allowed: a rotary "
-                              "family whose map names it (rotary=...)")
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                raise ConfigError(f"layer map {resolved.layer_map.name!r}: rotary {path!r} not found")
-        self.module = module
+        self.module = rotary_module(model, resolved)
         self.cos = self.sin = None
         self._handle = None
 

@@ -22,6 +22,15 @@ tokens (the measurements of arXiv 2602.16837):
   over sequences in float64, normalised to sum 1 over positions; the
   per-sequence norms ``influence_per_sequence (S, N)`` are kept for
   uncertainty (`jaxroll.measure.uncertainty`).
+- under ``SinkTokens(k)`` (``--intervene sinks=k``): k sink ids in front of
+  every sequence (`jaxroll.interventions.patching.sink_token`: the
+  tokenizer's BOS, else its EOS, else the config's, else 0), the model at
+  ``N + k``. ``influence`` and ``influence_per_sequence`` are over the N
+  originals (normalised over them); ``sink_mass (S,)`` is the sinks' share
+  of each sequence's gradient mass, ``sum_{j < k} g_j / sum_j g_j`` (the
+  rollout's `SinkTokens.split`, per sequence); ``lambda`` and ``content``
+  read the N original positions; ``attention``, ``qk`` and the registered
+  statistics the model's ``N + k`` (the sinks are keys every row reads).
 - further statistics from the registry (`register_statistic`), e.g.
   ``"sinks"`` (`jaxroll.measure.sinks`, attention sinks after Gu et al. 2024).
 
@@ -156,7 +165,10 @@ def measure(
         interventions: `jaxroll.interventions` objects (`jaxroll.interventions.parse`):
             the passes run under `jaxroll.interventions.patching.patch`, recomputed
             attention rows apply the same logit change, and the record
-            (`jaxroll.interventions.describe`) goes into the metadata.
+            (`jaxroll.interventions.describe`) goes into the metadata. A
+            `SinkTokens` prepends its ids (module docstring; `tokenizer`, if
+            given, chooses them) and ``metadata["sink_tokens"]`` records
+            them.
 
     Returns:
         A `Measurement` (None on a rank whose `reduce` returned None).
@@ -176,12 +188,13 @@ def measure(
     layer_map = resolved.layer_map
     config = model.config
     interventions = list(interventions)
-    patching, record = None, {}
+    patching, record, sinks = None, {}, 0
     if interventions:  # checked (one line) before anything runs
         from ..interventions import describe
         from ..interventions.patching import patch
 
         patching, record = patch(model, interventions, resolved), describe(interventions)
+        sinks = patching.plan.sinks
     num_layers, num_heads, head_dim = len(resolved.blocks), resolved.num_heads, resolved.head_dim
 
     if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], str):
@@ -194,9 +207,19 @@ def measure(
             token_ids = token_ids[:samples]
         document_indices = np.arange(token_ids.shape[0])
     num_sequences, length = token_ids.shape
+    # SinkTokens: k ids in front of every sequence; the model runs at N + k (module docstring).
+    run_length = length + sinks
+    sink_tokens, model_ids = None, token_ids
+    if sinks:
+        from ..interventions.patching import check_sink_length, sink_token
 
-    if layer_map.name == "mpt" and length > config.max_seq_len:
-        raise ConfigError(f"length: {length}; allowed: at most the model's max_seq_len ({config.max_seq_len})")
+        check_sink_length(config, length, sinks, flag="length")
+        sink_id, origin = sink_token(tokenizer, config)
+        sink_tokens = {"count": sinks, "token_id": sink_id, "token": origin, "run_length": run_length}
+        model_ids = np.concatenate([np.full((num_sequences, sinks), sink_id, dtype=np.int64), token_ids], axis=1)
+
+    if layer_map.name == "mpt" and run_length > config.max_seq_len:
+        raise ConfigError(f"length: {run_length}; allowed: at most the model's max_seq_len ({config.max_seq_len})")
     check_stats_allowed(stats, layer_map.name, layer_map.position)
     if "content" in stats and length < 2:
         raise ConfigError("length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
@@ -267,27 +290,29 @@ def measure(
         },
         "versions": _versions(),
         "interventions": record,
+        "sink_tokens": sink_tokens,
     }
     fingerprint = json.dumps({key: metadata[key] for key in (
         "model_class", "num_layers", "num_heads", "stats", "falcon_alibi", "dtype", "qk_position_stride",
-        "interventions")}
+        "interventions", "sink_tokens")}
         | {"tokens": int(np.asarray(token_ids, dtype=np.int64).sum() % 1_000_000_007),
            "shape": list(token_ids.shape)}
         | ({"shard": list(shard)} if shard is not None and shard[1] > 1 else {}), sort_keys=True)
 
-    shape = Shapes(num_sequences, num_layers, num_heads, length)
+    # The sums run at the model's N + k positions; `_finish` splits the influence at the sinks.
+    shape = Shapes(num_sequences, num_layers, num_heads, run_length)
     sums = PartialSums(shape, stats, positions, indices)
     if resume and checkpoint_path is not None and Path(checkpoint_path).is_file():
         sums.load(Path(checkpoint_path), fingerprint)
 
-    grid = np.arange(0, length, positions)
-    step = _Step(stats, num_layers, length, grid)
+    grid = np.arange(0, run_length, positions)
+    step = _Step(stats, num_layers, run_length, grid, skip=sinks)
     rotary = None
     if recompute:
         from .attention_rows import RotaryCapture, key_bias, sliding_window
 
         rotary = RotaryCapture(model, resolved) if layer_map.position == "rope" else None
-        step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, length, falcon_alibi),
+        step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, run_length, falcon_alibi),
                      "window": sliding_window(config, layer_map.name), "rotary": rotary,
                      "change": patching.plan.change if patching is not None else None}
     metadata["attention_rows"] = "recomputed from q, k in chunks" if recompute else None
@@ -310,7 +335,7 @@ def measure(
     if batch_size is None:
         from .batching import choose_batch_size
 
-        batch_size = choose_batch_size(model, length, stats, own - sums.count, checkpointing=checkpointing)
+        batch_size = choose_batch_size(model, run_length, stats, own - sums.count, checkpointing=checkpointing)
     metadata["batch_size"] = int(batch_size)
     bar = _progress(progress, own, sums.count)
     started = time.perf_counter()
@@ -336,7 +361,7 @@ def measure(
                 rows = [int(index) for index in sums.indices[first:first + batch_size]]
                 step.reset(len(rows))
                 hooks.recording = True
-                ids = torch.as_tensor(token_ids[rows], dtype=torch.long, device=device)
+                ids = torch.as_tensor(model_ids[rows], dtype=torch.long, device=device)
                 result = _forward_backward(model, ids, "influence" in stats, hooks)
                 _accumulate(sums, step, result, rows, stats)
                 sums.count = first + len(rows)
@@ -361,7 +386,8 @@ def measure(
     # Seconds of the measuring loop (no loading) and sequences, per process.
     metadata["timing"] = {"sequences_per_process": [int(count) for count, _ in timing],
                           "loop_seconds_per_process": [float(seconds) for _, seconds in timing]}
-    return _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape)
+    return _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
+                   sinks)
 
 
 def _progress(progress, total, initial):
@@ -401,8 +427,9 @@ class _Step:
     sequence ran alone.
     """
 
-    def __init__(self, stats, num_layers, length, grid):
+    def __init__(self, stats, num_layers, length, grid, skip=0):
         self.stats = stats
+        self.skip = skip  # sink tokens in front: lambda and content read the positions after them
         self.grid = torch.as_tensor(grid)
         self.registered = [registered()[name] for name in stats if name in registered()]
         self.rows = None  # {scale, bias, window, rotary, change}: recompute attention rows from q, k
@@ -426,12 +453,12 @@ class _Step:
 
     def block_input(self, layer, x):
         if "lambda" in self.stats:
-            self.x_norms[layer] = x.double().norm(dim=-1)  # (B, N)
+            self.x_norms[layer] = x.double().norm(dim=-1)[:, self.skip:]  # (B, N)
         self._observe("block_input", layer, x)
 
     def attention_output(self, layer, a):
         if "lambda" in self.stats:
-            a_norm = a.double().norm(dim=-1)
+            a_norm = a.double().norm(dim=-1)[:, self.skip:]
             x_norm = self.x_norms.pop(layer).to(a_norm.device)
             denominator = x_norm + a_norm
             # 0/0 (a zero residual stream and a zero update) counts as no mixing.
@@ -443,12 +470,13 @@ class _Step:
         if "content" in self.stats or "qk" in self.stats:
             q64 = q.double().transpose(1, 2)  # (B, H, N, d)
             k64 = k.double().transpose(1, 2)
-            n = q64.shape[2]
             if "content" in self.stats:
-                # Sums over the batch's rows: content is a mean over sequences.
-                self.diagonal[layer] = (q64 * k64).sum(-1).mean(-1).sum(0)
-                before = torch.cumsum(k64, dim=2) - k64  # sum_{j < i} k_j
-                self.lower[layer] = (q64 * before).sum((-1, -2)).sum(0) / (n * (n - 1) / 2)
+                # Sums over the batch's rows: content is a mean over sequences (over the positions after the sinks).
+                q_own, k_own = q64[:, :, self.skip:], k64[:, :, self.skip:]
+                n = q_own.shape[2]
+                self.diagonal[layer] = (q_own * k_own).sum(-1).mean(-1).sum(0)
+                before = torch.cumsum(k_own, dim=2) - k_own  # sum_{j < i} k_j
+                self.lower[layer] = (q_own * before).sum((-1, -2)).sum(0) / (n * (n - 1) / 2)
             if "qk" in self.stats:
                 grid = self.grid.to(q64.device)
                 self.qk[layer] = (q64[:, :, grid] @ k64[:, :, grid].transpose(-1, -2)).sum(0)
@@ -463,6 +491,14 @@ class _Step:
         if rows["rotary"] is not None:  # the rotation the attention applies after the projections
             cos, sin = rows["rotary"].cos, rows["rotary"].sin
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            ratios = None if rows["change"] is None else rows["change"].rotary_ratios
+            if ratios is not None:  # a rotary rescale: at p / r per head, as the patched attention rotates
+                from ..interventions.patching import rerotate
+
+                positions = torch.arange(q.shape[1], device=q.device)
+                inv_freq = rows["rotary"].module.inv_freq
+                q = rerotate(q.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
+                k = rerotate(k.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
         watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
         n = q.shape[1]
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
@@ -546,7 +582,8 @@ def _accumulate(sums, step, result, rows, stats):
             statistic.accumulate(arrays, step.states[row][statistic.name], index)
 
 
-def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape):
+def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
+            sinks=0):
     arrays, count = sums.arrays, sums.count
     lambdas = lambdas_std = per_sequence = None
     if "lambda" in stats:
@@ -554,17 +591,24 @@ def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_
         lambdas = per_sequence.mean(axis=0)
         lambdas_std = per_sequence.std(axis=0)
     influence = influence_raw = token = probability = influence_rows = None
+    extra = {}
     if "influence" in stats:
-        influence_raw = arrays["influence_sum"] / count
+        # With k sinks in front: the N originals' norms, and the sinks' share of each sequence's gradient mass
+        # (SinkTokens.split of the rollout, per sequence).
+        influence_raw = arrays["influence_sum"][sinks:] / count
         total = influence_raw.sum()
         influence = influence_raw / total if total > 0 else np.full_like(influence_raw, 1.0 / influence_raw.size)
         token, probability = arrays["target_token"], arrays["target_probability"]
-        influence_rows = arrays["influence_per_sequence"]
+        influence_rows = arrays["influence_per_sequence"][:, sinks:]
+        if sinks:
+            full = arrays["influence_per_sequence"]
+            mass = full.sum(axis=1)
+            extra["sink_mass"] = np.where(mass > 0, full[:, :sinks].sum(axis=1) / np.where(mass > 0, mass, 1.0), 0.0)
+            metadata["sink_tokens"]["sink_mass_mean"] = float(np.mean(extra["sink_mass"]))
     diagonal = base = None
     if "content" in stats:
         base = arrays["qk_lower_sum"] / count
         diagonal = arrays["qk_diagonal_sum"] / count - base
-    extra = {}
     for name in stats:
         statistic = registered().get(name)
         if statistic is not None:

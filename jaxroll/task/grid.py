@@ -145,8 +145,12 @@ class _Rows:
 
 
 def run_grid(model, builder: Builder, out, *, tasks, lengths, depths, samples: int, seed: int = 0,
-             batch_size: int = 8, world=None, progress=None) -> list[dict] | None:
+             batch_size: int = 8, world=None, progress=None, prefix=()) -> list[dict] | None:
     """Score the grid's pending cases and append them to ``out/cases.jsonl``.
+
+    `prefix`: ids before every prompt (``--intervene sinks=k``: k sink ids;
+    the record's depth and the answer move k positions right in the
+    model's input, the rows keep the prompt's own indices).
 
     Returns every row of the grid (old and new) on rank 0, None on other ranks.
     `out` must exist (and hold ``task.json``); `progress(count)` is called with
@@ -166,7 +170,7 @@ def run_grid(model, builder: Builder, out, *, tasks, lengths, depths, samples: i
         if progress is not None:
             progress(len(rows))
 
-    rows = score_cases(model, mine, batch_size=batch_size, on_batch=keep)
+    rows = score_cases(model, mine, batch_size=batch_size, on_batch=keep, prefix=prefix)
     if world.distributed:
         merged = distributed.gather_to_rank0(world, _Rows(rows))
         if merged is None:

@@ -24,8 +24,12 @@ import numpy as np
 __all__ = ["score_cases", "score_batch"]
 
 
-def score_batch(model, prompts: np.ndarray, answers: np.ndarray):
+def score_batch(model, prompts: np.ndarray, answers: np.ndarray, prefix=()):
     """Scores of one batch: prompts ``(B, L)`` and answers ``(B, A)`` of int ids.
+
+    `prefix`: ids put before every prompt (`SinkTokens`' k sink ids): the
+    model reads ``prefix + prompt + answer[:-1]``, every position shifted by
+    ``len(prefix)``; the scored positions are still the last ``A``.
 
     Returns:
         ``(logprob (B,) float64, exact (B,) bool, correct (B,) int)``.
@@ -33,7 +37,8 @@ def score_batch(model, prompts: np.ndarray, answers: np.ndarray):
     import torch
 
     device = next(model.parameters()).device
-    inputs = np.concatenate([prompts, answers[:, :-1]], axis=1)
+    front = np.broadcast_to(np.asarray(prefix, dtype=np.int64), (prompts.shape[0], len(prefix)))
+    inputs = np.concatenate([front, prompts, answers[:, :-1]], axis=1)
     width = answers.shape[1]
     with torch.no_grad():
         tensor = torch.as_tensor(inputs, dtype=torch.long, device=device)
@@ -55,8 +60,11 @@ def batches(cases, batch_size: int):
             yield members[start: start + batch_size]
 
 
-def score_cases(model, cases, batch_size: int = 8, on_batch=None) -> list[dict]:
+def score_cases(model, cases, batch_size: int = 8, on_batch=None, prefix=()) -> list[dict]:
     """One row per case (in the order of `cases`): its fields and ``logprob, exact, correct``.
+
+    `prefix` goes before every prompt (`score_batch`); the rows keep the
+    prompt's own ids and depths.
 
     `on_batch(rows)` is called after every batch with that batch's rows (to
     append them to a file, so that an interrupted run keeps them).
@@ -65,7 +73,7 @@ def score_cases(model, cases, batch_size: int = 8, on_batch=None) -> list[dict]:
     for members in batches(cases, batch_size):
         prompts = np.asarray([cases[i].prompt_ids for i in members], dtype=np.int64)
         answers = np.asarray([cases[i].answer_ids for i in members], dtype=np.int64)
-        logprob, exact, correct = score_batch(model, prompts, answers)
+        logprob, exact, correct = score_batch(model, prompts, answers, prefix)
         done = []
         for position, index in enumerate(members):
             rows[index] = case_row(cases[index], float(logprob[position]), bool(exact[position]),
