@@ -85,6 +85,33 @@ def test_numbers_match_numpy_oracles():
     assert change.predicted_interval[0] < change.predicted < change.predicted_interval[1]
 
 
+def test_the_anchored_prediction_carries_the_predicted_ratio_onto_the_measured_baseline():
+    """a_I = m_B p_I / p_B renormalised, against a loop over positions; a rollout that is wrong in the
+    baseline's shape (p_B = p_I / tilt) but right in the change it predicts gives a_I = m_I exactly."""
+    rng = np.random.default_rng(5)
+    baseline = draw(u_shape(), rng)
+    m_b = mean_oracle(baseline)
+    predicted, predicted_baseline = u_shape(0.4), u_shape(0.05)
+    expected = np.array([m_b[j] * predicted[j] / predicted_baseline[j] for j in range(N)])
+    expected /= expected.sum()
+    np.testing.assert_allclose(effect_module.anchored_profile(m_b, predicted_baseline, predicted), expected,
+                               rtol=0, atol=1e-15)
+    # The rollout's baseline is off (flat), its ratio is the true one: the anchored profile is m_B x ratio.
+    ratio = np.exp(0.5 * X)
+    flat = np.full(N, 1.0 / N)
+    truth = m_b * ratio / (m_b * ratio).sum()
+    np.testing.assert_allclose(effect_module.anchored_profile(m_b, flat, flat * ratio / (flat * ratio).sum()),
+                               truth, rtol=0, atol=1e-15)
+    intervened = draw(u_shape(0.5), rng)
+    result = effect(baseline, intervened, predicted, predicted_baseline=predicted_baseline, B=B, seed=3)
+    # m_B from the effect's own mean differs from mean_oracle's in the last bits only.
+    oracle = score(expected, intervened, B=B, seed=3)
+    assert result.anchored.w1 == pytest.approx(oracle.w1, abs=1e-12)
+    assert result.anchored.ratio == pytest.approx(oracle.ratio, rel=1e-10)
+    assert result.anchored.p_value == oracle.p_value
+    assert effect(baseline, intervened, predicted, B=B, seed=3).anchored is None
+
+
 @pytest.mark.parametrize("n", [7, 24, 32, 50])
 def test_the_numpy_shape_statistics_are_jaxroll_metrics(n):
     profile = np.random.default_rng(n).dirichlet(np.ones(n))

@@ -153,6 +153,10 @@ def _print_table(arguments, result, intervention: str, out: Path) -> None:
           f"{result.effect_ratio:11.4g} {result.effect_p_value:9.3g}")
     print(f"  {'prediction W1(p_I, m_I)':36} {score.w1:11.5g} {score.noise:11.5g} {score.ratio:11.4g} "
           f"{score.p_value:9.3g}")
+    if result.anchored is not None:
+        anchored = result.anchored
+        print(f"  {'anchored m_B p_I / p_B vs m_I':36} {anchored.w1:11.5g} {anchored.noise:11.5g} "
+              f"{anchored.ratio:11.4g} {anchored.p_value:9.3g}")
     reference = next(iter(result.changes.values())).reference
     print(f"  change, intervened - baseline      {'measured [' + percent + ' interval]':>33}  "
           f"{'predicted [' + percent + ' interval]':>33}  {'measured - predicted':>33}")
