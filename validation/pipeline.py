@@ -168,7 +168,7 @@ def held_out_loss(model, stream: np.ndarray, length: int, *, windows: int = 64, 
 
 def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length: int, batch_size: int = 16,
           learning_rate: float = 2e-3, warmup: int = 100, seed: int = 0, eval_every: int = 100,
-          max_seconds: float = float("inf"), log=print) -> list[dict]:
+          max_seconds: float = float("inf"), log=print, on_step=None) -> list[dict]:
     """AdamW on random windows of `stream`; returns the loss curve.
 
     Schedule: linear warm-up over `warmup` steps, cosine decay to 10 % of
@@ -178,7 +178,8 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length
     held-out loss, wall seconds since the start. Training stops early once
     `max_seconds` of wall time have passed (the machine may be shared, so a
     fixed step count can take much longer than planned); the last row says
-    how far it got.
+    how far it got. ``on_step(step, model)``, when given, is called at step 0
+    (before training) and after every optimiser step (checkpoints).
     """
     generator = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
@@ -194,6 +195,8 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length
     curve = [{"step": 0, "train_loss": float("nan"), "held_out_loss": held_out_loss(model, held_out, length),
               "seconds": 0.0}]
     start, running = time.perf_counter(), []
+    if on_step is not None:
+        on_step(0, model)
     model.train()
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
@@ -205,6 +208,10 @@ def train(model, stream: np.ndarray, held_out: np.ndarray, *, steps: int, length
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         running.append(loss.item())
+        if on_step is not None:
+            model.eval()
+            on_step(step, model)
+            model.train()
         out_of_time = time.perf_counter() - start > max_seconds
         if step % eval_every == 0 or step == steps or out_of_time:
             row = {"step": step, "train_loss": float(np.mean(running)),

@@ -183,7 +183,8 @@ def train_models(arguments, geometry, train_texts, held_texts):
         print(f"training {family}: {sum(p.numel() for p in model.parameters())} parameters")
         curve = pipeline.train(model, train_stream, held_stream, steps=arguments.steps, length=arguments.length,
                                batch_size=arguments.batch, seed=arguments.seed, eval_every=arguments.eval_every,
-                               max_seconds=60 * arguments.minutes)
+                               max_seconds=60 * arguments.minutes,
+                               on_step=_checkpointer(arguments, out / f"{family}-series", tokenizer))
         model.save_pretrained(out / f"{family}-trained")
         tokenizer.save_pretrained(str(out / f"{family}-trained"))
         curves[family] = curve
@@ -197,6 +198,19 @@ def train_models(arguments, geometry, train_texts, held_texts):
                 writer.writerow([family, row["step"], row["train_loss"], row["held_out_loss"], row["seconds"]])
 
     return texts, curves, training
+
+
+def _checkpointer(arguments, directory: Path, tokenizer):
+    """``on_step`` saving ``directory/checkpoint-STEP/`` at the steps of ``--checkpoints`` (None without it)."""
+    steps = {int(step) for step in (getattr(arguments, "checkpoints", None) or "").split(",") if step}
+    if not steps:
+        return None
+
+    def save(step, model):
+        if step in steps:
+            model.save_pretrained(directory / f"checkpoint-{step}")
+            tokenizer.save_pretrained(str(directory / f"checkpoint-{step}"))
+    return save
 
 
 def _training_summary(curve, model) -> dict:

@@ -31,9 +31,12 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-time cap per model")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoints", default=None, metavar="STEPS",
+                        help="also save FAMILY-series/checkpoint-STEP/ (model and tokenizer) at these steps, "
+                             "e.g. 0,10,30,100,300,1000,3000 (the Hugging Face Trainer's layout)")
     arguments = run.parse(["--out", "unused", "--steps", "0"])
     own = parser.parse_args(argv)
-    for name in ("out", "steps", "minutes", "layers", "seed"):
+    for name in ("out", "steps", "minutes", "layers", "seed", "checkpoints"):
         setattr(arguments, name, getattr(own, name))
     if arguments.out.exists() and any(arguments.out.iterdir()):
         print(f"train: error: --out {arguments.out}: directory is not empty", file=sys.stderr)
