@@ -198,7 +198,7 @@ def test_checkpoints_of_different_architectures_are_refused_and_nothing_created(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("case", ["no step in the name", "no lambda", "non-empty out"])
+@pytest.mark.parametrize("case", ["no step in the name", "no lambda", "one sample", "non-empty out"])
 def test_other_bad_series_inputs_are_one_line_each(run, texts, tmp_path, capsys, case):
     out = tmp_path / "out"
     if case == "no step in the name":
@@ -207,12 +207,15 @@ def test_other_bad_series_inputs_are_one_line_each(run, texts, tmp_path, capsys,
         code = _measure([run / "checkpoint-0", tmp_path / "final"], out, texts)
     elif case == "no lambda":
         code = _measure(run, out, texts, "--stats", "influence")
+    elif case == "one sample":
+        code = main([str(item) for item in ["measure", run, "--texts", texts, "--length", N, "--samples", 1,
+                                            "--out", out, "--quiet"]])
     else:
         out.mkdir()
         (out / "notes.txt").write_text("mine")
         code = _measure(run, out, texts)
     err = _refused(capsys, code)
-    assert {"no step in the name": "no step in its name", "no lambda": "no lambda",
+    assert {"no step in the name": "no step in its name", "no lambda": "no lambda", "one sample": "--samples: 1",
             "non-empty out": "not empty"}[case] in err
     assert not out.exists() or sorted(path.name for path in out.iterdir()) == ["notes.txt"]
 

@@ -34,7 +34,8 @@ def _run_series(arguments) -> None:
 
     data = read_series(arguments.directory)
     folder = arguments.directory
-    folder = folder if folder.name == SERIES_FOLDER and not (folder / SERIES_FOLDER).is_dir() else folder / SERIES_FOLDER
+    if not (folder.name == SERIES_FOLDER and not (folder / SERIES_FOLDER).is_dir()):
+        folder = folder / SERIES_FOLDER
     path = plot_series(folder, data, title=arguments.title)
     columns = data["columns"]
     print(f"jaxroll series: {len(columns['step'])} steps ({columns['step'][0]} .. {columns['step'][-1]}); "
@@ -79,6 +80,9 @@ def measure_series(arguments, measure_one) -> None:
     if missing:
         raise ConfigError(f"--stats {arguments.stats}: no {missing[0]}; allowed: --stats including lambda and "
                           "influence for a series (its summary compares the rollout with the measured profile)")
+    if arguments.samples < 2:
+        raise ConfigError(f"--samples: {arguments.samples}; allowed: >= 2 for a series (its summary judges the "
+                          "prediction against the noise of the mean over sequences)")
     out = arguments.out
     if arguments.resume:
         if not out.is_dir():

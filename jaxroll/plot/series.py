@@ -1,4 +1,4 @@
-"""A series over training (`jaxroll.measure.series`): the measured profile, lambda_t and the prediction's agreement by step.
+"""A series over training (`jaxroll.measure.series`): the profile, lambda_t and the prediction's agreement by step.
 
 Steps are drawn one column per checkpoint, labelled with their step: a
 geometric schedule (0, 1, 2, 4, ..., 4096) is then evenly spaced, and step 0
