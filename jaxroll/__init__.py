@@ -54,6 +54,7 @@ __all__ = [
     "schedules",
     "sweep",
     "theory",
+    "track",
     "transition",
     "write_profile",
 ]
@@ -86,6 +87,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SweepResult": (".sweeps", "SweepResult"),
     "compare_theories": (".theory.two_theories", "compare_theories"),
     "sweep": (".sweeps", "sweep"),
+    "track": (".measure.tracking", "track"),
     "interventions": (".interventions", None),
     "kernel_types": (".kernel_types", None),
     "metrics": (".metrics", None),
@@ -157,6 +159,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
         rollout_row as rollout_row,
         transition as transition,
     )
+    from .measure.tracking import track as track
     from .sweeps import SweepResult as SweepResult, sweep as sweep
     from .theory.two_theories import compare_theories as compare_theories
 

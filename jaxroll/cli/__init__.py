@@ -13,7 +13,7 @@ from importlib.metadata import version
 from ..errors import ConfigError
 from . import _common
 from . import (cache, compare, compare_task, effect, fit, fit_kernel, forces, kinetic, measure, presets, rollout, score,
-               sweep, task)
+               series, sweep, task)
 
 __all__ = ["main"]
 
@@ -25,7 +25,7 @@ def _build_parser():
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
     for command in (rollout, presets, measure, compare, forces, fit, fit_kernel, sweep, kinetic, score, effect, cache,
-                    task, compare_task):
+                    task, compare_task, series):
         command.add_parser(commands)
     return parser
 

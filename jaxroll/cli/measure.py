@@ -30,7 +30,11 @@ def add_parser(commands) -> None:
                     "measurement.npz, metadata.json, config.yaml, influence.csv, lambdas.png and "
                     "influence.png into --out. Data parallel under torchrun: torchrun --nproc-per-node K "
                     "-m jaxroll measure ... Needs jaxroll[measure].")
-    measure.add_argument("model", type=Path, metavar="MODEL_DIR", help="directory written by save_pretrained")
+    measure.add_argument("model", type=Path, nargs="+", metavar="MODEL_DIR",
+                         help="directory written by save_pretrained; several (named checkpoint-STEP or STEP), or "
+                              "a training output folder of checkpoint-STEP/ subfolders, measure a series: each "
+                              "step into OUT/checkpoint-STEP/ on the same sequences, and the summary into "
+                              "OUT/series/ (docs/training.md)")
     measure.add_argument("--texts", type=Path, required=True,
                          help=".txt (blank-line separated documents), .jsonl (field 'text') or a saved dataset")
     measure.add_argument("--length", type=_common.positive_int, required=True, help="tokens per sequence N")
@@ -82,8 +86,6 @@ def add_parser(commands) -> None:
 
 
 def _run_measure(arguments) -> None:
-    from .. import io
-
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -91,7 +93,19 @@ def _run_measure(arguments) -> None:
         raise ConfigError("measure: needs torch and transformers; install the CPU build of torch first, "
                           "python3 -m pip install torch==2.13.0 (a bare `torch` pulls a CUDA build), then "
                           "python3 -m pip install 'jaxroll[measure]'") from None
-    from .. import measure
+    models = arguments.model
+    if len(models) == 1 and not (models[0].is_dir() and not (models[0] / "config.json").exists()):
+        arguments.model = models[0]
+        _measure_one(arguments)
+    else:  # several folders, or a training output folder: a series (jaxroll.measure.series)
+        from .series import measure_series
+
+        measure_series(arguments, _measure_one)
+
+
+def _measure_one(arguments) -> None:
+    """One model folder into one --out: the whole of ``jaxroll measure MODEL_DIR``."""
+    from .. import io, measure
     from ..interventions.patching import parse_for
     from ..measure import distributed, loading
 

@@ -28,6 +28,8 @@ _NAMES = {
     "attention_implementation": "loading", "offset_rollout_model": "offsets",
     "score": "uncertainty", "Score": "uncertainty",
     "Progress": "progress",
+    "track": "tracking", "track_callback": "tracking", "track_trainer": "tracking",
+    "find_checkpoints": "series", "read_series": "series", "update_series": "series",
 }
 
 __all__ = sorted(_NAMES)

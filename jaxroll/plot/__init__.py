@@ -7,7 +7,8 @@ contrast), `forces` (the forces ladder), `fit` (a fit and its loss curve),
 (lines and heatmaps of a sweep), `task` (task accuracy by depth, a task
 curve beside the prediction) and `kinetic` (the kinetic closed form beside
 its rollout), `effect` (a predicted change against two
-measurements); `_canvas` holds the axes they share. The ``plot_*`` functions
+measurements), `series` (a measurement over training steps); `_canvas`
+holds the axes they share. The ``plot_*`` functions
 here write one of them to a file, all through `_save`, so that one wrapper
 of ``jaxroll.plot._save`` (as the tests use) sees every figure written.
 
@@ -30,6 +31,7 @@ from .interventions import interventions_figure
 from .kinetic import kinetic_figure
 from .measured import lambdas_figure, measured_influence_figure, two_profiles_figure
 from .profile import COLLAPSE_THRESHOLD, collapsed, profile_figure
+from .series import series_figure
 from .sweep import sweep_figures
 from .task import SCORE_LABELS, task_accuracy_figure, task_comparison_figure
 
@@ -118,3 +120,8 @@ def plot_effect(path, baseline, intervened, predicted, *, bands=(None, None), la
     """`effect_figure` (baseline and intervened measurements, the predicted change), written to `path`."""
     return _save(effect_figure(baseline, intervened, predicted, bands=bands, labels=labels,
                                predicted_baseline=predicted_baseline, level=level, title=title), path)
+
+
+def plot_series(path, steps, measured, lambdas, w1_over_noise, *, title: str = "") -> Path:
+    """`series_figure` (the measured profile, lambda_t and W1 / noise over training steps), written to `path`."""
+    return _save(series_figure(steps, measured, lambdas, w1_over_noise, title=title), path)
