@@ -31,7 +31,8 @@ transformers = pytest.importorskip("transformers")
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.interventions import (BranchScale, DistanceBias, LengthScaledLogits, SlopeScale,  # noqa: E402
                                    Temperature, parse)
-from jaxroll.interventions.patching import check, patch  # noqa: E402
+from jaxroll.interventions.patching import patch  # noqa: E402
+from jaxroll.interventions.torch_plan import check  # noqa: E402
 from jaxroll.measure.precision import full_precision  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py

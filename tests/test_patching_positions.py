@@ -32,7 +32,8 @@ from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
 from jaxroll.interventions import RotaryRescale, SinkTokens, parse  # noqa: E402
-from jaxroll.interventions.patching import check, patch  # noqa: E402
+from jaxroll.interventions.patching import patch  # noqa: E402
+from jaxroll.interventions.torch_plan import check  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py

@@ -49,7 +49,7 @@ import pipeline  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
-from jaxroll.interventions import patching  # noqa: E402
+from jaxroll.interventions import patching, torch_plan  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure.effect import effect, middle_mass  # noqa: E402
 from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402
@@ -165,7 +165,7 @@ def per_sequence_prediction(model, attention, lambdas, changes, hf_config):
     from jaxroll.measure.attention_rows import key_bias
     from jaxroll.measure.layer_maps import resolve
 
-    plan = patching.check(changes, hf_config)
+    plan = torch_plan.check(changes, hf_config)
     n = attention[0].shape[-1]
     resolved = resolve(model)
     bias = key_bias(model, resolved, n)
@@ -223,7 +223,7 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             Path(spec).parent.mkdir(parents=True, exist_ok=True)
             Path(spec).write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in mapping.items()))
         try:
-            changes = patching.parse_for(spec, hf_config)
+            changes = torch_plan.parse_for(spec, hf_config)
         except jaxroll.ConfigError as error:
             log(f"  {family} {entry}: not applied: {error}")
             rows.append({"family": family, "intervention": entry, "error": str(error)})

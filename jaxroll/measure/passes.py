@@ -23,7 +23,7 @@ tokens (the measurements of arXiv 2602.16837):
   per-sequence norms ``influence_per_sequence (S, N)`` are kept for
   uncertainty (`jaxroll.measure.uncertainty`).
 - under ``SinkTokens(k)`` (``--intervene sinks=k``): k sink ids in front of
-  every sequence (`jaxroll.interventions.patching.sink_token`: the
+  every sequence (`jaxroll.interventions.torch_plan.sink_token`: the
   tokenizer's BOS, else its EOS, else the config's, else 0), the model at
   ``N + k``. ``influence`` and ``influence_per_sequence`` are over the N
   originals (normalised over them); ``sink_mass (S,)`` is the sinks' share
@@ -71,7 +71,7 @@ from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
 from .partial_sums import PartialSums
 from .precision import full_precision
 from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, check_stats_allowed, parse_stats, registered
-from .result import Measurement
+from .result import Measurement, measurement_from_sums
 
 __all__ = ["measure", "influence_gradients"]
 
@@ -211,7 +211,7 @@ def measure(
     run_length = length + sinks
     sink_tokens, model_ids = None, token_ids
     if sinks:
-        from ..interventions.patching import check_sink_length, sink_token
+        from ..interventions.torch_plan import check_sink_length, sink_token
 
         check_sink_length(config, length, sinks, flag="length")
         sink_id, origin = sink_token(tokenizer, config)
@@ -386,7 +386,7 @@ def measure(
     # Seconds of the measuring loop (no loading) and sequences, per process.
     metadata["timing"] = {"sequences_per_process": [int(count) for count, _ in timing],
                           "loop_seconds_per_process": [float(seconds) for _, seconds in timing]}
-    return _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
+    return measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
                    sinks)
 
 
@@ -580,51 +580,6 @@ def _accumulate(sums, step, result, rows, stats):
     for statistic in step.registered:
         for row, index in enumerate(rows):
             statistic.accumulate(arrays, step.states[row][statistic.name], index)
-
-
-def _finish(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
-            sinks=0):
-    arrays, count = sums.arrays, sums.count
-    lambdas = lambdas_std = per_sequence = None
-    if "lambda" in stats:
-        per_sequence = arrays["lambdas_per_sequence"]
-        lambdas = per_sequence.mean(axis=0)
-        lambdas_std = per_sequence.std(axis=0)
-    influence = influence_raw = token = probability = influence_rows = None
-    extra = {}
-    if "influence" in stats:
-        # With k sinks in front: the N originals' norms, and the sinks' share of each sequence's gradient mass
-        # (SinkTokens.split of the rollout, per sequence).
-        influence_raw = arrays["influence_sum"][sinks:] / count
-        total = influence_raw.sum()
-        influence = influence_raw / total if total > 0 else np.full_like(influence_raw, 1.0 / influence_raw.size)
-        token, probability = arrays["target_token"], arrays["target_probability"]
-        influence_rows = arrays["influence_per_sequence"][:, sinks:]
-        if sinks:
-            full = arrays["influence_per_sequence"]
-            mass = full.sum(axis=1)
-            extra["sink_mass"] = np.where(mass > 0, full[:, :sinks].sum(axis=1) / np.where(mass > 0, mass, 1.0), 0.0)
-            metadata["sink_tokens"]["sink_mass_mean"] = float(np.mean(extra["sink_mass"]))
-    diagonal = base = None
-    if "content" in stats:
-        base = arrays["qk_lower_sum"] / count
-        diagonal = arrays["qk_diagonal_sum"] / count - base
-    for name in stats:
-        statistic = registered().get(name)
-        if statistic is not None:
-            extra.update(statistic.finish(arrays, count, shape))
-    return Measurement(
-        lambdas=lambdas, lambdas_std=lambdas_std, lambdas_per_sequence=per_sequence,
-        token_ids=np.asarray(token_ids), document_indices=np.asarray(document_indices),
-        influence=influence, influence_raw=influence_raw, target_token=token, target_probability=probability,
-        alibi_slopes=np.asarray(slopes, dtype=np.float64),
-        alibi_slopes_logit=np.asarray(slopes, dtype=np.float64) * bias_scale,
-        content_diagonal=diagonal, content_base=base, logit_scale=np.asarray(logit_scale),
-        qk_mean=arrays["qk_sum"] / count if "qk" in stats else None,
-        qk_positions=grid if "qk" in stats else None,
-        attention_mean=arrays["attention_sum"] / count if "attention" in stats else None,
-        metadata=metadata, influence_per_sequence=influence_rows, extra=extra,
-    )
 
 
 def influence_gradients(model, token_ids, *, position: int = -1, layer_map: LayerMap | None = None):

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from ..errors import ConfigError
+from .registry import registered
 
 
 @dataclasses.dataclass
@@ -102,3 +103,57 @@ class Measurement:
             diagonal_scores=diagonal, base_scores=base,
             sequence_length=sequence_length or self.sequence_length,
         )
+
+
+def measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata,
+                          shape, sinks=0) -> "Measurement":
+    """The `Measurement` of the accumulated partial sums of `jaxroll.measure.measure` (means over sequences).
+
+    ``influence = sum_s g_s / sum_{s,j} g_s[j]`` over the N original positions
+    (with k sink tokens in front, the first k columns are the sinks': their
+    share of each sequence's gradient mass is ``extra["sink_mass"]``);
+    ``lambdas`` the mean and spread over sequences; content ``base`` (mean
+    below the diagonal) and ``diagonal - base``; each registered statistic's
+    own ``finish``.
+    """
+    arrays, count = sums.arrays, sums.count
+    lambdas = lambdas_std = per_sequence = None
+    if "lambda" in stats:
+        per_sequence = arrays["lambdas_per_sequence"]
+        lambdas = per_sequence.mean(axis=0)
+        lambdas_std = per_sequence.std(axis=0)
+    influence = influence_raw = token = probability = influence_rows = None
+    extra = {}
+    if "influence" in stats:
+        # With k sinks in front: the N originals' norms, and the sinks' share of each sequence's gradient mass
+        # (SinkTokens.split of the rollout, per sequence).
+        influence_raw = arrays["influence_sum"][sinks:] / count
+        total = influence_raw.sum()
+        influence = influence_raw / total if total > 0 else np.full_like(influence_raw, 1.0 / influence_raw.size)
+        token, probability = arrays["target_token"], arrays["target_probability"]
+        influence_rows = arrays["influence_per_sequence"][:, sinks:]
+        if sinks:
+            full = arrays["influence_per_sequence"]
+            mass = full.sum(axis=1)
+            extra["sink_mass"] = np.where(mass > 0, full[:, :sinks].sum(axis=1) / np.where(mass > 0, mass, 1.0), 0.0)
+            metadata["sink_tokens"]["sink_mass_mean"] = float(np.mean(extra["sink_mass"]))
+    diagonal = base = None
+    if "content" in stats:
+        base = arrays["qk_lower_sum"] / count
+        diagonal = arrays["qk_diagonal_sum"] / count - base
+    for name in stats:
+        statistic = registered().get(name)
+        if statistic is not None:
+            extra.update(statistic.finish(arrays, count, shape))
+    return Measurement(
+        lambdas=lambdas, lambdas_std=lambdas_std, lambdas_per_sequence=per_sequence,
+        token_ids=np.asarray(token_ids), document_indices=np.asarray(document_indices),
+        influence=influence, influence_raw=influence_raw, target_token=token, target_probability=probability,
+        alibi_slopes=np.asarray(slopes, dtype=np.float64),
+        alibi_slopes_logit=np.asarray(slopes, dtype=np.float64) * bias_scale,
+        content_diagonal=diagonal, content_base=base, logit_scale=np.asarray(logit_scale),
+        qk_mean=arrays["qk_sum"] / count if "qk" in stats else None,
+        qk_positions=grid if "qk" in stats else None,
+        attention_mean=arrays["attention_sum"] / count if "attention" in stats else None,
+        metadata=metadata, influence_per_sequence=influence_rows, extra=extra,
+    )
