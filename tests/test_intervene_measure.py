@@ -77,7 +77,8 @@ def test_an_identity_intervention_leaves_the_measurement_unchanged(family, imple
     model = tiny(family, implementation)
     plain = measure(model, _ids(), stats=STATS[family], batch_size=2)
     changed = measure(model, _ids(), stats=STATS[family], batch_size=2, interventions=parse(IDENTITY[family]))
-    assert plain.arrays().keys() == changed.arrays().keys()
+    # The same arrays, plus the record of what was done (identity values, but an intervention nonetheless).
+    assert changed.arrays().keys() - plain.arrays().keys() == {"interventions"}
     for name, value in plain.arrays().items():
         np.testing.assert_allclose(changed.arrays()[name], value, rtol=0, atol=1e-10, err_msg=name)
     assert plain.metadata["interventions"] == {}
@@ -160,6 +161,8 @@ def test_measure_intervene_records_the_change_in_every_output(saved, texts, tmp_
     assert "intervened: tau=0.5, gamma=0.8" in stdout
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["interventions"] == {"tau": 0.5, "gamma": 0.8}
+    with np.load(out / "measurement.npz", allow_pickle=False) as archive:  # the archive alone says it too
+        assert json.loads(str(archive["interventions"])) == {"tau": 0.5, "gamma": 0.8}
     first = (out / "config.yaml").read_text().splitlines()[0]
     assert first.startswith("# measured under the interventions") and '"tau": 0.5' in first
     jaxroll.load_config(out / "config.yaml")  # still a rollout configuration

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
@@ -59,9 +60,18 @@ class Measurement:
         return int(self.token_ids.shape[1])
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The measured arrays by name (those that are not None)."""
+        """The measured arrays by name (those that are not None).
+
+        A measurement made under interventions also carries their record
+        (`jaxroll.interventions.describe`) as ``interventions``, a JSON string
+        (a 0-d unicode array: readable without pickle), so the archive alone
+        says what was done to the model.
+        """
         arrays = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                   if field.name not in ("metadata", "extra") and getattr(self, field.name) is not None}
+        record = self.metadata.get("interventions") if isinstance(self.metadata, dict) else None
+        if record:
+            arrays["interventions"] = np.asarray(json.dumps(record, sort_keys=True))
         return arrays | {name: np.asarray(value) for name, value in self.extra.items()}
 
     def to_rollout_model(self, sequence_length: int | None = None):
