@@ -161,6 +161,7 @@ def test_the_kl_budget_holds_at_the_optimum(budgeted):
     assert abs(budgeted.middle_mass[0] - numpy_middle_mass(before)) < 1e-12
     assert abs(budgeted.middle_mass[1] - numpy_middle_mass(after)) < 1e-12
     assert budgeted.middle_mass[1] > budgeted.middle_mass[0] + 0.05
+    assert budgeted.final_value <= budgeted.initial_value and budgeted.converged, budgeted.stop_reason
 
 
 def test_a_parameter_at_its_bound_is_reported(budgeted):
@@ -351,7 +352,8 @@ def test_bad_intervention_axis_values_are_refused(axes, message):
 
 def test_sweep_command_takes_intervention_axes(config, tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"base": {"config": str(config)}, "axes": {"tau": [0.5, 1.0], "gamma": [0.5, 2.0]}}, sort_keys=False))
+    spec.write_text(yaml.safe_dump({"base": {"config": str(config)}, "axes": {"tau": [0.5, 1.0], "gamma": [0.5, 2.0]}},
+                                   sort_keys=False))
     out = tmp_path / "out"
     assert cli.main(["sweep", str(spec), "--out", str(out), "--float64"]) == 0
     table = np.genfromtxt(out / "sweep.csv", delimiter=",", names=True)

@@ -32,10 +32,12 @@ from .result import DesignResult
 
 __all__ = ["design", "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY"]
 
-PENALTY = 10.0
+PENALTY = 1e3
 """The augmented Lagrangian's first ``rho``. The constraint is ``g_t = K_t / b - 1``
-(dimensionless) and the goals are O(0.1..1) per unit of u, so rho = 10 is felt at once without
-making the first local stage stiff."""
+(dimensionless) and a goal changes by at most 1, so a violation costs ``(rho / 2) g_t^2`` and the
+first local stage stays within a few percent of the budget. A weak first penalty lets it wander:
+on MPT-7B (tau, kappa, gamma free) rho = 10 led to tau at its lower bound, far outside the budget,
+and the multipliers then walked it back to a constrained optimum worse than the identity."""
 PENALTY_GROWTH = 10.0
 """``rho`` is multiplied by this after an outer iteration that did not cut the largest
 violation ``max_t g_t`` by at least 4 (Nocedal & Wright 2006, Algorithm 17.4's rule)."""
@@ -52,21 +54,23 @@ _BISECTIONS = 48  # 2^-48 of the step from the start to the design: below float6
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
-def _run_starts(raw, data, tolerances, *, problem: _Problem, max_steps: int):
-    """Every start (leading axis of `raw`) through the fitting package's compiled loop
-    (`jaxroll.fitting.optimise._minimise`), one after the other under `lax.scan`; a start after
-    one that reached the loss floor is skipped."""
+def _run_starts(raw, multipliers, penalty, data, tolerances, *, problem: _Problem, max_steps: int):
+    """Every start (leading axis of `raw`, with its own multipliers ``(S, T)`` and penalty ``(S,)``)
+    through the fitting package's compiled loop (`jaxroll.fitting.optimise._minimise`), one after the
+    other under `lax.scan`; a start after one that reached the loss floor is skipped."""
     dtype = jnp.result_type(float)
 
-    def one_start(best_so_far, start):
+    def one_start(best_so_far, inputs):
+        start, start_multipliers, start_penalty = inputs
+        local = data | {"multipliers": start_multipliers, "penalty": start_penalty}
         state = _initial_state(start, problem.optimizer, dtype, max_steps)
         skip = best_so_far <= tolerances[2]
         state = state | dict(reason=jnp.where(skip, _SKIPPED, state["reason"]).astype(jnp.int32))
-        state = _minimise(lambda u: objective(u, data, problem), problem.optimizer, state, tolerances,
+        state = _minimise(lambda u: objective(u, local, problem), problem.optimizer, state, tolerances,
                           max_steps + 1, max_steps)
         return jnp.minimum(best_so_far, state["best_loss"]), state
 
-    return jax.lax.scan(one_start, jnp.asarray(jnp.inf, dtype), raw)[1]
+    return jax.lax.scan(one_start, jnp.asarray(jnp.inf, dtype), (raw, multipliers, penalty))[1]
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "batch_size"))
@@ -103,6 +107,8 @@ def _starting_points(problem: _Problem, data, restarts: int, search: int, key):
     scores = np.asarray(_scores(candidates, data, problem=problem, batch_size=batch_size))
     # A stable sort keeps the identity first among equals; a non-finite score is never chosen.
     order = np.argsort(np.where(np.isfinite(scores), scores, np.inf), kind="stable")[:restarts]
+    if problem.goal is not None and 0 not in order:
+        order[-1] = 0  # a goal always refines the identity too: feasible, and the change a reader compares with
     return {name: u[order] for name, u in candidates.items()}, points
 
 
@@ -252,9 +258,10 @@ def design(
     - ``goal``: ``"middle_mass"`` (maximise ``sum p[k:n-k]``) or ``"u_index"`` (minimise it),
       subject to ``K_t(theta) = (1/n) sum_i KL(A'_t[i, :] || A_t[i, :]) <= kl_budget`` in every
       layer t (dense kernels at length n), by an augmented Lagrangian
-      (`jaxroll.designs.objective`) and a final bisection towards the start that removes any
-      excess left, so the budget holds at the returned design. ``gamma`` changes ``lambda_t``
-      but not ``A_t``: only its box bounds it.
+      (`jaxroll.designs.objective`) run from every start on its own (the problem is not convex;
+      the identity is always a start) and a final bisection towards the identity that removes
+      any excess left, so the budget holds at the returned design, the best of the starts.
+      ``gamma`` changes ``lambda_t`` but not ``A_t``: only its box bounds it.
 
     Each local stage is `jaxroll.fit`'s: the identity and a global design over the boxes (Halton,
     `GLOBAL_POINTS` points for up to `GLOBAL_DIMENSIONS` free scalars), scored in one compiled
@@ -322,45 +329,71 @@ def design(
     starts, search_points = _starting_points(problem, data, restarts, search, key)
     start = {name_: jnp.asarray(u, dtype) for name_, u in parameters.initial().items()}
     initial_value = float(_evaluate(start, data, problem=problem)[2])
-    steps_taken, outer, previous_goal, previous_violation, feasible = 0, 0, math.inf, math.inf, not budgeted
-    rho = PENALTY
-    multipliers = np.zeros(model.num_layers)
+    count = next(iter(starts.values())).shape[0]
+    multipliers, penalty = np.zeros((count, model.num_layers)), np.full(count, PENALTY)
+    previous_goal, previous_violation = np.full(count, np.inf), np.full(count, np.inf)
+    done, feasible = np.zeros(count, bool), np.full(count, not budgeted)
+    steps_taken, reasons, outer = np.zeros(count, np.int64), [""] * count, 0
+    codes = np.zeros(count, np.int64)
+    # Each start runs its own augmented-Lagrangian loop: the goal under a budget is not convex (on MPT-7B a
+    # sharper softmax with gamma ~ 1 and a stronger branch with tau at the budget are two basins), so the
+    # starts are compared only once each is feasible.
     while True:
         outer += 1
-        data = data | {"multipliers": jnp.asarray(multipliers, dtype), "penalty": jnp.asarray(rho, dtype)}
-        states = _run_starts(starts, data, traced_tolerances, problem=problem, max_steps=steps)
-        winner = int(jnp.argmin(states["best_loss"]))
-        point = {name_: u[winner] for name_, u in states["best_raw"].items()}
-        taken, code = int(states["step"][winner]), int(states["reason"][winner])
-        steps_taken += taken
-        stop_reason = _stop_reason(code, taken, float(states["gradient_norm"][winner]),
-                                   float(states["change"][winner]), tolerances)
+        states = _run_starts(starts, jnp.asarray(multipliers, dtype), jnp.asarray(penalty, dtype), data,
+                             traced_tolerances, problem=problem, max_steps=steps)
+        for r in range(count):
+            if done[r]:
+                continue
+            taken, codes[r] = int(states["step"][r]), int(states["reason"][r])
+            steps_taken[r] += taken
+            reasons[r] = _stop_reason(int(codes[r]), taken, float(states["gradient_norm"][r]),
+                                      float(states["change"][r]), tolerances)
         if not budgeted:
             break
-        _, kl, value = (np.asarray(x, np.float64) for x in _evaluate(point, data, problem=problem))
-        excess = kl / kl_budget - 1.0
-        violation = max(0.0, float(np.max(excess)))
-        settled = abs(float(value) - previous_goal) <= loss_tolerance * max(abs(float(value)), 1e-300)
-        feasible = violation <= FEASIBILITY
-        if (feasible and settled) or outer >= OUTER_ITERATIONS:
+        for r in range(count):
+            if done[r]:
+                continue
+            point_r = {name_: u[r] for name_, u in states["best_raw"].items()}
+            _, kl, value = (np.asarray(x, np.float64) for x in _evaluate(point_r, data, problem=problem))
+            excess = kl / kl_budget - 1.0
+            violation = max(0.0, float(np.max(excess)))
+            settled = abs(float(value) - previous_goal[r]) <= loss_tolerance * max(abs(float(value)), 1e-300)
+            feasible[r] = violation <= FEASIBILITY
+            done[r] = feasible[r] and settled
+            multipliers[r] = np.maximum(0.0, multipliers[r] + penalty[r] * excess)
+            if violation > 0.25 * previous_violation[r]:
+                penalty[r] = min(penalty[r] * PENALTY_GROWTH, MAX_PENALTY)
+            previous_goal[r], previous_violation[r] = float(value), violation
+        if done.all() or outer >= OUTER_ITERATIONS:
             break
-        multipliers = np.maximum(0.0, multipliers + rho * excess)
-        if violation > 0.25 * previous_violation:
-            rho = min(rho * PENALTY_GROWTH, MAX_PENALTY)
-        previous_goal, previous_violation = float(value), violation
-        starts = {name_: u[None] for name_, u in point.items()}  # warm start from the last design
+        starts = states["best_raw"]  # each start warm-starts from its own last design
 
+    points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(count)]
     warnings = []
     if budgeted:
-        point, kept = _restore_budget(start, point, data, problem, kl_budget)
+        restored = [_restore_budget(start, point_r, data, problem, kl_budget) for point_r in points]
+        values = [float(_evaluate(point_r, data, problem=problem)[2]) if kept is not None else math.inf
+                  for point_r, kept in restored]
+        winner = int(np.argmin(values))
+        point, kept = restored[winner]
         if kept is None:
             warnings.append(f"warning: the budget KL <= {kl_budget:g} is not met even at the start of the "
                             "boxes; widen --bounds to hold the identity")
-        if not feasible:
-            stop_reason = (f"not converged: {OUTER_ITERATIONS} outer iterations left the budget exceeded by "
-                           f"{violation:.2g} (relative); the design was moved back within it")
+        stop_reason = reasons[winner]
+        if not feasible[winner]:
+            stop_reason = (f"not converged: {OUTER_ITERATIONS} outer iterations left the budget exceeded "
+                           "(the design was moved back within it)")
+    else:
+        winner = int(jnp.argmin(states["best_loss"]))
+        point, stop_reason = points[winner], reasons[winner]
+    code = int(codes[winner])
+    steps_taken = int(steps_taken[winner])
+    outer_iterations = outer
+    feasible = bool(feasible[winner])
     return _result(model, point, data, problem, target, kl_budget, initial_value, stop_reason,
-                   code in _CONVERGED and feasible, steps_taken, steps, name, search_points, outer, warnings,
+                   code in _CONVERGED and feasible, steps_taken, steps, name, search_points, outer_iterations,
+                   warnings,
                    _objective_words(goal, loss, target_name, kl_budget))
 
 
