@@ -25,6 +25,7 @@ __all__ = [
     "AlibiKernel",
     "ConfigError",
     "DenseKernel",
+    "DesignResult",
     "FitResult",
     "Identifiability",
     "KernelRolloutModel",
@@ -37,6 +38,7 @@ __all__ = [
     "compare_theories",
     "attention_kernel",
     "compare_variants",
+    "design",
     "fit",
     "identifiability",
     "influence",
@@ -85,6 +87,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "fit": (".fitting", "fit"),
     "identifiability": (".fitting", "identifiability"),
     "SweepResult": (".sweeps", "SweepResult"),
+    "DesignResult": (".designs", "DesignResult"),
+    "design": (".designs", "design"),
     "compare_theories": (".theory.two_theories", "compare_theories"),
     "sweep": (".sweeps", "sweep"),
     "track": (".measure.tracking", "track"),
@@ -129,6 +133,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
     from . import published as published
     from . import schedules as schedules
     from . import theory as theory
+    from .designs import DesignResult as DesignResult, design as design
     from .errors import ConfigError as ConfigError
     from .fitting import (
         FitResult as FitResult,

@@ -12,8 +12,8 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import (cache, compare, compare_task, effect, fit, fit_kernel, forces, kinetic, measure, presets, rollout, score,
-               series, sweep, task)
+from . import (cache, compare, compare_task, design, effect, fit, fit_kernel, forces, kinetic, measure, presets, rollout,
+               score, series, sweep, task)
 
 __all__ = ["main"]
 
@@ -24,8 +24,8 @@ def _build_parser():
         "transformers (arXiv 2602.16837)."))
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
-    for command in (rollout, presets, measure, compare, forces, fit, fit_kernel, sweep, kinetic, score, effect, cache,
-                    task, compare_task, series):
+    for command in (rollout, presets, measure, compare, forces, fit, fit_kernel, design, sweep, kinetic, score, effect,
+                    cache, task, compare_task, series):
         command.add_parser(commands)
     return parser
 

@@ -3,7 +3,7 @@
 A spec names a base model and the axes of `jaxroll.sweep`::
 
     base: {preset: mpt-7b, sequence_length: 256}   # or config: FILE, or published: NAME
-    axes: {lambda_0: [0.2, 0.4], beta: [0.5, 1.0]}
+    axes: {lambda_0: [0.2, 0.4], beta: [0.5, 1.0]}   # or interventions: {tau: [...], gamma: [...]}
     lengths: [128, 256]                              # optional
     zip: false                                       # optional
     batch_size: 64                                   # optional
@@ -179,6 +179,8 @@ def _base_point(model) -> dict:
             if value is not None and np.ndim(value) == 0 and name not in point:
                 point[name] = float(value)
     point.setdefault("length", float(model.sequence_length))
+    # An intervention axis' base is the identity: the model as given.
+    point.update(tau=1.0, slope_scale=1.0, kappa=0.0, gamma=1.0)
     return point
 
 

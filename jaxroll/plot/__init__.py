@@ -24,6 +24,7 @@ from pathlib import Path
 # __all__ would ask for an API page of its own, scripts/check_api_docs.py), with the private
 # helpers the tests use; _save is the one writer every plot_* below goes through.
 from ._canvas import FLOOR_DECADES, INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _log_floor, _save
+from .design import design_figure
 from .effect import effect_figure
 from .fit import CLIP_FACTOR, fit_figure
 from .forces import COINCIDE, FORCE_LABELS, RUNG_STYLES, forces_figure
@@ -113,6 +114,11 @@ def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, 
 def plot_interventions(path, baseline, changed: dict, *, title: str = "") -> Path:
     """`interventions_figure` written to `path` (PNG)."""
     return _save(interventions_figure(baseline, changed, title=title), path)
+
+
+def plot_design(path, before, after, target=None, *, fraction: float = 0.1, title: str = "") -> Path:
+    """`design_figure` (profiles before and after a design, and its target) written to `path` (PNG)."""
+    return _save(design_figure(before, after, target, fraction=fraction, title=title), path)
 
 
 def plot_effect(path, baseline, intervened, predicted, *, bands=(None, None), labels=("", "", "", ""),

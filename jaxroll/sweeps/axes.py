@@ -17,7 +17,7 @@ from ..model import RolloutModel
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
 AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
-        "head_weights", "temperature", "slopes", "exponents")
+        "head_weights", "temperature", "slopes", "exponents", "tau", "kappa", "gamma")
 """The fields a sweep axis may name. ``lambdas``: schedules (a number for a
 constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
 mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
@@ -29,7 +29,13 @@ say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
 ones above, for a `PowerKernel`, ``slopes``,
 ``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
 ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
-``head_weights`` (see `KERNEL_AXES`)."""
+``head_weights`` (see `KERNEL_AXES`).
+
+The `INTERVENTION_AXES` ``tau``, ``kappa`` and ``gamma`` are the parameters of
+`jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
+`BranchScale`) on any kernel that intervention takes; a value is anything the
+intervention takes (a number, one per layer, per head, per layer and head), and
+``slope_scale`` is `SlopeScale`'s factor on the slopes."""
 
 
 KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores", "head_weights", "temperature"),
@@ -38,6 +44,11 @@ KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores",
                "DenseKernel": ()}
 """The kernel fields a sweep may vary, by kernel type (besides the lambda axes); a kernel type
 not listed sweeps the lambda axes only."""
+
+INTERVENTION_AXES = ("tau", "kappa", "gamma")
+"""The axes that are intervention parameters (`jaxroll.interventions`), applied to every point in the
+order `jaxroll.interventions.from_mapping` applies them: ``tau``, then ``kappa``, then ``gamma``
+(``slope_scale``, a factor on the slopes, commutes with ``tau``)."""
 
 SLOPE_FIELDS = ("alibi_slopes", "slopes")
 """The field a ``slope_scale`` axis multiplies: the first of these the kernel has."""
@@ -125,9 +136,32 @@ def slope_field(kernel) -> str:
     return next((name for name in SLOPE_FIELDS if name in names), "")
 
 
+def _intervention_value(model: RolloutModel, name: str, value) -> np.ndarray:
+    """One value of an intervention axis, checked by applying the intervention to `model`, in its full
+    shape: ``(T,)`` for gamma, ``(T, H)`` for tau and kappa (what the point's transform reads)."""
+    from ..interventions import apply_all, from_mapping
+    from ..interventions._base import per_layer_head
+
+    if not is_concrete(value) or isinstance(value, (bool, np.bool_, str, bytes, dict)):
+        raise ConfigError(f"got {value!r:.60}; allowed: a number or nested lists of numbers")
+    (change,) = from_mapping({name: value}, source="axis")
+    apply_all(model, [change])  # refuses what the kernel cannot take (slopes of a table kernel, a full mask)
+    if name == "gamma":
+        return np.asarray(np.broadcast_to(np.asarray(change.gamma, np.float64), (model.num_layers,)))
+    return np.asarray(per_layer_head(name, np.asarray(getattr(change, name), np.float64), model), np.float64)
+
+
 def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
     """The axis' values as stacked arrays, each checked as the model's (kernel's) `create` checks it."""
     kernel = model.kernel
+    if name in INTERVENTION_AXES:
+        stacked = []
+        for k, value in enumerate(values):
+            try:
+                stacked.append(_intervention_value(model, name, value))
+            except ConfigError as error:
+                raise _reword(name, k, error) from None
+        return np.stack(stacked)
     allowed = KERNEL_AXES.get(type(kernel).__name__, ())
     if name not in allowed and name not in _LAMBDA_AXES:
         raise ConfigError(f"axis {name!r}: not a field of a {type(kernel).__name__} model; allowed: "

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..interventions import DistanceBias, Temperature, apply_all
 from ..model import RolloutModel
 from ..rollout import rollout_row
 from .plan import _groups, _mesh_context, _Plan
@@ -20,10 +21,18 @@ __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
 def _point_model(base, leaves: dict, n: int):
     """One point of a sweep: `base` (replicated) with the point's `leaves` put in (``lambdas`` and
-    ``kernel.<field>`` for the kernel fields an axis varies)."""
-    fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name != "lambdas"}
-    return RolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
-                        sequence_length=n)
+    ``kernel.<field>`` for the kernel fields an axis varies), then the point's interventions
+    (``intervention.tau``, ``intervention.kappa``: `Temperature`, then `DistanceBias`, the order of
+    `jaxroll.interventions.from_mapping`), traced, so the vmap runs through them."""
+    fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name.startswith("kernel.")}
+    model = RolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
+                         sequence_length=n)
+    changes = []
+    if "intervention.tau" in leaves:
+        changes.append(Temperature(leaves["intervention.tau"]))
+    if "intervention.kappa" in leaves:
+        changes.append(DistanceBias(leaves["intervention.kappa"]))
+    return apply_all(model, changes) if changes else model
 
 
 def _one_hot_rows(starts, size: int, dtype):
@@ -184,7 +193,7 @@ class _Evaluator:
         """Profiles of chunk k, ``(batch_size, L, N_max)``, a sharded array."""
         plan = self.plan
         take = self.take(k)
-        if plan.method == "krylov" and plan.power_decay_grid:
+        if plan.method == "krylov" and plan.schedules_on_device:
             # The schedules are formed on the device: on the host they cost more than the whole chunk's
             # matmul (an S x T power in float64).
             decay = [_global(plan.columns[name][take].astype(self.dtype), self.batch) for name in ("lambda_0", "beta")]

@@ -1,0 +1,245 @@
+"""The free parameters of a design: which intervention, its shape, its box, and the map from
+unconstrained coordinates to a valid intervention.
+
+Every free array is the image of an unconstrained vector ``u`` under a sigmoid into its box
+``[low, high]`` (model units), so every iterate of every optimiser is a valid intervention and
+the bounds are built in:
+
+==============  =====================================================  ====================
+parameter       map                                                    default box
+==============  =====================================================  ====================
+tau             ``tau = low (high / low)^sigmoid(u)`` (log box)        ``[0.25, 4]``
+slope_scale     ``s = low + (high - low) sigmoid(u)``                  ``[0, 4]``
+kappa           ``kappa = low + (high - low) sigmoid(u)``              ``[-2, 2]``
+gamma           ``gamma = low + (high - low) sigmoid(u)``              ``[0, 4]``
+==============  =====================================================  ====================
+
+Each default box holds the identity (tau = 1, s = 1, kappa = 0, gamma = 1), where a design
+starts. Shapes: ``global`` (one number), ``per_layer`` (``(T, 1)``; gamma ``(T,)``),
+``per_head`` (``(1, H)``) and ``per_layer_head`` (``(T, H)``); gamma is global or per layer
+(`jaxroll.interventions.BranchScale`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ConfigError
+from ..interventions import BranchScale, DistanceBias, SlopeScale, Temperature
+
+__all__ = ["PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION"]
+
+PARAMETERS = ("tau", "slope_scale", "kappa", "gamma")
+"""The intervention parameters a design can free, in the order the interventions apply
+(`jaxroll.interventions.NAMES`): `Temperature`, `SlopeScale`, `DistanceBias`, `BranchScale`."""
+
+SHAPES = ("global", "per_layer", "per_head", "per_layer_head")
+"""How a free parameter is shared: one number, one per layer, one per head, one per layer and head."""
+
+BOXES = {"tau": (0.25, 4.0), "slope_scale": (0.0, 4.0), "kappa": (-2.0, 2.0), "gamma": (0.0, 4.0)}
+"""The default box ``(low, high)`` of each parameter, in its own units; each holds the identity."""
+
+IDENTITY = {"tau": 1.0, "slope_scale": 1.0, "kappa": 0.0, "gamma": 1.0}
+"""The value at which each intervention changes nothing: where a design starts."""
+
+# tau is a scale: a box uniform in log tau puts as much room below 1 as above.
+_LOG_BOX = frozenset({"tau"})
+# The least allowed value of each parameter (its intervention's range), and whether it is open.
+_LOWEST = {"tau": (0.0, True), "slope_scale": (0.0, False), "kappa": (-math.inf, True), "gamma": (0.0, False)}
+
+BOUND_FRACTION = 1e-3
+"""A parameter is *at a bound* when it lies within this fraction of its box's width of an end.
+The sigmoid is flat there (``d value / du = width s (1 - s)``), so an optimum beyond the box
+stops short of the end by an amount the stopping rule decides, not the data: 1e-3 of the width
+is u ~ 7, which every optimum pressed against the box reaches."""
+
+# Clip of a unit-cube point before the logit, so a corner of the box is a finite u.
+_EDGE = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class _Free:
+    """One free parameter: its name, shape and box (hashable: part of a jit static)."""
+
+    name: str
+    shape: str
+    low: float
+    high: float
+
+    def array_shape(self, num_layers: int, num_heads: int) -> tuple[int, ...]:
+        if self.shape == "global":
+            return ()
+        if self.shape == "per_layer":
+            return (num_layers,) if self.name == "gamma" else (num_layers, 1)
+        return (1, num_heads) if self.shape == "per_head" else (num_layers, num_heads)
+
+    def value(self, u):
+        """The parameter in model units: the sigmoid of `u` placed in the box."""
+        fraction = jax.nn.sigmoid(u)
+        if self.name in _LOG_BOX:
+            return self.low * (self.high / self.low) ** fraction
+        return self.low + (self.high - self.low) * fraction
+
+    def raw(self, value) -> np.ndarray:
+        """The unconstrained coordinate of `value` (clipped into the open box)."""
+        value = np.asarray(value, np.float64)
+        if self.name in _LOG_BOX:
+            fraction = np.log(value / self.low) / np.log(self.high / self.low)
+        else:
+            fraction = (value - self.low) / (self.high - self.low)
+        fraction = np.clip(fraction, _EDGE, 1.0 - _EDGE)
+        return np.log(fraction) - np.log1p(-fraction)
+
+    def labels(self, num_layers: int, num_heads: int) -> list[str]:
+        """One name per scalar: ``tau``, ``tau[3]`` (layer), ``tau[:,1]`` (head), ``tau[3,1]``."""
+        if self.shape == "global":
+            return [self.name]
+        if self.shape == "per_layer":
+            return [f"{self.name}[{t}]" for t in range(num_layers)]
+        if self.shape == "per_head":
+            return [f"{self.name}[:,{h}]" for h in range(num_heads)]
+        return [f"{self.name}[{t},{h}]" for t in range(num_layers) for h in range(num_heads)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parameters:
+    """All free parameters of a design and the map ``u -> interventions`` (hashable: a jit static)."""
+
+    free: tuple[_Free, ...]
+    num_layers: int
+    num_heads: int
+    kappa_form: str = "log1p"
+    kappa_k: float = 2.0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(item.name for item in self.free)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {item.name: item.array_shape(self.num_layers, self.num_heads) for item in self.free}
+
+    @property
+    def size(self) -> int:
+        """The number of free scalars."""
+        return sum(math.prod(shape) for shape in self.shapes().values())
+
+    def labels(self) -> tuple[str, ...]:
+        return tuple(label for item in self.free for label in item.labels(self.num_layers, self.num_heads))
+
+    def values(self, raw: dict) -> dict:
+        """``{name: array in model units}`` of the unconstrained point `raw`."""
+        return {item.name: item.value(raw[item.name]) for item in self.free}
+
+    def interventions(self, values: dict) -> list:
+        """The interventions of `values`, in `PARAMETERS` order (as `interventions.from_mapping` builds them)."""
+        built = []
+        if "tau" in values:
+            built.append(Temperature(values["tau"]))
+        if "slope_scale" in values:
+            built.append(SlopeScale(values["slope_scale"]))
+        if "kappa" in values:
+            built.append(DistanceBias(values["kappa"], self.kappa_form, k=self.kappa_k))
+        if "gamma" in values:
+            built.append(BranchScale(values["gamma"]))
+        return built
+
+    def initial(self) -> dict[str, np.ndarray]:
+        """The unconstrained point of the identity (clipped into each box)."""
+        shapes = self.shapes()
+        return {item.name: np.full(shapes[item.name], item.raw(IDENTITY[item.name])) for item in self.free}
+
+    def flatten(self, raw: dict):
+        return jnp.concatenate([jnp.ravel(jnp.asarray(raw[name])) for name in self.names])
+
+    def unflatten(self, flat) -> dict:
+        raw, offset = {}, 0
+        for name, shape in self.shapes().items():
+            size = math.prod(shape)
+            raw[name] = jnp.reshape(flat[offset:offset + size], shape)
+            offset += size
+        return raw
+
+    def from_unit(self, unit) -> dict:
+        """The unconstrained point of a point of the unit cube: uniform in each box (log-uniform for tau)."""
+        unit = jnp.clip(unit, _EDGE, 1.0 - _EDGE)
+        return self.unflatten(jnp.log(unit) - jnp.log1p(-unit))
+
+    def at_bounds(self, values: dict) -> dict[str, str]:
+        """``{label: text}`` of every scalar within `BOUND_FRACTION` of its box's width of an end."""
+        found = {}
+        for item in self.free:
+            array = np.ravel(np.asarray(values[item.name], np.float64))
+            tolerance = BOUND_FRACTION * (item.high - item.low)
+            for label, value in zip(item.labels(self.num_layers, self.num_heads), array):
+                if value - item.low <= tolerance:
+                    found[label] = f"{label} = {value:.6g} (lower bound {item.low:g})"
+                elif item.high - value <= tolerance:
+                    found[label] = f"{label} = {value:.6g} (upper bound {item.high:g})"
+        return found
+
+
+def _split_entries(text: str, field: str) -> dict[str, str]:
+    """``"a=x,b=y"`` -> ``{"a": "x", "b": "y"}``, each name once."""
+    entries = {}
+    for entry in filter(None, (part.strip() for part in str(text).split(","))):
+        name, equals, value = entry.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            raise ConfigError(f"{field}: got {entry!r}; allowed: NAME=VALUE[,NAME=VALUE...]")
+        if name in entries:
+            raise ConfigError(f"{field} {name}: given twice; allowed: each name once")
+        entries[name] = value.strip()
+    if not entries:
+        raise ConfigError(f"{field}: got {text!r}; allowed: NAME=VALUE[,NAME=VALUE...]")
+    return entries
+
+
+def check_free(free) -> dict[str, str]:
+    """The free parameters as ``{name: shape}``: a mapping or the text ``"tau=per_layer,gamma=global"``."""
+    if isinstance(free, str):
+        free = _split_entries(free, "free")
+    if not isinstance(free, dict) or not free:
+        raise ConfigError(f"free: got {free!r:.60}; allowed: a mapping such as {{'tau': 'per_layer'}}")
+    for name, shape in free.items():
+        if name not in PARAMETERS:
+            raise ConfigError(f"free {name}: unknown parameter; allowed: one of {', '.join(PARAMETERS)}")
+        if shape not in SHAPES:
+            raise ConfigError(f"free {name}: shape {shape!r}; allowed: one of {', '.join(SHAPES)}")
+        if name == "gamma" and shape not in ("global", "per_layer"):
+            raise ConfigError(f"free gamma: shape {shape!r}; allowed: global or per_layer (a branch scale per layer)")
+    return {name: free[name] for name in PARAMETERS if name in free}
+
+
+def _bound_pair(name: str, value) -> tuple[float, float]:
+    if isinstance(value, str):
+        low, colon, high = value.partition(":")
+        if not colon:
+            raise ConfigError(f"bounds {name}: got {value!r}; allowed: LOW:HIGH")
+        value = (low, high)
+    try:
+        low, high = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"bounds {name}: got {value!r:.60}; allowed: two numbers LOW:HIGH") from None
+    lowest, open_ = _LOWEST[name]
+    if not (np.isfinite(low) and np.isfinite(high)) or low >= high:
+        raise ConfigError(f"bounds {name}: got {low:g}:{high:g}; allowed: finite numbers with LOW < HIGH")
+    if low < lowest or (open_ and low == lowest):
+        raise ConfigError(f"bounds {name}: low {low:g}; allowed: {'>' if open_ else '>='} {lowest:g}")
+    return low, high
+
+
+def check_bounds(bounds, free: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """The box of every free parameter: `BOXES`, replaced where `bounds` (a mapping or the text
+    ``"tau=0.5:2,gamma=0:1"``) names it."""
+    given = {} if bounds is None else (_split_entries(bounds, "bounds") if isinstance(bounds, str) else bounds)
+    if not isinstance(given, dict):
+        raise ConfigError(f"bounds: got {given!r:.60}; allowed: a mapping such as {{'tau': (0.5, 2.0)}}")
+    for name in given:
+        if name not in free:
+            raise ConfigError(f"bounds {name}: not a free parameter; allowed: one of {', '.join(free)}")
+    return {name: _bound_pair(name, given[name]) if name in given else BOXES[name] for name in free}
