@@ -148,6 +148,19 @@ def budgeted():
                           kl_budget=BUDGET, bounds="gamma=0.5:2")
 
 
+def test_a_budgeted_design_reports_its_outer_iterations(capsys):
+    """progress=True (the command's default): the closing line counts the augmented-Lagrangian iterations
+    on stderr, and the design is the same as without it."""
+    quiet = jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0)
+    capsys.readouterr()
+    shown = jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0,
+                           progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("jaxroll design: ") and "outer iterations" in err and "stop=" in err
+    assert "\r" not in err  # lines in a log, never a carriage return
+    assert shown.values["tau"] == quiet.values["tau"] and shown.outer_iterations == quiet.outer_iterations
+
+
 def test_the_kl_budget_holds_at_the_optimum(budgeted):
     values = budgeted.values
     original = numpy_kernels(N)

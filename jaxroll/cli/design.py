@@ -106,7 +106,7 @@ def _run_design(arguments) -> None:
     result = design(model, arguments.free, target=target, goal=arguments.goal, loss=arguments.loss,
                     kl_budget=arguments.kl_budget, bounds=arguments.bounds, kappa_form=arguments.kappa_form,
                     steps=arguments.steps, search=arguments.search, method=arguments.method,
-                    target_name=target_name)
+                    target_name=target_name, progress=True)
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     (out / "design.yaml").write_text(yaml.safe_dump(result.record, sort_keys=False), encoding="utf-8")
     _write_profiles(out / "profiles.csv", result)

@@ -22,6 +22,7 @@ from ..fitting.optimise import (_CONVERGED, _SKIPPED, GRADIENT_TOLERANCE, LBFGS_
                                 LOSS_TOLERANCE, _initial_state, _minimise, _stop_reason, _tolerances,
                                 _with_extra_args, default_lbfgs, default_optimizer)
 from ..fitting.problem import _check_non_negative_int, _check_target
+from ..progress import Progress
 from ..interventions import apply_all, describe
 from ..model import RolloutModel, check_model
 from ..rollout import METHODS, influence
@@ -242,6 +243,7 @@ def design(
     gradient_tolerance: float = GRADIENT_TOLERANCE,
     loss_tolerance: float = LOSS_TOLERANCE,
     target_name: str = "the target",
+    progress: bool = False,
 ) -> DesignResult:
     """Interventions, optimised through the rollout, that give `model` a chosen position bias.
 
@@ -288,6 +290,9 @@ def design(
         restarts, search, key: as in `jaxroll.fit`.
         gradient_tolerance, loss_tolerance: the stopping rule's (`jaxroll.fit`).
         target_name: how the summary names the target.
+        progress: report each outer (augmented-Lagrangian) iteration of a budgeted design on
+            stderr (`jaxroll.progress`: a bar on a terminal, lines in a log; nothing in the
+            first 2 s). Each one is a compiled local stage of every start, which can take minutes.
 
     Returns:
         A `DesignResult`.
@@ -314,11 +319,11 @@ def design(
                                   else 1 if restarts is None else restarts)
     search = _check_non_negative_int("search", (GLOBAL_POINTS if parameters.size <= GLOBAL_DIMENSIONS else 0)
                                      if search is None else search)
-    factorised = budgeted and offset_scores(model, n) is not None
-    problem = _Problem(parameters, goal, loss_function, n, method, float(fraction), budgeted, factorised,
-                       _with_extra_args(optimizer))
     dtype = jnp.result_type(float)
     jax_model = jax.tree.map(lambda x: jnp.asarray(x, dtype) if isinstance(x, np.ndarray) else x, model)
+    factorised = budgeted and offset_scores(jax_model, n) is not None
+    problem = _Problem(parameters, goal, loss_function, n, method, float(fraction), budgeted, factorised,
+                       _with_extra_args(optimizer))
     data = {"model": jax_model, "target": None if target is None else jnp.asarray(target, dtype),
             "log_reference": _reference(jax_model, n, factorised) if budgeted else None,
             "budget": jnp.asarray(1.0 if kl_budget is None else kl_budget, dtype),
@@ -338,6 +343,8 @@ def design(
     # Each start runs its own augmented-Lagrangian loop: the goal under a budget is not convex (on MPT-7B a
     # sharper softmax with gamma ~ 1 and a stronger branch with tau at the budget are two basins), so the
     # starts are compared only once each is feasible.
+    bar = Progress(OUTER_ITERATIONS if budgeted else 1, label="jaxroll design", unit="outer iterations",
+                   rate_unit="iteration", delay=2.0) if progress else None
     while True:
         outer += 1
         states = _run_starts(starts, jnp.asarray(multipliers, dtype), jnp.asarray(penalty, dtype), data,
@@ -365,10 +372,15 @@ def design(
             if violation > 0.25 * previous_violation[r]:
                 penalty[r] = min(penalty[r] * PENALTY_GROWTH, MAX_PENALTY)
             previous_goal[r], previous_violation[r] = float(value), violation
+        if bar is not None:
+            bar.set_postfix(feasible=f"{int(feasible.sum())}/{count}", settled=f"{int(done.sum())}/{count}")
+            bar.update(1)
         if done.all() or outer >= OUTER_ITERATIONS:
             break
         starts = states["best_raw"]  # each start warm-starts from its own last design
 
+    if bar is not None:
+        bar.close(complete=True, stop="converged" if (done.all() or not budgeted) else "outer limit")
     points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(count)]
     warnings = []
     if budgeted:
