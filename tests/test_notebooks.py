@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks that need the `measure` extra (torch, transformers); skipped without it.
-NEEDS_TORCH = {"05_measure", "07_interventions"}
+NEEDS_TORCH = {"05_measure", "07_interventions", "08_design"}
 # Generous per-cell limit: the slowest cell (04's fits) takes ~10 s on an idle
 # 2-core machine; this only stops a hung kernel.
 CELL_TIMEOUT = 600
