@@ -18,7 +18,7 @@ import pytest
 from jaxroll.cli import main
 
 COMMANDS = ("rollout", "presets", "measure", "compare", "forces", "fit", "fit-kernel", "sweep", "kinetic", "score",
-            "cache")
+            "cache", "effect", "design", "series")
 
 
 def _tree(root):
@@ -73,6 +73,12 @@ def cases(files, out):
         "kinetic": [["kinetic", "--beta", -1, "--out", out], ["kinetic", "--length", 0, "--out", out]],
         "score": [["score", p, "--measured", missing], ["score", missing, "--measured", missing]],
         "cache": [["cache", "bogus"]],
+        "effect": [["effect", missing, missing, "--predicted", p, "--out", out],
+                   ["effect", p.parent, p.parent, "--predicted", broken, "--out", out]],
+        "design": [["design", "--preset", "mpt-7b", "--free", "bogus=global", "--goal", "middle_mass", "--out", out],
+                   ["design", "--preset", "mpt-7b", "--free", "tau=global", "--goal", "middle_mass",
+                    "--kl-budget", -1, "--out", out]],
+        "series": [["series", missing], ["series", p.parent]],
         "measure": [["measure", missing, "--texts", p, "--length", 8, "--samples", 2, "--out", out],
                     ["measure", p.parent, "--texts", p, "--length", 8, "--samples", 2, "--out", out]],
     }

@@ -278,7 +278,7 @@ def inputs(tmp_path):
     tokens = rng.integers(0, 50_000, size=(S, N))
     baseline = write_measurement(tmp_path / "baseline", draw(u_shape(), rng), tokens)
     intervened = write_measurement(tmp_path / "intervened", draw(u_shape(0.6), rng), tokens,
-                                   {"model": "tiny", "intervention": {"tau": 0.7}})
+                                   {"model": "tiny", "interventions": {"tau": 0.7}})
     return tmp_path, baseline, intervened, write_profile(tmp_path / "predicted.csv", u_shape(0.6))
 
 

@@ -94,26 +94,17 @@ def _profile(io, path: Path, flag: str):
 
 
 def _intervention(directory: Path) -> str:
-    """The intervention record of a measurement (key ``intervention`` of metadata.json, else config.yaml) as
-    ``name=value, ...``; "" when neither records one."""
+    """The interventions a measurement was made under (``interventions`` of its metadata.json, as `jaxroll
+    measure --intervene` records them) as ``name=value, ...``; "" when it records none."""
     from .._readers import read_json
 
-    record = None
-    if (directory / "metadata.json").is_file():
-        record = read_json(directory / "metadata.json", "the metadata.json of jaxroll measure",
-                           label=f"INTERVENED_DIR {directory}: metadata.json").get("intervention")
-    if record is None and (directory / "config.yaml").is_file():
-        import yaml
-
-        try:
-            config = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, OSError) as error:
-            raise ConfigError(f"INTERVENED_DIR {directory}: config.yaml is not readable YAML "
-                              f"({type(error).__name__}); allowed: the config.yaml of jaxroll measure") from None
-        record = config.get("intervention") if isinstance(config, dict) else None
+    if not (directory / "metadata.json").is_file():
+        return ""
+    record = read_json(directory / "metadata.json", "the metadata.json of jaxroll measure",
+                       label=f"INTERVENED_DIR {directory}: metadata.json").get("interventions")
     if isinstance(record, dict):
         return ", ".join(f"{name}={value}" for name, value in record.items())
-    return "" if record is None else str(record)
+    return "" if not record else str(record)
 
 
 def _figure(path, arguments, result, baseline_rows, intervened_rows, predicted, reference, intervention) -> None:
