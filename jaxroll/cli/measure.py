@@ -74,7 +74,7 @@ def add_parser(commands) -> None:
                               "sinks, rotary_ratio, tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), "
                               "gamma, e.g. "
                               "tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
-                              "the same change); metadata.json and config.yaml record it (docs/interventions.md)")
+                              "the same change); metadata.json, measurement.npz and config.yaml record it (docs/interventions.md)")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
