@@ -23,7 +23,7 @@ from .engine.dense import DenseKernel
 from .engine.kernel import AbstractKernel
 from .errors import ConfigError
 
-__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model"]
+__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model", "layer_kernels"]
 
 _ALIBI_FIELDS = ("alibi_slopes", "diagonal_scores", "base_scores", "head_weights", "temperature")
 
@@ -186,6 +186,13 @@ def check_model(value, field: str = "model") -> RolloutModel:
     return value
 
 
+def layer_kernels(model: RolloutModel, n: int) -> Float[Array, "layers n n"]:
+    """The dense layer kernels ``A_t`` at length n, ``(T, n, n)``, one layer at a time (``lax.map``:
+    O(H n^2) live); traceable, so `jax.grad` runs through the kernel's arrays."""
+    stacked, shared = model.kernel.scan_parts()
+    return jax.lax.map(lambda part: eqx.combine(part, shared).dense(n), stacked)
+
+
 def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
     """`model` with its layer kernels at length n (default its own) as a `DenseKernel`, same lambdas.
 
@@ -197,8 +204,7 @@ def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
         return model
     n = model.sequence_length if n is None else check_positive_int("n", n)
     model.kernel.check_length(n)
-    stacked, shared = model.kernel.scan_parts()
-    kernels = np.array(jax.lax.map(lambda part: eqx.combine(part, shared).dense(n), stacked), dtype=np.float64)
+    kernels = np.array(layer_kernels(model, n), dtype=np.float64)
     kernels /= kernels.sum(axis=-1, keepdims=True)
     return RolloutModel.create(kernel=DenseKernel.create(kernels), lambdas=np.asarray(model.lambdas),
                                sequence_length=n)

@@ -15,7 +15,7 @@ Modules, one idea each: `parameters` (the free parameters, their boxes and the s
 `result` (`DesignResult`).
 """
 
-from .objective import GOALS as GOALS, kernel_kl as kernel_kl, layer_kernels as layer_kernels
+from .objective import GOALS as GOALS, kernel_kl as kernel_kl
 from .optimise import (
     FEASIBILITY as FEASIBILITY,
     MAX_PENALTY as MAX_PENALTY,
@@ -29,5 +29,4 @@ from .parameters import BOUND_FRACTION as BOUND_FRACTION, BOXES as BOXES, IDENTI
 from .result import DesignResult as DesignResult
 
 __all__ = ["design", "DesignResult", "PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION", "GOALS",
-           "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY", "kernel_kl",
-           "layer_kernels"]
+           "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY", "kernel_kl"]

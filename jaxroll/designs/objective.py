@@ -32,7 +32,6 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
@@ -41,23 +40,17 @@ from .. import metrics
 from ..engine.alibi import AlibiKernel
 from ..engine.offset import PowerKernel, TableKernel
 from ..interventions import apply_all
-from ..model import RolloutModel
+from ..model import RolloutModel, layer_kernels
 from ..rollout import influence
 from .parameters import _Parameters
 
-__all__ = ["GOALS", "layer_kernels", "kernel_kl"]
+__all__ = ["GOALS", "kernel_kl"]
 
 GOALS = ("middle_mass", "u_index")
 """The shape goals of a design: raise the middle mass, or lower the U-index (`jaxroll.metrics`)."""
 
 # Kernels that change A_t (tau, slope_scale, kappa); gamma changes lambda_t only.
 KERNEL_PARAMETERS = frozenset({"tau", "slope_scale", "kappa"})
-
-
-def layer_kernels(model: RolloutModel, n: int):
-    """The dense layer kernels ``A_t``, ``(T, n, n)``, one layer at a time (``lax.map``: O(H n^2) live)."""
-    stacked, shared = model.kernel.scan_parts()
-    return jax.lax.map(lambda part: eqx.combine(part, shared).dense(n), stacked)
 
 
 def _mean_row_kl(changed, log_reference):

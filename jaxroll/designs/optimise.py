@@ -24,10 +24,10 @@ from ..fitting.optimise import (_CONVERGED, _SKIPPED, GRADIENT_TOLERANCE, LBFGS_
 from ..fitting.problem import _check_non_negative_int, _check_target
 from ..progress import Progress
 from ..interventions import apply_all, describe
-from ..model import RolloutModel, check_model
+from ..model import RolloutModel, check_model, layer_kernels
 from ..rollout import METHODS, influence
 from .objective import (GOALS, KERNEL_PARAMETERS, _log_kernels, _Problem, by_offset, goal_value, kernel_kl,
-                        layer_kernels, objective, offset_scores, profile_and_kl)
+                        objective, offset_scores, profile_and_kl)
 from .parameters import _Free, _Parameters, check_bounds, check_free
 from .result import DesignResult
 
