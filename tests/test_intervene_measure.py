@@ -26,10 +26,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_task import VOCAB as TASK_VOCAB, task_tokenizer  # noqa: E402
-from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
+from tiny_tokenizer import word_level_tokenizer, word_texts  # noqa: E402
 
 import jaxroll  # noqa: E402
-from jaxroll.cli import main  # noqa: E402
+from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.interventions import parse  # noqa: E402
 from jaxroll.interventions.patching import patch  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
@@ -141,16 +141,7 @@ def saved(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("texts") / "docs.txt"
-    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(4)) + "\n", encoding="utf-8")
-    return path
-
-
-def _run(argv, capsys):
-    code = main([str(item) for item in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return word_texts(tmp_path_factory.mktemp("texts") / "docs.txt", [20] * 4)
 
 
 def test_measure_intervene_records_the_change_in_every_output(saved, texts, tmp_path, capsys):

@@ -18,6 +18,7 @@ from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
+from tiny_tokenizer import run_cli as _run  # noqa: E402
 
 VOCAB = 64
 
@@ -63,12 +64,6 @@ def texts(tmp_path_factory):
     path = tmp_path_factory.mktemp("texts") / "docs.txt"
     path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=n)) for n in lengths) + "\n", encoding="utf-8")
     return path
-
-
-def _run(argv, capsys):
-    code = main([str(item) for item in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("family", ["bloom", "mpt", "falcon", "gpt2", "llama"])

@@ -18,7 +18,7 @@ import transformers  # noqa: E402
 from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
 
 import jaxroll  # noqa: E402
-from jaxroll.cli import main  # noqa: E402
+from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.measure import measure, write_measurement  # noqa: E402
 from jaxroll.measure.precision import full_precision  # noqa: E402
 
@@ -77,12 +77,6 @@ def saved(tmp_path_factory):
     rng = np.random.default_rng(0)
     texts.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(3)) + "\n", encoding="utf-8")
     return directories, texts
-
-
-def _run(argv, capsys):
-    code = main([str(item) for item in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -27,10 +27,10 @@ transformers = pytest.importorskip("transformers")
 
 from test_patching import (HEAD_DIM, HEADS, LAYERS, N, ROTARY, VOCAB, _attentions, _ids, _linear, _np,  # noqa: E402
                            _run_patched, hand_output, snapshot, assert_same, softmax, tiny)
-from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
+from tiny_tokenizer import word_level_tokenizer, word_texts  # noqa: E402
 
 from jaxroll import ConfigError  # noqa: E402
-from jaxroll.cli import main  # noqa: E402
+from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.interventions import RotaryRescale, SinkTokens, parse  # noqa: E402
 from jaxroll.interventions.patching import patch  # noqa: E402
 from jaxroll.interventions.torch_plan import check  # noqa: E402
@@ -258,12 +258,6 @@ def test_identity_sinks_and_ratio_leave_the_measurement_unchanged():
 
 # The command line.
 
-def _run(argv, capsys):
-    code = main([str(item) for item in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     T = transformers
@@ -287,10 +281,7 @@ def saved(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("texts") / "docs.txt"
-    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=20)) for _ in range(4)) + "\n", encoding="utf-8")
-    return path
+    return word_texts(tmp_path_factory.mktemp("texts") / "docs.txt", [20] * 4)
 
 
 def test_measure_intervene_sinks_writes_the_originals_and_the_sink_mass(saved, texts, tmp_path, capsys):

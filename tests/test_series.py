@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 import oracle  # noqa: E402
 import transformers  # noqa: E402
-from tiny_tokenizer import WORDS, word_level_tokenizer  # noqa: E402
+from tiny_tokenizer import word_level_tokenizer, word_texts  # noqa: E402
 
 import jaxroll.measure  # noqa: E402
 from jaxroll.cli import main  # noqa: E402
@@ -53,11 +53,7 @@ def run(tmp_path_factory, one_torch_thread):
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("texts") / "docs.txt"
-    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=n)) for n in (20, 3, 15, 18, 25)) + "\n",
-                    encoding="utf-8")
-    return path
+    return word_texts(tmp_path_factory.mktemp("texts") / "docs.txt", (20, 3, 15, 18, 25))
 
 
 def _measure(model, out, texts, *extra):

@@ -21,6 +21,7 @@ import transformers  # noqa: E402
 from test_task import VOCAB, task_tokenizer  # noqa: E402
 
 from jaxroll.cli import main  # noqa: E402
+from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.task import grid  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,12 +55,6 @@ def saved(tmp_path_factory):
         tokenizer.save_pretrained(directory)
         directories[family] = directory
     return directories
-
-
-def _run(argv, capsys):
-    code = main([str(item) for item in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 GRID = ["--lengths", "66,72", "--depths", "0,0.5,1", "--samples", 2, "--quiet"]

@@ -1,4 +1,5 @@
-"""A word-level tokenizer over 60 made-up words, built offline for the tiny test models."""
+"""Helpers for the tiny test models, built offline: a word-level tokenizer over 60 made-up words, texts of
+those words, and the command line run in-process."""
 
 WORDS = [f"w{i}" for i in range(60)]
 
@@ -12,3 +13,21 @@ def word_level_tokenizer():
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+
+
+def word_texts(path, lengths, seed: int = 0):
+    """A .txt file of blank-line-separated documents of ``lengths`` random words (``default_rng(seed)``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    path.write_text("\n\n".join(" ".join(rng.choice(WORDS, size=n)) for n in lengths) + "\n", encoding="utf-8")
+    return path
+
+
+def run_cli(argv, capsys):
+    """``jaxroll ARGV`` in this process: ``(exit status, stdout, stderr)``."""
+    from jaxroll.cli import main
+
+    code = main([str(item) for item in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
