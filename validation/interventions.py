@@ -27,6 +27,7 @@ Writes ``table.md``, ``results.json`` and the measurement folders into ``--out``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import contextlib
 import io
@@ -51,7 +52,7 @@ import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
 from jaxroll.interventions import patching, torch_plan  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
-from jaxroll.measure.effect import effect, middle_mass  # noqa: E402
+from jaxroll.measure.effect import anchored_profile, effect, middle_mass  # noqa: E402
 from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402
 from jaxroll.measure.uncertainty import score  # noqa: E402
 
@@ -111,7 +112,7 @@ def predict(models: dict, changes, length: int):
     sinks = next((c for c in changes if isinstance(c, interventions.SinkTokens)), interventions.SinkTokens(0))
     last = None
     for name, model in models.items():
-        base = _at_length(model, length)
+        base = dataclasses.replace(model, sequence_length=length)
         try:
             changed = interventions.apply_all(base, changes)
         except jaxroll.ConfigError as error:
@@ -121,18 +122,6 @@ def predict(models: dict, changes, length: int):
         _, p_changed = sinks.split(jaxroll.influence(changed))
         return p_base, np.asarray(p_changed, dtype=np.float64), name
     raise last
-
-
-def _at_length(model, length):
-    import dataclasses
-
-    return dataclasses.replace(model, sequence_length=length)
-
-
-def anchored(measured_baseline, p_base, p_changed):
-    """``m_B p_I / p_B`` renormalised: the rollout's predicted ratio applied to the measured baseline."""
-    profile = measured_baseline * p_changed / p_base
-    return profile / profile.sum()
 
 
 def held_out_loss(model, stream: np.ndarray, changes) -> float:
@@ -249,10 +238,10 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
         result = effect(reference["influence_per_sequence"], intervened["influence_per_sequence"], p_changed,
                         predicted_baseline=p_base, paired=True, B=1000, seed=0)
         naive = result.prediction
-        anchor = score(anchored(m_ref, p_base, p_changed), intervened["influence_per_sequence"], B=1000, seed=0)
+        anchor = result.anchored  # m_B p_I / p_B, scored
         if p_sequences is not None:
             sequences = score(p_sequences, intervened["influence_per_sequence"], B=1000, seed=0)
-            anchored_sequences = score(anchored(m_ref, p_sequences_base, p_sequences),
+            anchored_sequences = score(anchored_profile(m_ref, p_sequences_base, p_sequences),
                                        intervened["influence_per_sequence"], B=1000, seed=0)
         unchanged = score(p_base, intervened["influence_per_sequence"], B=1000, seed=0)
         base_score = score(p_base, reference["influence_per_sequence"], B=1000, seed=0)
@@ -270,7 +259,7 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             "middle_measured": result.changes["middle_mass"].measured,
             "middle_measured_interval": list(result.changes["middle_mass"].measured_interval),
             "middle_predicted": result.changes["middle_mass"].predicted,
-            "middle_anchored": float(middle_mass(anchored(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
+            "middle_anchored": float(middle_mass(anchored_profile(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
             "loss_before": loss_before, "loss_after": held_out_loss(model, stream, changes) if not sinks else None,
             "spec": spec, "seconds": time.perf_counter() - started,
         }
