@@ -161,3 +161,31 @@ def influence_by_correlation(arrays, n):
                                             arrays["base"][t, h], arrays["temperature"], n)
         row = (1 - lam) * row + lam * mixed
     return row
+
+
+def mixed_kernels(scores_of, weights, n):
+    """Head-weighted causal softmax rows ``(T, n, n)`` from per-head scores ``scores_of(t, h) -> (n, n)``
+    and head weights ``(T, H)`` (normalised here)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    weights = weights / weights.sum(axis=1, keepdims=True)
+    causal = np.tril(np.ones((n, n), bool))
+    layers = []
+    for t in range(weights.shape[0]):
+        mixed = np.zeros((n, n))
+        for h in range(weights.shape[1]):
+            logits = np.where(causal, scores_of(t, h), -np.inf)
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            mixed += weights[t, h] * e / e.sum(axis=1, keepdims=True)
+        layers.append(mixed)
+    return np.stack(layers)
+
+
+def last_row(kernels, lambdas):
+    """Row n - 1 of ``P_T = R_T ... R_1``, ``R_t = (1 - lambda_t) I + lambda_t A_t``, the full product formed
+    layer by layer from dense kernels ``(T, n, n)``; normalised."""
+    n = kernels.shape[-1]
+    product = np.eye(n)
+    for t in range(len(lambdas)):
+        product = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * kernels[t]) @ product
+    return product[-1] / product[-1].sum()
+

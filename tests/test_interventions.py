@@ -22,6 +22,8 @@ from scipy.special import gammaln
 import jaxroll
 from jaxroll import interventions as iv
 
+import oracle
+
 T, H, N = 3, 4, 40
 RNG = np.random.default_rng(11)
 LAMBDAS = RNG.uniform(0.2, 0.9, T)
@@ -43,26 +45,14 @@ def _alibi_logits(t, h, slopes=SLOPES, content=CONTENT):
     return (-slopes[t, h] * offsets + content[t, h] * np.eye(N) + BASE[t, h]) / TAU0
 
 
-def _softmax_rows(logits):
-    logits = np.where(np.tril(np.ones((N, N), bool)), logits, -np.inf)
-    logits = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(logits)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def _profile(kernels, lambdas=LAMBDAS):
     """Last row of ``R_T ... R_1`` from dense layer kernels ``(T, N, N)``, normalised."""
-    row = np.zeros(N)
-    row[-1] = 1.0
-    for t in reversed(range(len(lambdas))):
-        row = (1 - lambdas[t]) * row + lambdas[t] * (row @ kernels[t])
-    return row / row.sum()
+    return oracle.last_row(kernels, lambdas)
 
 
 def _mixed(logits_of):
     """Layer kernels from per-head logits, head-weighted."""
-    w = WEIGHTS / WEIGHTS.sum(axis=1, keepdims=True)
-    return np.stack([sum(w[t, h] * _softmax_rows(logits_of(t, h)) for h in range(H)) for t in range(T)])
+    return oracle.mixed_kernels(logits_of, WEIGHTS, N)
 
 
 def _distance():

@@ -23,6 +23,8 @@ import yaml
 import jaxroll
 from jaxroll import interventions as iv
 
+import oracle
+
 T, H, N = 3, 4, 40
 K = 50  # table offsets: more than N - 1, so ratios down to (N - 1) / K are defined
 RNG = np.random.default_rng(47)
@@ -57,27 +59,12 @@ def _table_f(t, h, x):
 
 def _kernels(scores, n):
     """Head-weighted causal softmax rows from ``scores(t, h) -> (n, n)``: ``(T, n, n)``."""
-    causal = np.tril(np.ones((n, n), bool))
-    weights = WEIGHTS / WEIGHTS.sum(axis=1, keepdims=True)
-    layers = []
-    for t in range(T):
-        mixed = np.zeros((n, n))
-        for h in range(H):
-            logits = np.where(causal, scores(t, h), -np.inf)
-            e = np.exp(logits - logits.max(axis=1, keepdims=True))
-            mixed += weights[t, h] * e / e.sum(axis=1, keepdims=True)
-        layers.append(mixed)
-    return np.stack(layers)
+    return oracle.mixed_kernels(scores, WEIGHTS, n)
 
 
 def _rollout_profile(kernels, lambdas=LAMBDAS):
     """Row n - 1 of ``P_T = R_T ... R_1``, normalised."""
-    n = kernels.shape[-1]
-    product = np.eye(n)
-    for t in range(len(lambdas)):
-        product = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * kernels[t]) @ product
-    row = product[-1]
-    return row / row.sum()
+    return oracle.last_row(kernels, lambdas)
 
 
 def _relative_scores(f, n, ratio=None):
