@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_task import VOCAB as TASK_VOCAB, task_tokenizer  # noqa: E402
-from tiny_tokenizer import word_level_tokenizer, word_texts  # noqa: E402
+from tiny_tokenizer import save_tiny, word_texts  # noqa: E402
 
 import jaxroll  # noqa: E402
 from tiny_tokenizer import run_cli as _run  # noqa: E402
@@ -129,14 +129,8 @@ def test_lambda_reads_the_scaled_attention_update(family, implementation):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    directories = {}
-    for family in ("bloom", "llama", "falcon"):
-        torch.manual_seed(0)
-        directory = tmp_path_factory.mktemp(family)
-        transformers.AutoModelForCausalLM.from_config(_config(family)).save_pretrained(directory)
-        word_level_tokenizer().save_pretrained(directory)
-        directories[family] = directory
-    return directories
+    return {family: save_tiny(tmp_path_factory.mktemp(family), _config(family))
+            for family in ("bloom", "llama", "falcon")}
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_patching import (HEAD_DIM, HEADS, LAYERS, N, ROTARY, VOCAB, _attentions, _ids, _linear, _np,  # noqa: E402
                            _run_patched, hand_output, snapshot, assert_same, softmax, tiny)
-from tiny_tokenizer import word_level_tokenizer, word_texts  # noqa: E402
+from tiny_tokenizer import save_tiny, word_level_tokenizer, word_texts  # noqa: E402
 
 from jaxroll import ConfigError  # noqa: E402
 from tiny_tokenizer import run_cli as _run  # noqa: E402
@@ -268,14 +268,10 @@ def saved(tmp_path_factory):
                "llama_linear": T.LlamaConfig(**{**ROTARY, "vocab_size": 64},
                                              rope_scaling={"rope_type": "linear", "factor": 2.0})}
     for name, config in configs.items():
-        torch.manual_seed(0)
-        directory = tmp_path_factory.mktemp(name)
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
         tokenizer = word_level_tokenizer()
         if name == "bloom":
             tokenizer.bos_token = "w3"  # id 4
-        tokenizer.save_pretrained(directory)
-        directories[name] = directory
+        directories[name] = save_tiny(tmp_path_factory.mktemp(name), config, tokenizer)
     return directories
 
 

@@ -31,3 +31,15 @@ def run_cli(argv, capsys):
     code = main([str(item) for item in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def save_tiny(directory, config, tokenizer=None):
+    """A randomly initialised causal LM of `config` (``torch.manual_seed(0)``) and `tokenizer` (default the
+    word-level one) saved into `directory`, which is returned."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    (word_level_tokenizer() if tokenizer is None else tokenizer).save_pretrained(directory)
+    return directory
