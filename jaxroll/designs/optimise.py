@@ -281,14 +281,18 @@ def design(
         kl_budget: ``b > 0`` in nats; required with a goal whose free parameters change the
             kernels (tau, slope_scale, kappa); refused with a target.
         bounds: boxes replacing `BOXES`: ``{name: (low, high)}`` or ``"tau=0.5:2,gamma=0:1"``.
-        kappa_form, kappa_k: the `DistanceBias` form of a free kappa.
+        kappa_form: the `DistanceBias` form of a free kappa.
+        kappa_k: the `DistanceBias` k of a free kappa (the ``"unsquash"`` form).
         fraction: the edge fraction of the middle mass and U-index.
         n: the length (default ``model.sequence_length``).
         method: passed to `jaxroll.influence`.
         optimizer: an optax transformation (default: L-BFGS or Adam, as `jaxroll.fit`).
         steps: the most steps of each local stage, >= 1.
-        restarts, search, key: as in `jaxroll.fit`.
-        gradient_tolerance, loss_tolerance: the stopping rule's (`jaxroll.fit`).
+        restarts: as in `jaxroll.fit`.
+        search: as in `jaxroll.fit`.
+        key: as in `jaxroll.fit`.
+        gradient_tolerance: the stopping rule's (`jaxroll.fit`).
+        loss_tolerance: the stopping rule's (`jaxroll.fit`).
         target_name: how the summary names the target.
         progress: report each outer (augmented-Lagrangian) iteration of a budgeted design on
             stderr (`jaxroll.progress`: a bar on a terminal, lines in a log; nothing in the
