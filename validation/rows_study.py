@@ -1,0 +1,199 @@
+"""Every row of P_T, hypothesis by hypothesis, on the subjects trained here (issue 43).
+
+    PYTHONPATH=. python3 validation/rows_study.py --out validation/rows-run \
+        [--models validation/models/rows] [--reference validation/models/wave5] [--samples 64] [--queries 16]
+
+Subjects: the four BLOOMs (ALiBi) of `validation/train_rows.py` (with and without the
+final LayerNorm, seeds 0 and 1, 4000 steps each) and the wave-5 Llama (rotary,
+``validation/train.py``). Each is measured in float64 on the first ``--samples``
+held-out documents of at least N = 64 tokens (`jaxroll.measure.texts.select_sequences`,
+the protocol of docs/validation.md) at ``--queries`` query positions:
+
+- measured rows, two targets (`jaxroll.measure.rows.influence_rows`): the gradient norm of the
+  top next-token probability (``probability``, today's) and the hidden-state Jacobian norm
+  ``||d h_i / d e_j||_F`` (``hidden``, Brändel et al.'s G(j, r));
+- predicted rows, one per hypothesis: the structural rollout of docs/rows.md (measured
+  lambda, slopes, content: `Measurement.to_rollout_model`), the rollout of the measured mean
+  attention (`jaxroll.theory.refinements.compose` with no switch), the mean over sequences of
+  each sequence's own rollout (`jaxroll.theory.sequence_mean.mean_of_rollouts`), and every
+  rung of the refinement ladder (`compose` with switches);
+- scores per row (`jaxroll.measure.row_scores.score_rows`: W1 / noise, p, Holm) and the
+  by-distance exponent p with its bootstrap interval over sequences
+  (`jaxroll.measure.row_scores.distance_exponent`; left-edge buffer ``--buffer``).
+
+Writes ``results.json``, ``table.md`` and ``rows.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_rows  # noqa: E402
+
+BLOOMS = ("bloom-norm-seed0", "bloom-norm-seed1", "bloom-no-norm-seed0", "bloom-no-norm-seed1")
+LADDER = ((), ("position",), ("mlp",), ("position", "mlp"), ("input_norm",), ("position", "input_norm"),
+          ("heads",), ("head_positions",), ("norm",), ("norm", "heads"), ("gradient",),
+          ("position", "mlp", "input_norm"), ("position", "mlp", "norm", "head_positions", "input_norm"),
+          ("gradient", "norm", "heads", "input_norm"))
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("validation/rows-run"))
+    parser.add_argument("--models", type=Path, default=Path("validation/models/rows"))
+    parser.add_argument("--reference", type=Path, default=Path("validation/models/wave5"))
+    parser.add_argument("--subjects", default=",".join((*BLOOMS, "llama")))
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=16)
+    parser.add_argument("--boots", type=int, default=1000)
+    parser.add_argument("--buffer", type=int, default=1, help="left-edge buffer of the by-distance curves")
+    parser.add_argument("--targets", default="probability,hidden")
+    return parser.parse_args(argv)
+
+
+def load_subject(name: str, arguments):
+    import transformers
+
+    if name == "llama":
+        directory = arguments.reference / "llama-trained"
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
+                                                                  dtype=torch.float64).eval()
+    else:
+        directory = arguments.models / name
+        model = train_rows.load(directory)
+    return model, transformers.AutoTokenizer.from_pretrained(directory)
+
+
+def predictions(model, token_ids, queries) -> dict[str, np.ndarray]:
+    """Predicted rows ``(K, N)`` of every hypothesis, by name."""
+    import jax
+
+    from jaxroll.measure import measure
+    from jaxroll.measure.refinements import INGREDIENTS, measure_refinements
+    from jaxroll.theory import refinements
+    from jaxroll.theory.rows import predicted_rows
+    from jaxroll.theory.sequence_mean import mean_of_rollouts
+
+    # Rotary models have no content statistic: their structural rollout runs on the measured mean attention.
+    alibi = model.config.model_type == "bloom"
+    measurement = measure(model, token_ids, stats=("lambda", "content" if alibi else "attention", "influence"))
+    per_sequence = measure_refinements(model, token_ids, ingredients=INGREDIENTS,
+                                       groups=np.arange(token_ids.shape[0]))
+    ingredients = per_sequence.mean() | {"lambdas": np.asarray(measurement.lambdas)}
+    out = {}
+    with jax.enable_x64(True):
+        out["structural"] = predicted_rows(measurement.to_rollout_model(), queries)
+        for switches in LADDER:
+            name = "+".join(switches) or "attention"
+            out[name] = predicted_rows(refinements.compose(ingredients, switches), queries)
+        kernels = per_sequence.attention_heads.mean(axis=2)  # (S, T, N, N): each sequence's head average
+        out["mean of rollouts"] = mean_of_rollouts(per_sequence.lambda_positions.mean(axis=-1), kernels, queries)
+        out["mean of rollouts, position"] = mean_of_rollouts(per_sequence.lambda_positions, kernels, queries)
+    return out
+
+
+def fitted_lambdas(model, measured, queries, rows: str) -> np.ndarray:
+    """Rows of `model` (a `RefinedRollout`) with one lambda per layer fitted to measured rows.
+
+    ``rows="last"`` fits the last row only (the other rows are then out of sample);
+    ``rows="all"`` fits every row (in sample: how close a per-layer lambda on these
+    kernels can come at all). Loss: the sum over the fitted rows of ``W1 / q_k`` on
+    positions ``0..q_k`` (`jaxroll.measure.uncertainty.wasserstein`'s scale), L-BFGS-B
+    (scipy) with the gradient by JAX, lambda_t = sigmoid(theta_t).
+    """
+    import jax
+    import jax.numpy as jnp
+    from scipy.optimize import minimize
+
+    kernels = jnp.einsum("th,thij->tij", model.head_weights, model.head_kernels)
+    n = kernels.shape[-1]
+    starts = jnp.eye(n, dtype=kernels.dtype)[jnp.asarray(queries)]
+    chosen = np.arange(len(queries)) if rows == "all" else np.array([len(queries) - 1])
+    target = jnp.asarray(measured)
+    masks = jnp.asarray(np.arange(n)[None, :] < np.asarray(queries)[:, None])  # j < q_k: the cdf terms counted
+    scales = jnp.asarray(1.0 / np.maximum(np.asarray(queries), 1))
+
+    def rows_of(lambdas):
+        def layer(p, inputs):
+            weight, kernel = inputs
+            moved = p * weight
+            return p - moved + moved @ kernel, None
+        p, _ = jax.lax.scan(layer, starts, (jnp.broadcast_to(lambdas[:, None], (lambdas.size, n)), kernels),
+                            reverse=True)
+        return p / p.sum(-1, keepdims=True)
+
+    def loss(theta):
+        predicted = rows_of(jax.nn.sigmoid(theta))
+        distance = jnp.abs(jnp.cumsum(predicted - target, axis=-1)) * masks
+        return jnp.sum((distance.sum(-1) * scales)[chosen])
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss))
+    start = np.asarray(jnp.log(model.lambdas.mean(-1) / (1 - model.lambdas.mean(-1))))
+    result = minimize(lambda x: tuple(np.asarray(v, dtype=np.float64) for v in value_and_grad(jnp.asarray(x))),
+                      start, jac=True, method="L-BFGS-B")
+    return np.asarray(rows_of(jax.nn.sigmoid(jnp.asarray(result.x)))), np.asarray(jax.nn.sigmoid(result.x))
+
+
+def study(name: str, arguments, log) -> dict:
+    from jaxroll.measure.row_scores import distance_exponent, score_rows
+    from jaxroll.measure.rows import influence_rows
+    from jaxroll.measure.texts import read_texts, select_sequences
+
+    started = time.perf_counter()
+    model, tokenizer = load_subject(name, arguments)
+    token_ids, _ = select_sequences(read_texts(arguments.reference / "held_out.jsonl"), tokenizer,
+                                    arguments.length, arguments.samples)
+    measured, queries = {}, None
+    for target in arguments.targets.split(","):
+        measured[target], queries = influence_rows(model, token_ids, arguments.queries, batch_size=8, target=target)
+    predicted = predictions(model, token_ids, queries)
+    result = {"queries": queries.tolist(), "targets": {}}
+    for target, rows in measured.items():
+        exponent = distance_exponent(rows, queries, B=arguments.boots, buffer=arguments.buffer)
+        entry = {"p_measured": exponent, "hypotheses": {}}
+        for hypothesis, rows_predicted in predicted.items():
+            scores = score_rows(rows_predicted, rows, queries, B=arguments.boots)
+            entry["hypotheses"][hypothesis] = {
+                "summary": scores.summary(), "ratio": np.asarray(scores.ratio).tolist(),
+                "p_predicted": distance_exponent(rows_predicted, queries, buffer=arguments.buffer)}
+        result["targets"][target] = entry
+    result["measured_rows"] = {target: _normalised(rows).tolist() for target, rows in measured.items()}
+    result["predicted_rows"] = {hypothesis: rows.tolist() for hypothesis, rows in predicted.items()}
+    result["seconds"] = time.perf_counter() - started
+    log(f"{name}: {result['seconds']:.0f} s")
+    return result
+
+
+def _normalised(rows):
+    from jaxroll.theory.rows import normalised_rows
+
+    return normalised_rows(rows)
+
+
+def main(argv=None) -> int:
+    arguments = parse(argv)
+    torch.set_num_threads(1)
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    path = arguments.out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("started", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    results["arguments"] = {key: str(value) for key, value in vars(arguments).items()}
+    for name in arguments.subjects.split(","):
+        if name in results.get("subjects", {}):
+            continue
+        results.setdefault("subjects", {})[name] = study(name, arguments, lambda text: print(text, flush=True))
+        path.write_text(json.dumps(results, default=float))  # resumable per subject
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
