@@ -1,11 +1,11 @@
 """The mean of per-sequence rollouts (jaxroll.theory.sequence_mean, jaxroll.measure.sequence_rollout).
 
 Oracles: dense NumPy float64 transitions multiplied out per sequence (no
-scan, no vmap); with one sequence, `jaxroll.theory.rows.predicted_rows` of a
-dense-kernel model (and `refined_influence` for per-position mixing); for the measurement, each sequence's rollout built in
-NumPy from the attentions transformers returns itself
-(``output_attentions=True``) and norm ratios recomputed from the weights and
-hidden states (``hook_free`` of tests/test_refinements.py, which checks
+scan, no vmap); with one sequence, `jaxroll.theory.rows.predicted_rows` of
+a dense-kernel model (and `refined_influence` for per-position mixing); for
+the measurement, each sequence's rollout built in NumPy from the attentions
+transformers returns itself (``output_attentions=True``) and norm ratios
+recomputed from the weights and hidden states (``hook_free`` of tests/test_refinements.py, which checks
 itself against the model's next hidden state).
 """
 
@@ -203,3 +203,23 @@ def test_sequence_rollout_rows_refuse_bad_input(family_model):
         sequence_rollout_rows(model, np.zeros((2, 5), dtype=np.int64), 2, batch_size=0)
     with pytest.raises(ConfigError, match="queries"):
         sequence_rollout_rows(model, np.zeros((2, 5), dtype=np.int64), [5])
+
+
+def test_measure_cli_writes_the_statistic_into_measurement_npz(tmp_path, capsys):
+    # `jaxroll measure --stats ...,sequence_rollout`: the last row, on the token ids the run wrote.
+    from test_refinements import _saved_llama
+
+    from jaxroll.cli import main
+    from jaxroll.measure.sequence_rollout import sequence_rollout_rows
+
+    directory, texts = _saved_llama(tmp_path, seed=0, words=20)
+    out = tmp_path / "out"
+    assert main(["measure", str(directory), "--texts", str(texts), "--length", "12", "--samples", "3", "--quiet",
+                 "--out", str(out), "--dtype", "float64", "--stats", "lambda,sequence_rollout"]) == 0
+    capsys.readouterr()
+    arrays = np.load(out / "measurement.npz")
+    assert arrays["sequence_rollout"].shape == (12,) and arrays["sequence_rollout_per_sequence"].shape == (3, 12)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64,
+                                                              attn_implementation="eager").eval()
+    rows, _ = sequence_rollout_rows(model, arrays["token_ids"], [11])
+    np.testing.assert_allclose(arrays["sequence_rollout"], rows[0], rtol=0, atol=1e-12)

@@ -106,7 +106,7 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
             with torch.no_grad(), full_precision(model):
                 model(input_ids=batch, use_cache=False)
             for state in states:  # one sequence at a time: the same summation order at every batch size
-                total += own_rollout_rows(state, layers, starts)
+                total += _own_rollout_rows(state, layers, starts)
             states.clear()
     finally:
         for handle in handles:
@@ -118,7 +118,7 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
     return rows, positions
 
 
-def own_rollout_rows(state: dict, layers: int, starts: torch.Tensor) -> torch.Tensor:
+def _own_rollout_rows(state: dict, layers: int, starts: torch.Tensor) -> torch.Tensor:
     """One sequence's rows ``e_q^T R_T^s ... R_1^s`` ``(K, N)`` float64, from what the hooks delivered.
 
     `state` maps ``("alpha", t)`` to ``(N, N)`` (already head-averaged) or
@@ -164,7 +164,7 @@ def _accumulate(sums, state, index):
     layers = 1 + max((key[1] for key in state if key[0] in ("alpha", "x", "a")), default=-1)
     last = torch.zeros((1, n), dtype=torch.float64)
     last[0, -1] = 1.0
-    row = own_rollout_rows(state, layers, last)[0].numpy()
+    row = _own_rollout_rows(state, layers, last)[0].numpy()
     if not np.all(np.isfinite(row)):
         raise ConfigError(f"sequence_rollout: sequence {index} gave a non-finite row; allowed: finite models")
     sums["sequence_rollout_sum"] += row

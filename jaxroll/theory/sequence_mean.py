@@ -21,10 +21,12 @@ with ``A_t^s (N, N)`` sequence s's head-averaged attention at layer t
 ``lambda_t^s`` its mixing (a scalar, or one value per position i), and
 ``q_1 < ... < q_K`` the query positions (`jaxroll.theory.rows.query_positions`).
 The two agree when every sequence has the same ingredients (S = 1 included);
-they differ by the covariances, across sequences, of the layers' transitions
-(``mean_s R_2^s R_1^s = R_2 R_1 + cov_s(R_2^s, R_1^s)`` for T = 2), which is
-what issue 43 asks about: the rows of P_T other than the last miss the
-measured rows by 5-10x their noise.
+otherwise they differ by covariances across sequences: within a layer, of
+the mixing and the kernel (``mean_s R_t^s = R_t + cov_s(lambda_t^s, A_t^s)``
+for scalar mixing), and between layers, of the transitions
+(``mean_s R_2^s R_1^s = (mean_s R_2^s)(mean_s R_1^s) + cov_s(R_2^s, R_1^s)``).
+That is one candidate for issue 43: the rows of P_T other than the last
+miss the measured rows by 5-10x their noise.
 
 Each row is T vector-times-matrix products from layer T down to layer 1,
 ``p <- p - (p * lambda_t^s) + (p * lambda_t^s) A_t^s``, in one reverse
