@@ -17,7 +17,8 @@ from typing import Callable
 
 from ..errors import ConfigError
 
-STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets")
+STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets",
+                     "jaxroll.measure.sequence_rollout")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
