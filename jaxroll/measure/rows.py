@@ -195,13 +195,14 @@ def _batch_jacobian_rows(model, batch, keep, subset, hook) -> np.ndarray:
     states = captured[0][:, keep]  # (B, K, D)
     size, width = states.shape[-1], embeddings.shape[0] * embeddings.shape[1] * embeddings.shape[2]
     chunk = int(min(size, max(1, JACOBIAN_BYTES // (width * embeddings.element_size()))))
-    eye = torch.eye(size, dtype=states.dtype, device=states.device)
     norms = []
     for k in range(states.shape[1]):
         squares = torch.zeros(embeddings.shape[:2], dtype=torch.float64, device=states.device)  # (B, N)
         for start in range(0, size, chunk):
             # Basis vectors u_a, a in [start, start + c): rows a of every sequence's Jacobian at once.
-            basis = eye[start:start + chunk, None, :].expand(-1, states.shape[0], -1)  # (c, B, D)
+            index = torch.arange(start, min(start + chunk, size), device=states.device)
+            basis = torch.zeros(index.numel(), states.shape[0], size, dtype=states.dtype, device=states.device)
+            basis[torch.arange(index.numel(), device=states.device), :, index] = 1  # (c, B, D)
             (gradient,) = torch.autograd.grad(states[:, k], embeddings, grad_outputs=basis, retain_graph=True,
                                               is_grads_batched=True)  # (c, B, N, D)
             squares += gradient.double().square().sum(dim=(0, 3))
