@@ -55,6 +55,11 @@ def add_parser(commands) -> None:
                               "is N-1) or on the listed positions: rows of P_T, written to measurement.npz as "
                               "influence_rows (K, N), influence_rows_per_sequence (S, K, N) and query_positions "
                               "(docs/rows.md)")
+    measure.add_argument("--row-target", choices=("probability", "hidden"), default=None,
+                         help="with --queries: what the rows differentiate, the max next-token probability at "
+                              "each query (default) or the hidden state entering the final norm, the Frobenius "
+                              "norm of its D x D Jacobian (D backward passes per query; docs/measuring.md); "
+                              "metadata.json records it as row_target")
     measure.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "float64"), default="float32",
                          help="model dtype (default float32); statistics accumulate in float64 whatever it is")
     measure.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
@@ -143,6 +148,9 @@ def _measure_one(arguments) -> None:
                           f"({plan.max_length})")
     if "content" in stats and arguments.length < 2:
         raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
+    if arguments.row_target is not None and arguments.queries is None:
+        raise ConfigError(f"--row-target {arguments.row_target}: without --queries; allowed: --queries K|i,j,... "
+                          "with it (the rows it measures)")
     if arguments.queries is not None:
         from ..theory.rows import query_positions
 
@@ -205,7 +213,8 @@ def _measure_one(arguments) -> None:
             raise
         if result is not None:
             if arguments.queries is not None:
-                _add_rows(result, model, token_ids, arguments.query_positions, progress=not arguments.quiet)
+                _add_rows(result, model, token_ids, arguments.query_positions, progress=not arguments.quiet,
+                          target=arguments.row_target or "probability")
             _write(result, indices, documents, arguments, out, world, measure)
     finally:
         distributed.finalize(world)
@@ -218,21 +227,22 @@ def sink_count(changes) -> int:
     return next((change.num_sinks for change in changes if isinstance(change, SinkTokens)), 0)
 
 
-def _add_rows(result, model, token_ids, positions, progress) -> None:
-    """Rows of P_T measured on the same sequences, into `result.extra` (jaxroll.measure.rows)."""
+def _add_rows(result, model, token_ids, positions, progress, target="probability") -> None:
+    """Rows of P_T measured on the same sequences (`target`: ``--row-target``), into `result.extra`."""
     from ..measure.progress import Progress
     from ..measure.rows import influence_rows
     from ..theory.rows import normalised_rows
 
     bar = Progress(len(token_ids), label="jaxroll measure --queries") if progress else None
     try:
-        rows, positions = influence_rows(model, token_ids, positions, progress=bar)
+        rows, positions = influence_rows(model, token_ids, positions, progress=bar, target=target)
     finally:
         if bar is not None:
             bar.close()
     result.extra.update(influence_rows_per_sequence=rows, influence_rows=normalised_rows(rows),
                         query_positions=positions)
     result.metadata["queries"] = [int(q) for q in positions]
+    result.metadata["row_target"] = target
 
 
 def refine_switches(text: str) -> tuple[tuple, tuple]:
