@@ -30,7 +30,8 @@ def add_parser(commands) -> None:
                          help="edge fraction for edge mass and U-index (default 0.1)")
     compare.add_argument("--plot", type=Path, metavar="FIGURE.png",
                          help="draw both profiles on one axis, W1 first in the title")
-    compare.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
+    compare.add_argument("--overwrite", action="store_true", help="replace an existing --plot file (and existing "
+                         "rows.json, rows.png in --rows-out)")
     for name, flag in (("A", "--measured-a"), ("B", "--measured-b")):
         compare.add_argument(flag, type=Path, metavar="DIR",
                              help=f"with --plot: {name}.csv is the influence.csv of the measurement in DIR "

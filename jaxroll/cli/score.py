@@ -115,9 +115,9 @@ def add_rows_arguments(parser, measured: str) -> None:
                              "jaxroll measure wrote): per-row W1/noise, p-values with Holm's correction, the "
                              "power law by distance with a bootstrap interval over sequences; writes rows.json and "
                              "rows.png into --rows-out (docs/rows.md)")
-    parser.add_argument("--rows-out", type=Path, default=Path("results") / parser.prog.partition(" ")[2],
-                        metavar="DIR", help="with --rows-config: the folder for rows.json and rows.png "
-                                            "(default results/<command>; created)")
+    default = Path("results") / parser.prog.partition(" ")[2]
+    parser.add_argument("--rows-out", type=Path, default=default, metavar="DIR",
+                        help=f"with --rows-config: the folder for rows.json and rows.png (default {default}; created)")
     parser.add_argument("--buffer", type=_common.non_negative_int, default=0,
                         help="with --rows-config: leave source positions j < BUFFER out of the curve by "
                              "distance (Brändel et al.'s --source-min-index; default 0)")

@@ -29,7 +29,8 @@ def _distance_panel(axes, fitted: dict, name: str, color: str, marker: str) -> N
                     + (" at a bound" if fitted["at_bound"] else ""))
     model = fitted["gamma"] + fitted["beta"] * (r + 1.0) ** -fitted["p"]
     axes.plot(r[model > 0], model[model > 0], ":", color=color, linewidth=1.2,
-              label=f"{name}: fit {fitted['gamma']:.2g} + {fitted['beta']:.2g} (r+1)^-{fitted['p']:.3g}")
+              label=f"{name}: fit {fitted['gamma']:.2g} {'-' if fitted['beta'] < 0 else '+'} "
+                    f"{abs(fitted['beta']):.2g} (r+1)^-{fitted['p']:.3g}")
 
 
 def rows_figure(scores, distance_measured=None, distance_predicted=None, *, title: str = ""):
