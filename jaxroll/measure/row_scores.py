@@ -39,8 +39,9 @@ a left-edge ``buffer`` left out) and fit ``gamma + beta (r + 1)^(-p)`` on
 ``r >= 1``. `fit_power_law`'s interval treats the curve's points as
 independent with a common residual variance; the points of a measured curve
 share every sequence and the misfit of the power law is not noise, so that
-interval is not the measurement's uncertainty (about 6x too narrow in our
-runs). Here the interval comes from the sequences: resample them with
+interval is not the measurement's uncertainty (several times too narrow:
+about 4x on the synthetic measurement of tests/test_row_scores.py).
+Here the interval comes from the sequences: resample them with
 replacement B times, form each resample's mean rows, curve and fit, and
 take the ``(1 -+ level) / 2`` quantiles of the B exponents ``p*_b``
 (percentile interval). A predicted ``(K, N)`` array has no sequences: its
@@ -50,6 +51,7 @@ interval is the fit's, and is labelled so.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
@@ -295,7 +297,9 @@ def _distance_curves(means: np.ndarray, queries: np.ndarray, statistic: str, buf
     values = means[:, np.arange(queries.size)[:, None], np.where(valid, sources, 0)]  # (B, K, D)
     if statistic == "mean":
         return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=0)
-    return np.nanmedian(np.where(valid, values, np.nan), axis=1)
+    with warnings.catch_warnings():  # an all-NaN slice (a resample without mass in a row) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(np.where(valid, values, np.nan), axis=1)
 
 
 def distance_exponent(rows_per_sequence, queries, *, B: int = 1000, seed: int = 0, level: float = 0.95,
@@ -333,7 +337,8 @@ def distance_exponent(rows_per_sequence, queries, *, B: int = 1000, seed: int = 
         high], ``interval_kind`` (``"bootstrap"`` or ``"fit"``),
         ``fit_p_interval`` (`fit_power_law`'s, for comparison), ``at_bound``,
         ``draws_at_bound`` (resampled fits that ended at an end of
-        ``P_BOUNDS``), ``distances`` and ``curve`` (r >= 1), ``statistic``,
+        ``P_BOUNDS``), ``draws_without_curve`` (resamples that drew no
+        sequence with mass in some row: left out), ``distances`` and ``curve`` (r >= 1), ``statistic``,
         ``buffer``, ``level``, ``resamples``, ``seed``, ``sequences`` (None
         for predicted rows) and ``note`` (one sentence on the interval).
     """
@@ -363,7 +368,7 @@ def distance_exponent(rows_per_sequence, queries, *, B: int = 1000, seed: int = 
               "statistic": statistic, "buffer": int(buffer), "level": float(level)}
     if not measured:
         return {**result, "p_interval": result["fit_p_interval"], "interval_kind": "fit", "draws_at_bound": None,
-                "resamples": None, "seed": None, "sequences": None,
+                "draws_without_curve": None, "resamples": None, "seed": None, "sequences": None,
                 "note": "predicted rows have no sequences to resample: the interval is the least-squares fit's "
                         "(Student t on the linearised covariance), not an uncertainty of the rows"}
     sequences = rows.shape[0]
@@ -373,12 +378,22 @@ def distance_exponent(rows_per_sequence, queries, *, B: int = 1000, seed: int = 
     draws = []
     for block in range(0, int(B), 64):  # (64, K, N) resampled rows at a time
         resampled = (counts[block: block + 64] @ flat).reshape(-1, *means.shape)
-        resampled /= resampled.sum(axis=-1, keepdims=True)
-        draws.append(_fit_exponents(r1, _distance_curves(resampled, positions, statistic, int(buffer))[:, 1:]))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            resampled /= resampled.sum(axis=-1, keepdims=True)
+        curves = _distance_curves(resampled, positions, statistic, int(buffer))[:, 1:]
+        # A resample that drew only sequences without mass in some row has no curve: it gets no exponent.
+        usable = np.all(np.isfinite(curves), axis=1)
+        exponents = np.full(usable.size, np.nan)
+        exponents[usable] = _fit_exponents(r1, curves[usable]) if usable.any() else []
+        draws.append(exponents)
     draws = np.concatenate(draws)
-    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-    at_bound = np.isclose(draws, P_BOUNDS[0], rtol=1e-6) | np.isclose(draws, P_BOUNDS[1], rtol=1e-6)
+    fitted = draws[np.isfinite(draws)]
+    if fitted.size < 2:
+        raise ConfigError("rows_per_sequence: fewer than 2 resamples give a curve by distance; allowed: rows "
+                          "with gradient mass in most sequences")
+    low, high = np.quantile(fitted, [(1 - level) / 2, (1 + level) / 2])
+    at_bound = np.isclose(fitted, P_BOUNDS[0], rtol=1e-6) | np.isclose(fitted, P_BOUNDS[1], rtol=1e-6)
     return {**result, "p_interval": [float(low), float(high)], "interval_kind": "bootstrap",
-            "draws_at_bound": int(np.sum(at_bound)), "resamples": int(B), "seed": int(seed),
-            "sequences": int(sequences),
-            "note": f"percentile interval of the exponent over {int(B)} resamples of the {sequences} sequences"}
+            "draws_at_bound": int(np.sum(at_bound)), "draws_without_curve": int(draws.size - fitted.size),
+            "resamples": int(B), "seed": int(seed), "sequences": int(sequences),
+            "note": f"percentile interval of the exponent over {fitted.size} resamples of the {sequences} sequences"}
