@@ -168,8 +168,9 @@ def measured_rows_arrays(directory: Path, flag: str):
 
 def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, outputs, *,
                         quiet: bool = False) -> dict:
-    """Every measured row (`measured_rows_arrays` of `directory`) against the rows of ``arguments.rows_config``: printed, rows.json and
-    rows.png written into `outputs`; returns the rows.json object.
+    """Every measured row (`measured_rows_arrays` of `directory`) against the rows of
+    ``arguments.rows_config``: printed, rows.json and rows.png written into `outputs`; returns the rows.json
+    object.
 
     `jaxroll.measure.row_scores.score_rows` (W1/noise, p-values, Holm) and
     `distance_exponent` for the measured rows (bootstrap interval over the
@@ -178,8 +179,6 @@ def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, ou
     The rows are predicted at the measurement's N (the configuration's
     length is replaced), in float64.
     """
-    import json
-
     import jax
 
     from .. import io
@@ -225,8 +224,9 @@ def print_rows(scores, distance: dict, outputs) -> None:
     print(f"  W1/noise over rows: mean {summary['ratio_mean']:.3g}, median {summary['ratio_median']:.3g}, max "
           f"{summary['ratio_max']:.3g} (query {summary['ratio_max_query']}); Holm rejects {summary['holm_rejected']} "
           f"of {summary['rows']} rows at {summary['alpha']:g}"
-          + ("" if summary["holm_can_reject"] else f" (it cannot reject any: p >= 1/(B + 1) = "
-                                                   f"{summary['smallest_p_value']:.3g} > alpha / K; raise --resamples)"))
+          + ("" if summary["holm_can_reject"] else
+             f" (it cannot reject any: p >= 1/(B + 1) = {summary['smallest_p_value']:.3g} > alpha / K; "
+             "raise --resamples)"))
     for name, fitted in distance.items():
         low, high = fitted["p_interval"]
         kind = "bootstrap over sequences" if fitted["interval_kind"] == "bootstrap" else "the fit's interval"

@@ -333,7 +333,8 @@ def by_distance(rows: ArrayLike, queries: ArrayLike, statistic: str = "mean", *,
     rows = np.asarray(rows, dtype=np.float64)
     queries = np.asarray(queries)
     if rows.ndim != 2 or rows.shape[0] == 0 or queries.shape != (rows.shape[0],):
-        raise ConfigError(f"rows, queries: got shapes {rows.shape} and {queries.shape}; allowed: (K, N) and (K,), K >= 1")
+        raise ConfigError(f"rows, queries: got shapes {rows.shape} and {queries.shape}; "
+                          "allowed: (K, N) and (K,), K >= 1")
     if np.any((queries < 0) | (queries >= rows.shape[1])):
         raise ConfigError(f"queries: got values outside [0, {rows.shape[1]}); allowed: positions of the rows")
     reduce = {"mean": np.mean, "median": np.median}.get(statistic)
