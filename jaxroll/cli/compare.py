@@ -36,11 +36,13 @@ def add_parser(commands) -> None:
         compare.add_argument(flag, type=Path, metavar="DIR",
                              help=f"with --plot: {name}.csv is the influence.csv of the measurement in DIR "
                                   "(the --out of jaxroll measure, with influence_per_sequence); draw its "
-                                  "pointwise 95%% bootstrap band over the sequences")
+                                  "pointwise 95%% bootstrap band over the sequences; with --rows-config: the "
+                                  "measurement whose rows are scored")
     compare.add_argument("--resamples", type=_common.positive_int, default=1000,
-                         help="bootstrap resamples B of a band (default 1000)")
+                         help="bootstrap resamples B of a band, and of the rows with --rows-config "
+                              "(default 1000)")
     compare.add_argument("--seed", type=_common.non_negative_int, default=0,
-                         help="random seed of a band (default 0)")
+                         help="random seed of a band and of the rows' resamples (default 0)")
     add_rows_arguments(compare, "--measured-a or --measured-b DIR (give one)")
     compare.set_defaults(run=_run_compare)
 
