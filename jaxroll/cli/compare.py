@@ -1,4 +1,10 @@
-"""``jaxroll compare``: distances and shape statistics of two profiles, and its figure."""
+"""``jaxroll compare``: distances and shape statistics of two profiles, and its figure.
+
+With ``--rows-config CONFIG.yaml`` and one of ``--measured-a`` / ``--measured-b``
+whose measurement has rows (``jaxroll measure --queries K``), every measured row
+is also scored against the rows of that rollout configuration, as ``jaxroll
+score --rows-config`` does (`jaxroll.cli.score.score_measured_rows`).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from . import _common
+from .score import add_rows_arguments, check_rows_arguments, measured_rows_arrays, score_measured_rows
 
 
 def add_parser(commands) -> None:
@@ -23,16 +30,20 @@ def add_parser(commands) -> None:
                          help="edge fraction for edge mass and U-index (default 0.1)")
     compare.add_argument("--plot", type=Path, metavar="FIGURE.png",
                          help="draw both profiles on one axis, W1 first in the title")
-    compare.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
+    compare.add_argument("--overwrite", action="store_true", help="replace an existing --plot file (and existing "
+                         "rows.json, rows.png in --rows-out)")
     for name, flag in (("A", "--measured-a"), ("B", "--measured-b")):
         compare.add_argument(flag, type=Path, metavar="DIR",
                              help=f"with --plot: {name}.csv is the influence.csv of the measurement in DIR "
                                   "(the --out of jaxroll measure, with influence_per_sequence); draw its "
-                                  "pointwise 95%% bootstrap band over the sequences")
+                                  "pointwise 95%% bootstrap band over the sequences; with --rows-config: the "
+                                  "measurement whose rows are scored")
     compare.add_argument("--resamples", type=_common.positive_int, default=1000,
-                         help="bootstrap resamples B of a band (default 1000)")
+                         help="bootstrap resamples B of a band, and of the rows with --rows-config "
+                              "(default 1000)")
     compare.add_argument("--seed", type=_common.non_negative_int, default=0,
-                         help="random seed of a band (default 0)")
+                         help="random seed of a band and of the rows' resamples (default 0)")
+    add_rows_arguments(compare, "--measured-a or --measured-b DIR (give one)")
     compare.set_defaults(run=_run_compare)
 
 
@@ -43,12 +54,21 @@ def _run_compare(arguments) -> None:
 
     if not 0 < arguments.fraction < 0.5:
         raise ConfigError(f"--fraction: got {arguments.fraction}; allowed: 0 < fraction < 0.5")
-    for flag, value in (("--measured-a", arguments.measured_a), ("--measured-b", arguments.measured_b)):
-        if value is not None and arguments.plot is None:
-            raise ConfigError(f"{flag} {value}: draws a band in the figure only; pass --plot FIGURE.png")
+    measured = [(flag, value) for flag, value in (("--measured-a", arguments.measured_a),
+                                                    ("--measured-b", arguments.measured_b)) if value is not None]
+    if arguments.rows_config is None:
+        for flag, value in measured:
+            if arguments.plot is None:
+                raise ConfigError(f"{flag} {value}: draws a band in the figure only; pass --plot FIGURE.png "
+                                  "(or --rows-config CONFIG.yaml to score its rows)")
+    elif len(measured) != 1:
+        raise ConfigError(f"--rows-config {arguments.rows_config}: scores the rows of one measurement; allowed: "
+                          f"exactly one of --measured-a DIR, --measured-b DIR (got {len(measured)})")
     if arguments.resamples < 2:
         raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
     _common.check_figure_path(arguments.plot, arguments.overwrite)
+    rows_outputs = check_rows_arguments(arguments)
+    measured_rows = None if rows_outputs is None else measured_rows_arrays(measured[0][1], measured[0][0])
     p = io.read_profile(arguments.first)
     q = io.read_profile(arguments.second)
     try:
@@ -89,6 +109,9 @@ def _run_compare(arguments) -> None:
 
         plot_two_profiles(arguments.plot, p, q, **figure)
         print(f"  wrote {arguments.plot}")
+    if measured_rows is not None:
+        arguments.level = BAND_LEVEL  # the rows' intervals at the bands' coverage
+        score_measured_rows(arguments, measured_rows, measured[0][1], measured[0][0], rows_outputs)
 
 
 BAND_LEVEL = 0.95

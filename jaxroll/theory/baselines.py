@@ -303,8 +303,13 @@ def fit_power_law(r: ArrayLike, y: ArrayLike, sigma: ArrayLike | None = None, *,
     return PowerLawFit(theta, interval, covariance, math.sqrt(rss / r.size), level, at_bound)
 
 
-def by_distance(rows: ArrayLike, queries: ArrayLike, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+def by_distance(rows: ArrayLike, queries: ArrayLike, statistic: str = "mean", *,
+                buffer: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Influence as a function of distance ``r = i - j`` over query positions i.
+
+    ``value(r) = stat_{k : q_k - r >= buffer} rows[k, q_k - r]`` for
+    ``r = 0 .. max_k q_k - buffer``: the statistic over the queries that reach
+    distance r with a source position ``j = q_k - r`` at or after `buffer`.
 
     Args:
         rows: (K, N) influence rows: row k is the influence of every position j
@@ -312,20 +317,33 @@ def by_distance(rows: ArrayLike, queries: ArrayLike, statistic: str = "mean") ->
             masking; rows of P_T or measured ones).
         queries: (K,) the query positions i, each in [0, N).
         statistic: ``"mean"`` or ``"median"`` over the queries that reach
-            distance r (those with ``i >= r``).
+            distance r (those with ``i - r >= buffer``).
+        buffer: the left-edge buffer, Brändel et al.'s ``--source-min-index``
+            (arXiv 2606.29139): source positions ``j < buffer`` are left out,
+            so that the attention sink at position 0 (and the first few
+            tokens, with a larger buffer) does not enter the curve. The rows
+            are not renormalised after leaving them out: each value stays
+            on the scale of its whole row. 0 (the default) keeps every
+            position.
 
     Returns:
-        ``(r, value)``: distances 0..max(queries) and the statistic at each.
+        ``(r, value)``: distances ``0 .. max(queries) - buffer`` and the
+        statistic at each.
     """
     rows = np.asarray(rows, dtype=np.float64)
     queries = np.asarray(queries)
-    if rows.ndim != 2 or queries.shape != (rows.shape[0],):
-        raise ConfigError(f"rows, queries: got shapes {rows.shape} and {queries.shape}; allowed: (K, N) and (K,)")
+    if rows.ndim != 2 or rows.shape[0] == 0 or queries.shape != (rows.shape[0],):
+        raise ConfigError(f"rows, queries: got shapes {rows.shape} and {queries.shape}; "
+                          "allowed: (K, N) and (K,), K >= 1")
     if np.any((queries < 0) | (queries >= rows.shape[1])):
         raise ConfigError(f"queries: got values outside [0, {rows.shape[1]}); allowed: positions of the rows")
     reduce = {"mean": np.mean, "median": np.median}.get(statistic)
     if reduce is None:
         raise ConfigError(f"statistic: got {statistic!r}; allowed: 'mean' or 'median'")
-    distances = np.arange(int(queries.max()) + 1)
-    values = np.array([reduce([row[i - d] for row, i in zip(rows, queries) if i >= d]) for d in distances])
+    if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or not 0 <= buffer <= queries.max():
+        raise ConfigError(f"buffer: got {buffer!r}; allowed: an integer in [0, {int(queries.max())}] "
+                          "(the largest query position)")
+    distances = np.arange(int(queries.max()) - int(buffer) + 1)
+    values = np.array([reduce([row[i - d] for row, i in zip(rows, queries) if i - d >= buffer])
+                       for d in distances])
     return distances, values
