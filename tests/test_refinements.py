@@ -27,9 +27,13 @@ def random_ingredients(seed, layers=3, heads=2, n=7):
         return raw / raw.sum(-1, keepdims=True)
 
     positions = generator.random((layers, n))
-    return {"attention_heads": kernels(), "norm_kernels": kernels(), "lambda_positions": positions,
-            "lambda_mlp_positions": positions * generator.random((layers, n)), "lambdas": positions.mean(-1),
-            "head_norms": generator.random((layers, heads)) + 0.1, "lambda_gradient": generator.random(layers)}
+    ingredients = {"attention_heads": kernels(), "norm_kernels": kernels(), "lambda_positions": positions,
+                   "lambda_mlp_positions": positions * generator.random((layers, n)), "lambdas": positions.mean(-1),
+                   "head_norms": generator.random((layers, heads)) + 0.1, "lambda_gradient": generator.random(layers)}
+    # The two switches of issue 43 (drawn after the others, which keep their values).
+    ingredients["head_norms_positions"] = generator.random((layers, heads, n)) + 0.1
+    ingredients["input_norm_gains"] = generator.uniform(0.2, 3.0, (layers, n))
+    return ingredients
 
 
 def numpy_rollout(lambdas, kernels, weights):
@@ -58,6 +62,12 @@ def oracle_for(ingredients, switches):
     kernels = ingredients["norm_kernels" if "norm" in switches else "attention_heads"]
     layers, heads = kernels.shape[:2]
     weights = ingredients["head_norms"] if "heads" in switches else np.ones((layers, heads))
+    if {"head_positions", "input_norm"} & set(switches):  # tests/test_refinements_rows.py: R_t built row by row
+        from test_refinements_rows import numpy_rows
+
+        weights = ingredients["head_norms_positions"] if "head_positions" in switches else weights
+        gains = ingredients["input_norm_gains"] if "input_norm" in switches else None
+        return numpy_rows(lam, kernels, weights, gains)[-1]
     return numpy_rollout(lam, kernels, weights)
 
 
@@ -150,6 +160,8 @@ def test_compose_names_the_missing_statistic(switch):
     ingredients = random_ingredients(0)
     ingredients.pop({"position": "lambda_positions", "mlp": "lambda_mlp_positions"}.get(switch, "x"), None)
     ingredients.pop({"norm": "norm_kernels", "heads": "head_norms", "gradient": "lambda_gradient"}.get(switch, "x"),
+                    None)
+    ingredients.pop({"head_positions": "head_norms_positions", "input_norm": "input_norm_gains"}.get(switch, "x"),
                     None)
     with pytest.raises(ConfigError, match=R.STATS_FOR[switch]):
         R.compose(ingredients, (switch,))
