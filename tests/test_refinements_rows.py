@@ -264,7 +264,7 @@ def test_measured_gains_and_position_head_norms_match_a_hand_computation(family,
     np.testing.assert_allclose(measured["head_norms_positions"], outputs, rtol=1e-10, atol=0)
     # head_norms is its mean over positions; the registered statistics write the same arrays.
     np.testing.assert_allclose(measured["head_norms_positions"].mean(-1), measured["head_norms"], rtol=1e-12)
-    result = measure(model, ids, stats="lambda,head_norms_positions,input_norm_gains")
+    result = measure(model, ids, stats="lambda,head_norms_positions,input_norm_gains", batch_size=3)  # rows of a batch
     for name in ("input_norm_gains", "head_norms_positions"):
         np.testing.assert_allclose(result.extra[name], measured[name], rtol=1e-12, atol=0, err_msg=name)
     # Something to measure: the gains vary over positions, the head weights over queries.
@@ -273,17 +273,47 @@ def test_measured_gains_and_position_head_norms_match_a_hand_computation(family,
     assert np.ptp(shares, axis=-1).max() > 1e-2
 
 
-def test_olmo2_attention_reads_the_block_input_without_a_norm(tmp_path):
+FAMILY_NAMES = ("gpt2", "opt", "bloom", "mpt", "falcon", "falcon_rope", "gpt_neox", "gptj", "llama", "mistral",
+                "mixtral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_input_norm_gains_of_every_family(family):
+    """1 / sigma_t(j) at the norm test_families.ORACLE names (independently of jaxroll's table), from the
+    returned block inputs; sigma is checked against the norm itself: ``(LN(x) - b) sigma / (x - mu)`` (LayerNorm)
+    or ``LN(x) sigma / x`` (RMSNorm) is one gain per feature, the same at every position. OLMo 2's attention
+    reads the block input without a norm: gain 1."""
+    from test_families import ORACLE, _module, tiny
+
+    from jaxroll.measure.precision import full_precision
     from jaxroll.measure.refinements import measure_refinements
 
-    config = transformers.Olmo2Config(num_hidden_layers=2, num_attention_heads=2, hidden_size=16,
-                                      intermediate_size=24, vocab_size=61, max_position_embeddings=32,
-                                      eos_token_id=None, pad_token_id=None, bos_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    model = model.double().eval()
-    gains = measure_refinements(model, np.arange(12).reshape(2, 6) % 61, ingredients=("input_norm",)).mean()
-    np.testing.assert_array_equal(gains["input_norm_gains"], np.ones((2, 6)))
+    model = tiny(family)
+    ids = np.random.default_rng(8).integers(0, 61, (2, 8))
+    got = measure_refinements(model, ids, ingredients=("input_norm",)).mean()["input_norm_gains"]
+    blocks_path, norm_path = ORACLE[family.replace("_rope", "")][:2]
+    if norm_path is None:
+        np.testing.assert_array_equal(got, np.ones((2, 8)))
+        return
+    expected = np.zeros((2, 8))
+    for row in ids:
+        with torch.no_grad(), full_precision(model):
+            states = model(input_ids=torch.as_tensor(row)[None], output_hidden_states=True).hidden_states
+        for t, block in enumerate(_module(model, blocks_path)):
+            norm = _module(block, norm_path)
+            x = _np(states[t][0])
+            layer = isinstance(norm, torch.nn.LayerNorm)
+            eps = norm.eps if hasattr(norm, "eps") else norm.variance_epsilon
+            centred = x - x.mean(-1, keepdims=True) if layer else x
+            sigma = np.sqrt((centred * centred).mean(-1) + eps)
+            with torch.no_grad(), full_precision(norm):
+                normed = _np(norm(torch.as_tensor(x)[None])[0])
+            bias = _np(norm.bias) if getattr(norm, "bias", None) is not None else 0.0
+            gain = (normed - bias) * sigma[:, None] / centred
+            np.testing.assert_allclose(gain, np.broadcast_to(gain[0], gain.shape), rtol=1e-8, err_msg=f"layer {t}")
+            expected[t] += 1.0 / sigma / len(ids)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
+    assert np.ptp(got, axis=-1).min() > 1e-6  # the gains vary over positions
 
 
 def test_measure_cli_writes_the_refined_rows(tmp_path, capsys):
