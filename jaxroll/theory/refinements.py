@@ -190,22 +190,31 @@ def refined_transition(model: RefinedRollout, layer: int) -> Float[Array, "n n"]
     return jnp.diag(1.0 - gamma * reach) + gamma[:, None] * kernel * gains[None, :]
 
 
-def _propagate(model: RefinedRollout, start):
-    """``start^T R_T ... R_1``: one row-times-matrix product per layer, layer T first."""
-    per_position = model.head_weights.ndim == 3
-    spec = "hi,i,hij->j" if per_position else "h,i,hij->j"
+def _mixing(model: RefinedRollout):
+    """Per layer and row, ``(gamma_t (T, N), s_t (T, N))``: the attention coefficient and the gained reach
+    ``s_t(i) = sum_j A_t[i, j] g_t(j)``, ``gamma_t = min(lambda_t, 1 / s_t)``; ``(lambda_t, None)`` without gains."""
+    if model.input_gains is None:
+        return model.lambdas, None
+    spec = "thi,thij,tj->ti" if model.head_weights.ndim == 3 else "th,thij,tj->ti"
+    reach = jnp.einsum(spec, model.head_weights, model.head_kernels, model.input_gains)
+    return jnp.minimum(model.lambdas, 1.0 / reach), reach  # the cap: the identity share 1 - gamma s stays >= 0
+
+
+def _propagate(model: RefinedRollout, mixing, start):
+    """``start^T R_T ... R_1``: one row-times-matrix product per layer, layer T first (`_mixing` gives `mixing`)."""
+    spec = "hi,i,hij->j" if model.head_weights.ndim == 3 else "h,i,hij->j"
 
     def apply_layer(p, layer):
-        weight, kernels, heads, gains = layer
+        weight, reach, kernels, heads, gains = layer
+        moved = p * weight  # the share of each row that mixes (gamma(i) p(i) with gains)
+        # moved^T A = sum_h w_h moved^T K_h: no (N, N) mixture is formed.
+        mixed = jnp.einsum(spec, heads, moved, kernels)
         if gains is None:
-            moved = p * weight  # the share of each row that mixes
-            # moved^T A = sum_h w_h moved^T K_h: no (N, N) mixture is formed.
-            return p - moved + jnp.einsum(spec, heads, moved, kernels), None
-        reach = jnp.einsum("hi,hij,j->i" if per_position else "h,hij,j->i", heads, kernels, gains)
-        moved = p * jnp.minimum(weight, 1.0 / reach)  # gamma(i) p(i)
-        return p - moved * reach + gains * jnp.einsum(spec, heads, moved, kernels), None
+            return p - moved + mixed, None
+        return p - moved * reach + gains * mixed, None
 
-    layers = (model.lambdas, model.head_kernels, model.head_weights, model.input_gains)
+    weight, reach = mixing
+    layers = (weight, reach, model.head_kernels, model.head_weights, model.input_gains)
     p, _ = jax.lax.scan(apply_layer, start, layers, reverse=True)
     return p
 
@@ -214,7 +223,7 @@ def _propagate(model: RefinedRollout, start):
 def refined_influence(model: RefinedRollout) -> Float[Array, " n"]:
     """``p_T(j) = (e_{N-1}^T R_T ... R_1)_j``: one row-times-matrix product per layer, layer T first."""
     n = model.lambdas.shape[-1]
-    return _propagate(model, jnp.zeros(n, dtype=model.head_kernels.dtype).at[-1].set(1.0))
+    return _propagate(model, _mixing(model), jnp.zeros(n, dtype=model.head_kernels.dtype).at[-1].set(1.0))
 
 
 @jax.jit
@@ -224,7 +233,8 @@ def refined_rows(model: RefinedRollout, starts: Float[Array, "k n"]) -> Float[Ar
     The reverse scan of `refined_influence`, vmapped over the K start rows:
     O(K T H N^2), ``P_T`` is never formed. Each row sums to the sum of its start row.
     """
-    return jax.vmap(lambda start: _propagate(model, start))(starts.astype(model.head_kernels.dtype))
+    mixing = _mixing(model)  # once, not per start row
+    return jax.vmap(lambda start: _propagate(model, mixing, start))(starts.astype(model.head_kernels.dtype))
 
 
 def compose(ingredients: dict, switches=()) -> RefinedRollout:

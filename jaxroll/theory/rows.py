@@ -11,6 +11,11 @@ rows and columns of ``P_T`` at length N are ``P_T`` at length ``i + 1``, so
 row i is exactly the last-row profile of the same model at length ``i + 1``,
 padded with zeros (`jaxroll.rollout_row` with the start row ``e_i``).
 
+A refined rollout (`jaxroll.theory.refinements.RefinedRollout`, measured
+kernels at one length N) gives its rows by the same reverse scan as its
+profile, from the start rows ``e_i`` (`jaxroll.theory.refinements.refined_rows`);
+`predicted_rows` takes either kind.
+
 The measured counterpart is the gradient influence ``||d f_i / d e_j||`` of
 every input embedding on the top next-token probability at query position i
 (`jaxroll.measure.rows.influence_rows`), per sequence ``(S, K, N)``.
