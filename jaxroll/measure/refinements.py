@@ -55,7 +55,8 @@ for in- and out-of-sample checks; ingredients named by the switches of
 `jaxroll.measure.measure` under `STATISTICS` (``jaxroll measure --stats
 lambda,influence,attention_heads,lambda_positions,...``), which write the
 same arrays into ``measurement.npz``; `refined_profile` turns a measurement
-directory into the profile of any switch combination. Everything is
+directory into the profile of any switch combination, and
+`refined_rows_from_arrays` a measurement's arrays into its rows at query positions. Everything is
 accumulated in float64. Families: every `jaxroll.measure.families.FAMILIES` entry. Where an RMSNorm
 follows W_O (Gemma 2/3, OLMo 2: ``a_i = g * o_i / r_i``, `post_norm_gain`), head h's output is
 ``g * W_O^h context_h(i) / r_i`` (``head_norms``) and ``n_h(j) = ||g * W_O^h v_h(j)||``
@@ -120,7 +121,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
     Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
     m (N,)`` norms, ``value_norms (H, N)`` = ``||W_O^h v_h(j)||``,
     ``head_outputs (H, N)`` = ``||W_O^h context_h(i)||``, ``grad_x, grad_a
-    (N, D)``, ``input_gain (N,)`` = ``1 / sigma(j)`` of the attention input norm. Forward hooks deliver only while `recording()` (activation
+    (N, D)``, ``input_gain (N,)`` = ``1 / sigma(j)`` of the attention input
+    norm. Forward hooks deliver only while `recording()` (activation
     checkpointing runs a block's forward again during the backward); the
     gradient hooks are registered in the recorded forward and fire once.
     A batch of B sequences delivers each row b separately (``row=b``).
@@ -130,8 +132,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
     """
     layer_map = resolved.layer_map
     refused = [switch for switch in switches if _OUTPUT.get(switch) in layer_map.refused
-               or (switch in ("norm", "heads", "head_positions") and layer_map.value is None) or (switch == "mlp" and not
-                                                                             layer_map.mlp_output)]
+               or (switch in ("norm", "heads", "head_positions") and layer_map.value is None)
+               or (switch == "mlp" and not layer_map.mlp_output)]
     if refused:
         reason = layer_map.refused.get(_OUTPUT[refused[0]], "its layer map names no value or MLP module")
         raise ConfigError(f"architecture: {layer_map.name!r} cannot give {_OUTPUT[refused[0]]}: {reason}")
@@ -254,8 +256,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                     handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out, post)))
             if "input_norm" in switches:
                 norm = input_norm_module(block, layer_map.name, config)
-                kind, eps = (None, 0.0) if norm is None else norm_kind(norm, int(getattr(config, layer_map.hidden_size)),
-                                                                       layer_map.name)
+                hidden = int(getattr(config, layer_map.hidden_size))
+                kind, eps = (None, 0.0) if norm is None else norm_kind(norm, hidden, layer_map.name)
                 handles.append((norm or block).register_forward_pre_hook(gains(layer, kind, eps), with_kwargs=True))
             if "gradient" in switches:
                 handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
@@ -450,8 +452,8 @@ def _statistic(stat: str) -> Statistic:
     def allocate(shape: Shapes) -> dict:
         size = {"attention_heads": (shape.heads, shape.length, shape.length), "lambda_positions": (shape.length,),
                 "lambda_mlp_positions": (shape.length,), "norm_kernels": (shape.heads, shape.length, shape.length),
-                "head_norms": (shape.heads,), "lambda_gradient": (), "head_norms_positions": (shape.heads, shape.length),
-                "input_norm_gains": (shape.length,)}[output]
+                "head_norms": (shape.heads,), "lambda_gradient": (),
+                "head_norms_positions": (shape.heads, shape.length), "input_norm_gains": (shape.length,)}[output]
         return {f"{output}_sum": np.zeros((shape.layers, *size))}
 
     def attach(resolved, deliver, recording, recomputed=False):

@@ -106,7 +106,8 @@ def compatible(switches) -> bool:
     ``head_positions`` replaces ``heads``' one weight per layer.
     """
     switches = set(switches)
-    return not ("gradient" in switches and {"position", "mlp"} & switches) and not {"heads", "head_positions"} <= switches
+    replaced_lambda = "gradient" in switches and {"position", "mlp"} & switches
+    return not replaced_lambda and not {"heads", "head_positions"} <= switches
 
 ROW_TOLERANCE = 1e-6  # measured softmax rows (float32 inside BLOOM/Llama) sum to 1 within ~1e-7
 
