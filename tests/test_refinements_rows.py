@@ -316,6 +316,33 @@ def test_input_norm_gains_of_every_family(family):
     assert np.ptp(got, axis=-1).min() > 1e-6  # the gains vary over positions
 
 
+def test_falcon_new_decoder_reads_ln_attn_and_post_ln_opt_is_refused():
+    from test_families import HEADS, HIDDEN, VOCAB
+
+    from jaxroll.measure.precision import full_precision
+    from jaxroll.measure.refinements import measure_refinements
+
+    config = transformers.FalconConfig(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN,
+                                       vocab_size=VOCAB, alibi=False, new_decoder_architecture=True, num_kv_heads=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+    ids = np.arange(7)[None] % VOCAB
+    got = measure_refinements(model, ids, ingredients=("input_norm",)).mean()["input_norm_gains"]
+    with torch.no_grad(), full_precision(model):
+        states = model(input_ids=torch.as_tensor(ids), output_hidden_states=True).hidden_states
+    for t, block in enumerate(model.transformer.h):
+        assert hasattr(block, "ln_attn")  # the attention's own norm (ln_mlp is the MLP's)
+        x = _np(states[t][0])
+        sigma = np.sqrt(x.var(-1) + block.ln_attn.eps)
+        np.testing.assert_allclose(got[t], 1.0 / sigma, rtol=1e-10)
+    opt = transformers.OPTConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, ffn_dim=8, vocab_size=VOCAB,
+                                 max_position_embeddings=16, word_embed_proj_dim=8, do_layer_norm_before=False)
+    model = transformers.AutoModelForCausalLM.from_config(opt, attn_implementation="eager").double().eval()
+    with pytest.raises(ConfigError, match="do_layer_norm_before") as error:
+        measure_refinements(model, ids, ingredients=("input_norm",))
+    assert "\n" not in str(error.value)
+
+
 def test_measure_cli_writes_the_refined_rows(tmp_path, capsys):
     import json
 
