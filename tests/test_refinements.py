@@ -401,6 +401,11 @@ def test_refined_csv_is_float64_and_sums_to_one_and_the_summary_names_every_file
     reference = refined_profile(out, ("heads", "gradient"))  # float64 on here: the float64 sums' rollout
     assert reference.dtype == np.float64
     np.testing.assert_allclose(written, reference, rtol=1e-13, atol=1e-16)
+    from jaxroll.measure.outputs import read_measurement  # --queries 2: the refined rows, float64 too
+
+    rows = read_measurement(out)[0]["refined_rows"]
+    assert rows.shape == (2, 24) and rows.dtype == np.float64
+    np.testing.assert_allclose(rows[-1], reference, rtol=0, atol=1e-12)
     line = next(text for text in stdout.splitlines() if text.strip().startswith("wrote "))
     named = {name.strip() for name in line.strip().removeprefix("wrote ").removeprefix(f"{out}/").split(",")}
     assert "refined.csv" in named
