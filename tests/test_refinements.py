@@ -27,9 +27,13 @@ def random_ingredients(seed, layers=3, heads=2, n=7):
         return raw / raw.sum(-1, keepdims=True)
 
     positions = generator.random((layers, n))
-    return {"attention_heads": kernels(), "norm_kernels": kernels(), "lambda_positions": positions,
-            "lambda_mlp_positions": positions * generator.random((layers, n)), "lambdas": positions.mean(-1),
-            "head_norms": generator.random((layers, heads)) + 0.1, "lambda_gradient": generator.random(layers)}
+    ingredients = {"attention_heads": kernels(), "norm_kernels": kernels(), "lambda_positions": positions,
+                   "lambda_mlp_positions": positions * generator.random((layers, n)), "lambdas": positions.mean(-1),
+                   "head_norms": generator.random((layers, heads)) + 0.1, "lambda_gradient": generator.random(layers)}
+    # The two switches of issue 43 (drawn after the others, which keep their values).
+    ingredients["head_norms_positions"] = generator.random((layers, heads, n)) + 0.1
+    ingredients["input_norm_gains"] = generator.uniform(0.2, 3.0, (layers, n))
+    return ingredients
 
 
 def numpy_rollout(lambdas, kernels, weights):
@@ -58,6 +62,12 @@ def oracle_for(ingredients, switches):
     kernels = ingredients["norm_kernels" if "norm" in switches else "attention_heads"]
     layers, heads = kernels.shape[:2]
     weights = ingredients["head_norms"] if "heads" in switches else np.ones((layers, heads))
+    if {"head_positions", "input_norm"} & set(switches):  # tests/test_refinements_rows.py: R_t built row by row
+        from test_refinements_rows import numpy_rows
+
+        weights = ingredients["head_norms_positions"] if "head_positions" in switches else weights
+        gains = ingredients["input_norm_gains"] if "input_norm" in switches else None
+        return numpy_rows(lam, kernels, weights, gains)[-1]
     return numpy_rollout(lam, kernels, weights)
 
 
@@ -150,6 +160,8 @@ def test_compose_names_the_missing_statistic(switch):
     ingredients = random_ingredients(0)
     ingredients.pop({"position": "lambda_positions", "mlp": "lambda_mlp_positions"}.get(switch, "x"), None)
     ingredients.pop({"norm": "norm_kernels", "heads": "head_norms", "gradient": "lambda_gradient"}.get(switch, "x"),
+                    None)
+    ingredients.pop({"head_positions": "head_norms_positions", "input_norm": "input_norm_gains"}.get(switch, "x"),
                     None)
     with pytest.raises(ConfigError, match=R.STATS_FOR[switch]):
         R.compose(ingredients, (switch,))
@@ -389,6 +401,11 @@ def test_refined_csv_is_float64_and_sums_to_one_and_the_summary_names_every_file
     reference = refined_profile(out, ("heads", "gradient"))  # float64 on here: the float64 sums' rollout
     assert reference.dtype == np.float64
     np.testing.assert_allclose(written, reference, rtol=1e-13, atol=1e-16)
+    from jaxroll.measure.outputs import read_measurement  # --queries 2: the refined rows, float64 too
+
+    rows = read_measurement(out)[0]["refined_rows"]
+    assert rows.shape == (2, 24) and rows.dtype == np.float64
+    np.testing.assert_allclose(rows[-1], reference, rtol=0, atol=1e-12)
     line = next(text for text in stdout.splitlines() if text.strip().startswith("wrote "))
     named = {name.strip() for name in line.strip().removeprefix("wrote ").removeprefix(f"{out}/").split(",")}
     assert "refined.csv" in named

@@ -26,8 +26,9 @@ FIT_SCHEDULES = ("free", "power_decay", "constant")
 FIT_CONTENTS = ("per_layer", "per_head")
 FIT_LOSSES = ("wasserstein", "kl", "l2")
 KERNEL_FAMILIES = ("alibi", "power", "table")
-REFINEMENT_SWITCHES = ("position", "mlp", "norm", "heads", "gradient")
+REFINEMENT_SWITCHES = ("position", "mlp", "norm", "heads", "gradient", "head_positions", "input_norm")
 REFINEMENT_STATS = ("attention_heads", "lambda_positions", "lambda_mlp", "norm_kernels", "head_norms",
-                    "lambda_gradient")
+                    "lambda_gradient", "head_norms_positions", "input_norm_gains")
 REFINEMENT_STAT_FOR = {"position": "lambda_positions", "mlp": "lambda_mlp", "norm": "norm_kernels",
-                       "heads": "head_norms", "gradient": "lambda_gradient"}
+                       "heads": "head_norms", "gradient": "lambda_gradient", "head_positions": "head_norms_positions",
+                       "input_norm": "input_norm_gains"}

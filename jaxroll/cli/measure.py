@@ -49,7 +49,8 @@ def add_parser(commands) -> None:
     measure.add_argument("--refine", default=None, metavar="SWITCHES",
                          help="also write refined.csv, the refined rollout's profile with these switches on "
                               f"(comma-separated subset of {','.join(_names.REFINEMENT_SWITCHES)}; "
-                              "docs/refinements.md); the statistics it needs are added to the default --stats")
+                              "docs/refinements.md), and with --queries its rows as refined_rows (K, N) in "
+                              "measurement.npz; the statistics it needs are added to the default --stats")
     measure.add_argument("--queries", default=None, metavar="K|i,j,...",
                          help="also measure the gradient influence on K evenly spaced query positions (the last "
                               "is N-1) or on the listed positions: rows of P_T, written to measurement.npz as "
@@ -250,9 +251,10 @@ def refine_switches(text: str) -> tuple[tuple, tuple]:
 
     A combination needs its lambda (``lambda``, or the ingredient of
     position, mlp or gradient; gradient also ``influence``), its kernels
-    (``attention_heads``, or ``norm_kernels`` with norm) and, with heads,
-    ``head_norms``. gradient replaces lambda_t, so it does not combine with
-    position or mlp.
+    (``attention_heads``, or ``norm_kernels`` with norm) and the ingredient
+    of heads, head_positions and input_norm where on. gradient replaces
+    lambda_t, so it does not combine with position or mlp; head_positions
+    replaces heads.
     """
     switches = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
     unknown = [item for item in switches if item not in _names.REFINEMENT_SWITCHES]
@@ -261,12 +263,16 @@ def refine_switches(text: str) -> tuple[tuple, tuple]:
                           f"subset of {','.join(_names.REFINEMENT_SWITCHES)}")
     if "gradient" in switches and {"position", "mlp"} & set(switches):
         raise ConfigError(f"--refine {text}: gradient with position or mlp; allowed: gradient replaces "
-                          "lambda_t, so it combines with norm and heads only")
+                          "lambda_t, so it combines with norm, heads, head_positions and input_norm only")
+    if {"heads", "head_positions"} <= set(switches):
+        raise ConfigError(f"--refine {text}: heads with head_positions; allowed: one of them (head_positions "
+                          "replaces heads' one weight per layer)")
     lam = next((item for item in ("gradient", "mlp", "position") if item in switches), None)
     needed = [_names.REFINEMENT_STAT_FOR[lam]] if lam else ["lambda"]
     needed += ["influence"] if lam == "gradient" else []
     needed += [_names.REFINEMENT_STAT_FOR["norm"] if "norm" in switches else "attention_heads"]
-    needed += [_names.REFINEMENT_STAT_FOR["heads"]] if "heads" in switches else []
+    needed += [_names.REFINEMENT_STAT_FOR[item] for item in ("heads", "head_positions", "input_norm")
+               if item in switches]
     return switches, tuple(needed)
 
 
@@ -305,6 +311,12 @@ def _write(result, indices, documents, arguments, out, world, measure) -> None:
     refine = getattr(arguments, "refine_switches", None)
     if refine is not None:
         result.metadata["refined"] = {"switches": list(refine), "file": "refined.csv"}
+        if "query_positions" in result.extra:  # --queries: the refined rows beside the measured ones, float64
+            from ..measure.refinements import refined_rows_from_arrays
+
+            result.extra["refined_rows"] = refined_rows_from_arrays(result.arrays(), refine,
+                                                                    result.extra["query_positions"])
+            result.metadata["refined"]["rows"] = "refined_rows in measurement.npz"
     written = measure.write_measurement(result, out, overwrite=True)
     if refine is not None:
         from ..io import write_profile

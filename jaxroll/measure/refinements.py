@@ -39,7 +39,15 @@ bias), ``W_O^h`` the columns of the output projection that read head h:
   a share ``1 - lambda_t`` of the mass on the identity path; here that share
   is the residual path's gradient norm against the total gradient norm at
   the block input. It is negative where the attention path cancels part of
-  the residual gradient (`jaxroll.theory.refinements.compose` clips it to [0, 1]).
+  the residual gradient (`jaxroll.theory.refinements.compose` clips it to [0, 1]);
+- ``head_norms_positions (L, H, N)``: ``||W_O^h context_h(i)||`` per query
+  position i, the mean over sequences (its mean over i is ``head_norms``);
+- ``input_norm_gains (L, N)``: ``c_t(j)``, the mean over sequences of
+  ``1 / sigma_t(j)``, the gain of the norm in front of block t's attention
+  at position j (LayerNorm: ``sigma = sqrt(var(x_j) + eps)``, RMSNorm: the
+  RMS of ``x_j`` with eps), read by a hook on that norm's input
+  (`jaxroll.measure.norm_gains`; 1 where the attention reads ``x`` without
+  a norm, as in OLMo 2).
 
 Two ways to get them: `measure_refinements` (sums per group of sequences,
 for in- and out-of-sample checks; ingredients named by the switches of
@@ -47,7 +55,8 @@ for in- and out-of-sample checks; ingredients named by the switches of
 `jaxroll.measure.measure` under `STATISTICS` (``jaxroll measure --stats
 lambda,influence,attention_heads,lambda_positions,...``), which write the
 same arrays into ``measurement.npz``; `refined_profile` turns a measurement
-directory into the profile of any switch combination. Everything is
+directory into the profile of any switch combination, and
+`refined_rows_from_arrays` a measurement's arrays into its rows at query positions. Everything is
 accumulated in float64. Families: every `jaxroll.measure.families.FAMILIES` entry. Where an RMSNorm
 follows W_O (Gemma 2/3, OLMo 2: ``a_i = g * o_i / r_i``, `post_norm_gain`), head h's output is
 ``g * W_O^h context_h(i) / r_i`` (``head_norms``) and ``n_h(j) = ||g * W_O^h v_h(j)||``
@@ -57,7 +66,6 @@ follows W_O (Gemma 2/3, OLMo 2: ``a_i = g * o_i / r_i``, `post_norm_gain`), head
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import numpy as np
@@ -65,28 +73,33 @@ import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
+from .norm_gains import input_gains, input_norm_module, norm_kind, post_norm_gain
 from .precision import full_precision
 from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
-           "refined_profile", "ingredients_from_arrays"]
+           "refined_profile", "ingredients_from_arrays", "refined_from_arrays", "refined_rows_from_arrays"]
 
-INGREDIENTS = ("position", "mlp", "norm", "heads", "gradient")
+INGREDIENTS = ("position", "mlp", "norm", "heads", "gradient", "head_positions", "input_norm")
 """What `measure_refinements` can measure, by switch: ``position`` -> lambda_positions, ``mlp`` ->
 lambda_mlp_positions, ``norm`` -> norm_kernels, ``heads`` -> head_norms, ``gradient`` ->
-lambda_gradient (one backward pass more). ``attention_heads`` is always measured."""
+lambda_gradient (one backward pass more), ``head_positions`` -> head_norms_positions, ``input_norm`` ->
+input_norm_gains. ``attention_heads`` is always measured."""
 
 STATISTICS = {"attention_heads": "attention_heads", "lambda_positions": "lambda_positions",
               "lambda_mlp": "lambda_mlp_positions", "norm_kernels": "norm_kernels", "head_norms": "head_norms",
-              "lambda_gradient": "lambda_gradient"}
+              "lambda_gradient": "lambda_gradient", "head_norms_positions": "head_norms_positions",
+              "input_norm_gains": "input_norm_gains"}
 """The ``--stats`` names registered with `jaxroll.measure.measure` -> the array each writes into
 ``measurement.npz`` (the means defined in the module docstring). ``lambda_gradient`` needs
 ``influence`` (it reads that statistic's backward pass)."""
 
 _OUTPUT = {"attention": "attention_heads", "position": "lambda_positions", "mlp": "lambda_mlp_positions",
-           "norm": "norm_kernels", "heads": "head_norms", "gradient": "lambda_gradient"}
+           "norm": "norm_kernels", "heads": "head_norms", "gradient": "lambda_gradient",
+           "head_positions": "head_norms_positions", "input_norm": "input_norm_gains"}
 _SWITCH_OF_STAT = {"attention_heads": "attention", "lambda_positions": "position", "lambda_mlp": "mlp",
-                   "norm_kernels": "norm", "head_norms": "heads", "lambda_gradient": "gradient"}
+                   "norm_kernels": "norm", "head_norms": "heads", "lambda_gradient": "gradient",
+                   "head_norms_positions": "head_positions", "input_norm_gains": "input_norm"}
 
 def _module(root, path):
     for part in path.split("."):
@@ -102,41 +115,14 @@ def _output_matrix(module, num_heads, head_dim):
     return weight.reshape(weight.shape[0], num_heads, head_dim)
 
 
-def post_norm_gain(norm, hidden: int, family: str = "") -> tuple[torch.Tensor, float]:
-    """``(g (D,), eps)`` of the RMSNorm after W_O: ``norm(o) = g * o / sqrt(mean(o^2) + eps)``.
-
-    ``g`` is read from the module itself (``norm(1) sqrt(1 + eps)``: Gemma's
-    ``1 + weight``, OLMo 2's ``weight``), in float64 whatever the model's
-    dtype; the form is checked on a probe vector.
-
-    Raises:
-        ConfigError: the module has no ``eps`` / ``variance_epsilon`` or is not an RMSNorm of that form.
-    """
-    from .precision import Float64Mode
-
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-    weight = getattr(norm, "weight", None)
-    if eps is None or weight is None:
-        raise ConfigError(f"architecture: {family!r}: the norm after W_O ({type(norm).__name__}) has no weight and "
-                          "eps; allowed: an RMSNorm")
-    with torch.no_grad(), Float64Mode():
-        ones = torch.ones(hidden, dtype=torch.float64, device=weight.device)
-        gain = norm.forward(ones).double() * math.sqrt(1.0 + float(eps))  # forward: no hooks fire
-        probe = torch.linspace(-1.0, 2.0, hidden, dtype=torch.float64, device=weight.device)
-        expected = gain * probe / torch.sqrt((probe * probe).mean() + eps)
-        if not torch.allclose(norm.forward(probe).double(), expected, rtol=1e-6, atol=1e-12):
-            raise ConfigError(f"architecture: {family!r}: the norm after W_O ({type(norm).__name__}) is not "
-                              "g * o / sqrt(mean(o^2) + eps); allowed: an RMSNorm")
-    return gain.cpu(), float(eps)
-
-
 def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bool = True) -> list:
     """Register the hooks `switches` need (``attention``: alpha alone); they call ``deliver(kind, layer, value, row=b)``.
 
     Kinds (per sequence, float64 CPU tensors): ``alpha (H, N, N)``, ``x, a,
     m (N,)`` norms, ``value_norms (H, N)`` = ``||W_O^h v_h(j)||``,
     ``head_outputs (H, N)`` = ``||W_O^h context_h(i)||``, ``grad_x, grad_a
-    (N, D)``. Forward hooks deliver only while `recording()` (activation
+    (N, D)``, ``input_gain (N,)`` = ``1 / sigma(j)`` of the attention input
+    norm. Forward hooks deliver only while `recording()` (activation
     checkpointing runs a block's forward again during the backward); the
     gradient hooks are registered in the recorded forward and fire once.
     A batch of B sequences delivers each row b separately (``row=b``).
@@ -146,8 +132,8 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
     """
     layer_map = resolved.layer_map
     refused = [switch for switch in switches if _OUTPUT.get(switch) in layer_map.refused
-               or (switch in ("norm", "heads") and layer_map.value is None) or (switch == "mlp" and not
-                                                                             layer_map.mlp_output)]
+               or (switch in ("norm", "heads", "head_positions") and layer_map.value is None)
+               or (switch == "mlp" and not layer_map.mlp_output)]
     if refused:
         reason = layer_map.refused.get(_OUTPUT[refused[0]], "its layer map names no value or MLP module")
         raise ConfigError(f"architecture: {layer_map.name!r} cannot give {_OUTPUT[refused[0]]}: {reason}")
@@ -211,6 +197,19 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                     deliver("head_outputs", layer, outputs.norm(dim=-1).cpu(), row=row)
         return hook
 
+    def gains(layer, kind, eps):
+        def hook(module, *hook_args):
+            if not recording():
+                return
+            args, kwargs = hook_args
+            tensor = args[0] if args else kwargs["hidden_states"]
+            # no norm in front of the attention (OLMo 2): it reads x_j as it is, gain 1
+            values = torch.ones(tensor.shape[:-1], dtype=torch.float64) if kind is None \
+                else input_gains(tensor, kind, eps).cpu()
+            for row in range(values.shape[0]):
+                deliver("input_gain", layer, values[row], row=row)
+        return hook
+
     def gradient(kind, layer, pre=False):
         def hook(module, *hook_args):
             if not recording():
@@ -240,7 +239,7 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                 handles.append(projection.register_forward_hook(norms("a", layer)))
             if "mlp" in switches:
                 handles.append(_module(block, layer_map.mlp_output).register_forward_hook(norms("m", layer)))
-            if {"norm", "heads"} & set(switches):
+            if {"norm", "heads", "head_positions"} & set(switches):
                 w_module = _module(block, layer_map.w_out) if layer_map.w_out else projection
                 w_out = _output_matrix(w_module, heads, head_dim)
                 post = None
@@ -253,8 +252,13 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                     # n_h(j) = ||g * W_O^h v_h(j)||: the norm's 1 / r_i is one factor per row, gone in K's row sum.
                     w_value = w_out if post is None else post[0][:, None, None] * w_out
                     handles.append(_module(block, layer_map.value).register_forward_hook(value_norms(layer, w_value)))
-                if "heads" in switches:
+                if {"heads", "head_positions"} & set(switches):
                     handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out, post)))
+            if "input_norm" in switches:
+                norm = input_norm_module(block, layer_map.name, config)
+                hidden = int(getattr(config, layer_map.hidden_size))
+                kind, eps = (None, 0.0) if norm is None else norm_kind(norm, hidden, layer_map.name)
+                handles.append((norm or block).register_forward_pre_hook(gains(layer, kind, eps), with_kwargs=True))
             if "gradient" in switches:
                 handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
                 handles.append(projection.register_forward_hook(gradient("grad_a", layer)))
@@ -292,6 +296,10 @@ def _rows(seen: dict, layers: int, switches) -> dict[str, np.ndarray]:
         out["norm_kernels"] = np.stack(kernels)
     if "heads" in switches:
         out["head_norms"] = np.stack([seen[("head_outputs", t)].mean(-1).numpy() for t in range(layers)])
+    if "head_positions" in switches:
+        out["head_norms_positions"] = np.stack([seen[("head_outputs", t)].numpy() for t in range(layers)])
+    if "input_norm" in switches:
+        out["input_norm_gains"] = np.stack([seen[("input_gain", t)].numpy() for t in range(layers)])
     if "gradient" in switches:
         shares = []
         for t in range(layers):
@@ -323,6 +331,8 @@ class RefinementIngredients:
     head_norms: np.ndarray | None
     seconds: float
     lambda_gradient: np.ndarray | None = None
+    head_norms_positions: np.ndarray | None = None
+    input_norm_gains: np.ndarray | None = None
 
     def mean(self, groups=None) -> dict[str, np.ndarray]:
         """Means over the sequences of `groups` (default: all): a dict of the present ingredients."""
@@ -442,7 +452,8 @@ def _statistic(stat: str) -> Statistic:
     def allocate(shape: Shapes) -> dict:
         size = {"attention_heads": (shape.heads, shape.length, shape.length), "lambda_positions": (shape.length,),
                 "lambda_mlp_positions": (shape.length,), "norm_kernels": (shape.heads, shape.length, shape.length),
-                "head_norms": (shape.heads,), "lambda_gradient": ()}[output]
+                "head_norms": (shape.heads,), "lambda_gradient": (),
+                "head_norms_positions": (shape.heads, shape.length), "input_norm_gains": (shape.length,)}[output]
         return {f"{output}_sum": np.zeros((shape.layers, *size))}
 
     def attach(resolved, deliver, recording, recomputed=False):
@@ -513,9 +524,31 @@ def refined_from_arrays(arrays, switches=()) -> np.ndarray:
 
     from ..theory import refinements
 
-    ingredients = ingredients_from_arrays(arrays)
-    if "heads" in switches and "attention_heads" not in arrays and "norm" not in switches:
-        ingredients.pop("attention_heads", None)  # heads needs the measured heads, not the mean as one head
     with jax.enable_x64(True):
-        model = refinements.compose(ingredients, switches)
-        return np.asarray(refinements.refined_influence(model), dtype=np.float64)
+        return np.asarray(refinements.refined_influence(_composed(arrays, switches)), dtype=np.float64)
+
+
+def refined_rows_from_arrays(arrays, switches, queries) -> np.ndarray:
+    """Rows ``P_T[q_k, :]`` ``(K, N)`` of the refined rollout of `switches`, float64, from a measurement's arrays.
+
+    `queries`: as `jaxroll.theory.rows.query_positions` takes them (``jaxroll
+    measure --queries`` stores them as ``query_positions``). Computed under
+    ``jax.enable_x64`` like `refined_from_arrays`; the last row ``N - 1`` is
+    its profile.
+    """
+    import jax
+
+    from ..theory.rows import predicted_rows
+
+    with jax.enable_x64(True):
+        return predicted_rows(_composed(arrays, switches), queries)
+
+
+def _composed(arrays, switches):
+    # The RefinedRollout of `switches` (call under jax.enable_x64: create() builds float64 arrays).
+    from ..theory import refinements
+
+    ingredients = ingredients_from_arrays(arrays)
+    if {"heads", "head_positions"} & set(switches) and "attention_heads" not in arrays and "norm" not in switches:
+        ingredients.pop("attention_heads", None)  # heads needs the measured heads, not the mean as one head
+    return refinements.compose(ingredients, switches)

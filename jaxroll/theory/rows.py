@@ -11,6 +11,11 @@ rows and columns of ``P_T`` at length N are ``P_T`` at length ``i + 1``, so
 row i is exactly the last-row profile of the same model at length ``i + 1``,
 padded with zeros (`jaxroll.rollout_row` with the start row ``e_i``).
 
+A refined rollout (`jaxroll.theory.refinements.RefinedRollout`, measured
+kernels at one length N) gives its rows by the same reverse scan as its
+profile, from the start rows ``e_i`` (`jaxroll.theory.refinements.refined_rows`);
+`predicted_rows` takes either kind.
+
 The measured counterpart is the gradient influence ``||d f_i / d e_j||`` of
 every input embedding on the top next-token probability at query position i
 (`jaxroll.measure.rows.influence_rows`), per sequence ``(S, K, N)``.
@@ -29,6 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..model import RolloutModel
+from .refinements import RefinedRollout, refined_rows
 
 __all__ = ["query_positions", "predicted_rows", "normalised_rows"]
 
@@ -63,19 +69,28 @@ def query_positions(length: int, queries) -> np.ndarray:
     return np.unique(positions.astype(np.int64))
 
 
-def predicted_rows(model: RolloutModel, queries, n: int | None = None) -> np.ndarray:
+def predicted_rows(model: RolloutModel | RefinedRollout, queries, n: int | None = None) -> np.ndarray:
     """Rows ``P_T[q_k, :]`` of the rollout, float64 NumPy ``(K, N)``; each sums to 1.
 
     ``P_T[i, :] = e_i^T R_T ... R_1`` (`jaxroll.rollout_row`, vmapped over the
     K start rows: O(K T H N) for an ALiBi model, the kernel type's own
-    products for any other kernel); `P_T` is never formed.
+    products for any other kernel); `P_T` is never formed. A
+    `jaxroll.theory.refinements.RefinedRollout` (measured at one length N,
+    the default and only allowed `n`) takes its rows from
+    `jaxroll.theory.refinements.refined_rows` (O(K T H N^2)).
     """
-    from ..rollout import rollout_row
+    if isinstance(model, RefinedRollout):  # measured kernels: their own length, their own scan
+        length = model.lambdas.shape[-1]
+        if n is not None and int(n) != length:
+            raise ConfigError(f"n: got {n}; allowed: the refined rollout's measured length {length} (or None)")
+        starts = jnp.eye(length, dtype=model.head_kernels.dtype)[query_positions(length, queries)]
+        rows = np.asarray(refined_rows(model, starts), dtype=np.float64)
+    else:
+        from ..rollout import rollout_row
 
-    n = model.sequence_length if n is None else int(n)
-    positions = query_positions(n, queries)
-    starts = jnp.eye(n, dtype=jnp.result_type(float))[positions]
-    rows = np.asarray(jax.vmap(lambda start: rollout_row(model, start))(starts)).astype(np.float64)
+        n = model.sequence_length if n is None else int(n)
+        starts = jnp.eye(n, dtype=jnp.result_type(float))[query_positions(n, queries)]
+        rows = np.asarray(jax.vmap(lambda start: rollout_row(model, start))(starts)).astype(np.float64)
     return rows / rows.sum(axis=-1, keepdims=True)
 
 
