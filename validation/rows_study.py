@@ -42,7 +42,8 @@ BLOOMS = ("bloom-norm-seed0", "bloom-norm-seed1", "bloom-no-norm-seed0", "bloom-
 LADDER = ((), ("position",), ("mlp",), ("position", "mlp"), ("input_norm",), ("position", "input_norm"),
           ("heads",), ("head_positions",), ("norm",), ("norm", "heads"), ("gradient",),
           ("position", "mlp", "input_norm"), ("position", "mlp", "norm", "head_positions", "input_norm"),
-          ("gradient", "norm", "heads", "input_norm"))
+          ("gradient", "norm", "heads", "input_norm"), ("mlp", "heads"), ("mlp", "head_positions"),
+          ("mlp", "heads", "input_norm"))
 
 
 def parse(argv=None):
@@ -98,7 +99,7 @@ def predictions(model, token_ids, queries) -> dict[str, np.ndarray]:
         kernels = per_sequence.attention_heads.mean(axis=2)  # (S, T, N, N): each sequence's head average
         out["mean of rollouts"] = mean_of_rollouts(per_sequence.lambda_positions.mean(axis=-1), kernels, queries)
         out["mean of rollouts, position"] = mean_of_rollouts(per_sequence.lambda_positions, kernels, queries)
-    return out
+    return out, ingredients
 
 
 def fitted_lambdas(model, measured, queries, rows: str) -> np.ndarray:
@@ -147,6 +148,8 @@ def study(name: str, arguments, log) -> dict:
     from jaxroll.measure.row_scores import distance_exponent, score_rows
     from jaxroll.measure.rows import influence_rows
     from jaxroll.measure.texts import read_texts, select_sequences
+    from jaxroll.theory import refinements
+    from jaxroll.theory.rows import normalised_rows
 
     started = time.perf_counter()
     model, tokenizer = load_subject(name, arguments)
@@ -155,28 +158,121 @@ def study(name: str, arguments, log) -> dict:
     measured, queries = {}, None
     for target in arguments.targets.split(","):
         measured[target], queries = influence_rows(model, token_ids, arguments.queries, batch_size=8, target=target)
-    predicted = predictions(model, token_ids, queries)
-    result = {"queries": queries.tolist(), "targets": {}}
+    predicted, ingredients = predictions(model, token_ids, queries)
+    result = {"queries": queries.tolist(), "targets": {}, "lambdas": ingredients["lambdas"].tolist()}
     for target, rows in measured.items():
-        exponent = distance_exponent(rows, queries, B=arguments.boots, buffer=arguments.buffer)
-        entry = {"p_measured": exponent, "hypotheses": {}}
-        for hypothesis, rows_predicted in predicted.items():
+        hypotheses = dict(predicted)
+        fitted_lambdas_of = {}
+        with _x64():
+            for base in ((), ("heads",)):
+                model_r = refinements.compose(ingredients, base)
+                for fitted_rows in ("last", "all"):
+                    label = f"{'+'.join(base) or 'attention'}, lambdas fitted to {fitted_rows} rows"
+                    hypotheses[label], fitted_lambdas_of[label] = fitted_lambdas(
+                        model_r, normalised_rows(rows), queries, fitted_rows)
+        entry = {"p_measured": distance_exponent(rows, queries, B=arguments.boots, buffer=arguments.buffer),
+                 "fitted_lambdas": {key: value.tolist() for key, value in fitted_lambdas_of.items()},
+                 "hypotheses": {}}
+        for hypothesis, rows_predicted in hypotheses.items():
             scores = score_rows(rows_predicted, rows, queries, B=arguments.boots)
             entry["hypotheses"][hypothesis] = {
                 "summary": scores.summary(), "ratio": np.asarray(scores.ratio).tolist(),
-                "p_predicted": distance_exponent(rows_predicted, queries, buffer=arguments.buffer)}
+                "p_predicted": distance_exponent(rows_predicted, queries, buffer=arguments.buffer),
+                "rows": rows_predicted.tolist()}
+        entry["measured_rows"] = normalised_rows(rows).tolist()
         result["targets"][target] = entry
-    result["measured_rows"] = {target: _normalised(rows).tolist() for target, rows in measured.items()}
-    result["predicted_rows"] = {hypothesis: rows.tolist() for hypothesis, rows in predicted.items()}
+        log(f"{name} {target}: measured p {entry['p_measured']['p']:.3f}; " + ", ".join(
+            f"{key} {value['summary']['ratio_mean']:.2f}" for key, value in entry["hypotheses"].items()))
     result["seconds"] = time.perf_counter() - started
     log(f"{name}: {result['seconds']:.0f} s")
     return result
 
 
-def _normalised(rows):
-    from jaxroll.theory.rows import normalised_rows
+def _x64():
+    import jax
 
-    return normalised_rows(rows)
+    return jax.enable_x64(True)
+
+
+def _p(fitted: dict) -> str:
+    low, high = fitted["p_interval"]
+    return f"{fitted['p']:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def table(results: dict, target: str) -> str:
+    """Hypotheses (rows) by subjects (columns): mean W1/noise over the rows, and the predicted p."""
+    subjects = [name for name, entry in results["subjects"].items() if target in entry["targets"]]
+    first = results["subjects"][subjects[0]]["targets"][target]["hypotheses"]
+    order = sorted(first, key=lambda key: np.mean(
+        [results["subjects"][name]["targets"][target]["hypotheses"][key]["summary"]["ratio_mean"]
+         for name in subjects]))
+    lines = ["| hypothesis | " + " | ".join(subjects) + " | mean |", "|---|" + "---:|" * (len(subjects) + 1)]
+    lines.append("| measured p [95 % bootstrap] | " + " | ".join(
+        _p(results["subjects"][name]["targets"][target]["p_measured"]) for name in subjects) + " | |")
+    for key in order:
+        cells, means = [], []
+        for name in subjects:
+            entry = results["subjects"][name]["targets"][target]["hypotheses"][key]
+            means.append(entry["summary"]["ratio_mean"])
+            cells.append(f"{means[-1]:.2f}; p {entry['p_predicted']['p']:.2f}")
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {np.mean(means):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def training_table(arguments) -> str:
+    training = json.loads((arguments.models / "training.json").read_text())
+    reference = json.loads((arguments.reference / "training.json").read_text())
+    lines = ["| subject | final norm | seed | steps | held-out loss (nats) |", "|---|---|---:|---:|---:|"]
+    for name, entry in training.items():
+        lines.append(f"| {name} | {'yes' if entry['final_norm'] else 'no'} | {entry['seed']} | {entry['steps']} | "
+                     f"{entry['final_held_out_loss']:.3f} |")
+    llama = reference["llama"]
+    lines.append(f"| llama (rotary, wave 5) | yes | 0 | {llama['steps']} | {llama['final_held_out_loss']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: dict, path: Path, shown=("structural", "attention", "mlp+heads",
+                                            "attention, lambdas fitted to last rows")) -> Path:
+    """Per subject: W1/noise by query position for a few rungs (top), and by distance (bottom), probability target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxroll.theory.baselines import by_distance
+
+    names = list(results["subjects"])
+    fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 7.0), constrained_layout=True, squeeze=False)
+    for column, name in enumerate(names):
+        subject = results["subjects"][name]
+        entry = subject["targets"]["probability"]
+        queries = np.asarray(subject["queries"])
+        top, bottom = axes[0, column], axes[1, column]
+        for index, key in enumerate(shown):
+            hypothesis = entry["hypotheses"][key]
+            top.plot(queries, hypothesis["ratio"], "-o", markersize=3, color=f"C{index}",
+                     label=f"{key} (mean {hypothesis['summary']['ratio_mean']:.1f})")
+        top.axhline(1.0, color="0.4", ls=":", lw=1)
+        top.set(yscale="log", xlabel="query position i", title=name)
+        top.legend(fontsize=6)
+        measured = np.asarray(entry["measured_rows"])
+        r, curve = by_distance(measured, queries, "median")
+        bottom.plot(r[1:], curve[1:], "-", color="k", lw=1.6,
+                    label=f"measured: p = {_p(entry['p_measured'])}")
+        for index, key in enumerate(shown):
+            hypothesis = entry["hypotheses"][key]
+            r, curve = by_distance(np.asarray(hypothesis["rows"]), queries, "median")
+            bottom.plot(r[1:], curve[1:], "--", color=f"C{index}", lw=1,
+                        label=f"{key}: p = {hypothesis['p_predicted']['p']:.2f}")
+        bottom.set(xscale="log", yscale="log", xlabel="distance r = i - j")
+        bottom.legend(fontsize=6)
+    axes[0, 0].set_ylabel("W1(predicted row, measured row) / noise")
+    axes[1, 0].set_ylabel("median over i of row-normalised influence")
+    fig.suptitle(f"Rows of P_T on the subjects trained here: target = top next-token probability "
+                 f"(run {results['started']}, S = {results['arguments']['samples']})", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
@@ -192,6 +288,12 @@ def main(argv=None) -> int:
             continue
         results.setdefault("subjects", {})[name] = study(name, arguments, lambda text: print(text, flush=True))
         path.write_text(json.dumps(results, default=float))  # resumable per subject
+    text = "Training\n\n" + training_table(arguments)
+    for target in arguments.targets.split(","):
+        text += f"\nTarget: {target} (mean W1/noise over the rows; p predicted)\n\n" + table(results, target)
+    (arguments.out / "table.md").write_text(text)
+    figure(results, arguments.out / "rows.png")
+    print(text)
     return 0
 
 
