@@ -92,14 +92,15 @@ def predictions(model, token_ids, queries) -> dict[str, np.ndarray]:
     ingredients = per_sequence.mean() | {"lambdas": np.asarray(measurement.lambdas)}
     out = {}
     with jax.enable_x64(True):
-        out["structural"] = predicted_rows(measurement.to_rollout_model(), queries)
+        structural = measurement.to_rollout_model()
+        out["structural"] = predicted_rows(structural, queries)
         for switches in LADDER:
             name = "+".join(switches) or "attention"
             out[name] = predicted_rows(refinements.compose(ingredients, switches), queries)
         kernels = per_sequence.attention_heads.mean(axis=2)  # (S, T, N, N): each sequence's head average
         out["mean of rollouts"] = mean_of_rollouts(per_sequence.lambda_positions.mean(axis=-1), kernels, queries)
         out["mean of rollouts, position"] = mean_of_rollouts(per_sequence.lambda_positions, kernels, queries)
-    return out, ingredients
+    return out, ingredients, structural
 
 
 def fitted_lambdas(model, measured, queries, rows: str) -> np.ndarray:
@@ -149,7 +150,7 @@ def study(name: str, arguments, log) -> dict:
     from jaxroll.measure.rows import influence_rows
     from jaxroll.measure.texts import read_texts, select_sequences
     from jaxroll.theory import refinements
-    from jaxroll.theory.rows import normalised_rows
+    from jaxroll.theory.rows import normalised_rows, predicted_rows
 
     started = time.perf_counter()
     model, tokenizer = load_subject(name, arguments)
@@ -158,12 +159,19 @@ def study(name: str, arguments, log) -> dict:
     measured, queries = {}, None
     for target in arguments.targets.split(","):
         measured[target], queries = influence_rows(model, token_ids, arguments.queries, batch_size=8, target=target)
-    predicted, ingredients = predictions(model, token_ids, queries)
+    predicted, ingredients, structural = predictions(model, token_ids, queries)
     result = {"queries": queries.tolist(), "targets": {}, "lambdas": ingredients["lambdas"].tolist()}
     for target, rows in measured.items():
         hypotheses = dict(predicted)
         fitted_lambdas_of = {}
         with _x64():
+            import jaxroll
+
+            # The command line's path: `jaxroll fit config.yaml influence.csv`, then the fitted config's rows.
+            fitted = jaxroll.fit(structural, normalised_rows(rows)[-1], fit="lambdas")
+            label = "structural, lambdas fitted to last rows"
+            hypotheses[label] = predicted_rows(fitted.model, queries)
+            fitted_lambdas_of[label] = np.asarray(fitted.model.lambdas)
             for base in ((), ("heads",)):
                 model_r = refinements.compose(ingredients, base)
                 for fitted_rows in ("last", "all"):
