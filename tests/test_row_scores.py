@@ -219,3 +219,31 @@ def test_row_options_refused_in_one_line(measurement, tmp_path, capsys):
         assert code == 2, argv
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "a").exists()
+
+
+def test_score_rows_config_refined_scores_the_measurements_own_refined_rows(measurement, tmp_path, capsys):
+    """``--rows-config refined`` reads ``refined_rows`` (what ``measure --refine S --queries K`` writes) beside the
+    measured rows; each row's W1 is checked against a plain NumPy W1 on positions 0..q (1e-12: same float64 sums)."""
+    source, _ = measurement
+    folder = tmp_path / "refined"
+    folder.mkdir()
+    with np.load(source / "measurement.npz") as data:
+        arrays = dict(data)
+    rows, queries = arrays["influence_rows_per_sequence"], arrays["query_positions"]
+    refined = np.linspace(1.0, 2.0, rows.shape[2])[None, :] * (np.arange(rows.shape[2]) <= queries[:, None])
+    refined /= refined.sum(-1, keepdims=True)
+    np.savez(folder / "measurement.npz", **arrays, refined_rows=refined)
+    (folder / "metadata.json").write_text(json.dumps({"refined": {"switches": ["heads"]}}))
+    code, out, err = run_cli(["score", "--measured", folder, "--rows-config", "refined", "--rows-out",
+                              tmp_path / "out", "--resamples", 50], capsys)
+    assert code == 0, err
+    document = json.loads((tmp_path / "out" / "rows.json").read_text())
+    measured = rows.mean(0) / rows.mean(0).sum(-1, keepdims=True)
+    for k, q in enumerate(queries):
+        p, m = refined[k, : q + 1] / refined[k, : q + 1].sum(), measured[k, : q + 1]
+        expected = np.abs(np.cumsum(p - m))[:-1].sum() / q
+        assert abs(document["rows"][k]["w1"] - expected) < 1e-12
+    # Without refined rows in the measurement: one line, exit 2.
+    code, _, err = run_cli(["score", "--measured", source, "--rows-config", "refined", "--rows-out",
+                            tmp_path / "none"], capsys)
+    assert code == 2 and "no refined_rows" in err and len(err.strip().splitlines()) == 1

@@ -112,7 +112,9 @@ def add_rows_arguments(parser, measured: str) -> None:
                         help=f"score every row of the measurement in {measured} (made with jaxroll measure "
                              "--queries K: influence_rows_per_sequence, query_positions) against the rows "
                              "P_T[q_k, :] that this rollout configuration predicts (e.g. the config.yaml that "
-                             "jaxroll measure wrote): per-row W1/noise, p-values with Holm's correction, the "
+                             "jaxroll measure wrote), or, with the word 'refined', against the refined rollout's rows "
+                             "that jaxroll measure --refine SWITCHES --queries K wrote beside them (refined_rows): "
+                             "per-row W1/noise, p-values with Holm's correction, the "
                              "power law by distance with a bootstrap interval over sequences; writes rows.json and "
                              "rows.png into --rows-out (docs/rows.md)")
     default = Path("results") / parser.prog.partition(" ")[2]
@@ -134,8 +136,9 @@ def check_rows_arguments(arguments) -> tuple | None:
         if used:
             raise ConfigError(f"{used[0]}: applies to --rows-config only")
         return None
-    if not arguments.rows_config.is_file():
-        raise ConfigError(f"--rows-config {arguments.rows_config}: no such file; allowed: a rollout YAML file")
+    if not (arguments.rows_config.is_file() or str(arguments.rows_config) == REFINED):
+        raise ConfigError(f"--rows-config {arguments.rows_config}: no such file; allowed: a rollout YAML file or "
+                          f"'{REFINED}' (the measurement's refined_rows)")
     if arguments.rows_out.exists() and not arguments.rows_out.is_dir():
         raise ConfigError(f"--rows-out {arguments.rows_out}: not a folder")
     paths = (arguments.rows_out / "rows.json", arguments.rows_out / "rows.png")
@@ -143,6 +146,31 @@ def check_rows_arguments(arguments) -> tuple | None:
         if path.exists() and not arguments.overwrite:
             raise ConfigError(f"--rows-out {arguments.rows_out}: {path.name} exists; pass --overwrite to replace it")
     return paths
+
+
+REFINED = "refined"
+"""``--rows-config refined``: score the refined rollout's rows that ``jaxroll measure --refine S --queries K``
+wrote into the same measurement.npz (``refined_rows``), not the rows of a configuration."""
+
+
+def _refined_rows(directory: Path, flag: str, shape: tuple):
+    """``refined_rows (K, N)`` of ``DIR/measurement.npz`` and a name for it (the switches in metadata.json)."""
+    from .._readers import read_npz
+
+    data = read_npz(directory / "measurement.npz", "the measurement.npz that jaxroll measure writes into its --out",
+                    label=f"{flag} {directory}: measurement.npz")
+    if "refined_rows" not in data:
+        raise ConfigError(f"{flag} {directory}: no refined_rows in measurement.npz; allowed with --rows-config "
+                          f"{REFINED}: a measurement made with jaxroll measure --refine SWITCHES --queries K")
+    predicted = data["refined_rows"]
+    if predicted.shape != shape:
+        raise ConfigError(f"{flag} {directory}: refined_rows {predicted.shape}; allowed: {shape}, one per measured row")
+    try:
+        switches = json.loads((directory / "metadata.json").read_text())["refined"]["switches"]
+    except (OSError, ValueError, KeyError, TypeError):
+        switches = None
+    name = "the refined rollout" + (f" ({','.join(switches)})" if switches else "")
+    return predicted, name
 
 
 def measured_rows_arrays(directory: Path, flag: str):
@@ -186,9 +214,12 @@ def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, ou
     from ..theory.rows import predicted_rows
 
     rows, queries = measured_rows
-    model = io.load_config(arguments.rows_config)
-    with jax.enable_x64(True):
-        predicted = predicted_rows(model, queries.tolist(), n=rows.shape[2])
+    if str(arguments.rows_config) == REFINED and not arguments.rows_config.is_file():
+        predicted, name = _refined_rows(directory, flag, rows.shape[1:])
+    else:
+        model, name = io.load_config(arguments.rows_config), str(arguments.rows_config)
+        with jax.enable_x64(True):
+            predicted = predicted_rows(model, queries.tolist(), n=rows.shape[2])
     settings = {"B": arguments.resamples, "seed": arguments.seed, "level": arguments.level}
     try:
         scores = score_rows(predicted, rows, queries, **settings)
@@ -206,7 +237,7 @@ def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, ou
 
     plot_rows(scores, distance["measured"], distance["predicted"], outputs[1],
               title=f"rows of {directory} (S = {rows.shape[0]}, N = {rows.shape[2]}) against the rollout of "
-                    f"{arguments.rows_config}")
+                    f"{name}")
     if not quiet:
         print_rows(scores, distance, outputs)
     return result
