@@ -9,9 +9,11 @@ final LayerNorm, seeds 0 and 1, 4000 steps each) and the wave-5 Llama (rotary,
 held-out documents of at least N = 64 tokens (`jaxroll.measure.texts.select_sequences`,
 the protocol of docs/validation.md) at ``--queries`` query positions:
 
-- measured rows, two targets (`jaxroll.measure.rows.influence_rows`): the gradient norm of the
-  top next-token probability (``probability``, today's) and the hidden-state Jacobian norm
-  ``||d h_i / d e_j||_F`` (``hidden``, Brändel et al.'s G(j, r));
+- measured rows, three targets (`jaxroll.measure.rows.influence_rows`): the gradient norm of the
+  top next-token probability (``probability``, today's), the hidden-state Jacobian norm
+  ``||d h_i / d e_j||_F`` (``hidden``, Brändel et al.'s G(j, r)), and the first with the attention
+  probabilities detached (``values``: the gradient through values, residuals and MLPs only, not
+  through the attention logits, `values_only`);
 - predicted rows, one per hypothesis: the structural rollout of docs/rows.md (measured
   lambda, slopes, content: `Measurement.to_rollout_model`), the rollout of the measured mean
   attention (`jaxroll.theory.refinements.compose` with no switch), the mean over sequences of
@@ -27,6 +29,7 @@ Writes ``results.json``, ``table.md`` and ``rows.png`` into ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -59,6 +62,19 @@ def parse(argv=None):
     parser.add_argument("--buffer", type=int, default=1, help="left-edge buffer of the by-distance curves")
     parser.add_argument("--targets", default="probability,hidden")
     return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def values_only():
+    """The attention probabilities detached from the graph: the gradient flows through values, residuals and
+    MLPs only, the paths the rollout models (not through the logits q.k). Both families call
+    ``torch.nn.functional.softmax`` for their attention and nothing else; the target's softmax is ``torch.softmax``."""
+    original = torch.nn.functional.softmax
+    torch.nn.functional.softmax = lambda *args, **kwargs: original(*args, **kwargs).detach()
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = original
 
 
 def load_subject(name: str, arguments):
@@ -158,7 +174,9 @@ def study(name: str, arguments, log) -> dict:
                                     arguments.length, arguments.samples)
     measured, queries = {}, None
     for target in arguments.targets.split(","):
-        measured[target], queries = influence_rows(model, token_ids, arguments.queries, batch_size=8, target=target)
+        with values_only() if target == "values" else contextlib.nullcontext():
+            measured[target], queries = influence_rows(model, token_ids, arguments.queries, batch_size=8,
+                                                       target="probability" if target == "values" else target)
     predicted, ingredients, structural = predictions(model, token_ids, queries)
     result = {"queries": queries.tolist(), "targets": {}, "lambdas": ingredients["lambdas"].tolist()}
     for target, rows in measured.items():
