@@ -60,7 +60,10 @@ def parse(argv=None):
     parser.add_argument("--queries", type=int, default=16)
     parser.add_argument("--boots", type=int, default=1000)
     parser.add_argument("--buffer", type=int, default=1, help="left-edge buffer of the by-distance curves")
-    parser.add_argument("--targets", default="probability,hidden")
+    parser.add_argument("--targets", default="probability,hidden,values")
+    parser.add_argument("--combine", type=Path, nargs="*", default=None, metavar="RESULTS.json",
+                        help="write table.md, rows.png and summary.json into --out from these results files "
+                             "(runs of the same subjects with different --targets), measuring nothing")
     return parser.parse_args(argv)
 
 
@@ -257,8 +260,33 @@ def training_table(arguments) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(results: dict, path: Path, shown=("structural", "attention", "mlp+heads",
-                                            "attention, lambdas fitted to last rows")) -> Path:
+def final_norm_table(results: dict, target: str = "probability") -> str:
+    """The final LayerNorm against training noise: mean over rows of W1 (on 0..q_k, over q_k) between the
+    measured rows of two subjects, for pairs that differ in the seed only or in the norm only."""
+    from jaxroll.measure.uncertainty import wasserstein
+
+    subjects = results["subjects"]
+
+    def distance(a, b):
+        first = np.asarray(subjects[a]["targets"][target]["measured_rows"])
+        second = np.asarray(subjects[b]["targets"][target]["measured_rows"])
+        return float(np.mean([wasserstein(first[k, : q + 1], second[k, : q + 1])
+                              for k, q in enumerate(subjects[a]["queries"])]))
+
+    pairs = (("seed only (with the norm)", "bloom-norm-seed0", "bloom-norm-seed1"),
+             ("seed only (without)", "bloom-no-norm-seed0", "bloom-no-norm-seed1"),
+             ("norm only (seed 0)", "bloom-norm-seed0", "bloom-no-norm-seed0"),
+             ("norm only (seed 1)", "bloom-norm-seed1", "bloom-no-norm-seed1"))
+    lines = ["| pair | subjects | mean row W1 between the measured rows |", "|---|---|---:|"]
+    for label, a, b in pairs:
+        if a in subjects and b in subjects:
+            lines.append(f"| {label} | {a}, {b} | {distance(a, b):.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: dict, path: Path, shown=("structural", "position+mlp+input_norm",
+                                            "structural, lambdas fitted to last rows",
+                                            "attention, lambdas fitted to all rows")) -> Path:
     """Per subject: W1/noise by query position for a few rungs (top), and by distance (bottom), probability target."""
     import matplotlib
 
@@ -301,8 +329,53 @@ def figure(results: dict, path: Path, shown=("structural", "attention", "mlp+hea
     return path
 
 
+def combine(paths) -> dict:
+    """One results dict from runs of the same subjects with different targets (the first run's settings)."""
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    results = runs[0]
+    for run in runs[1:]:
+        for name, subject in run["subjects"].items():
+            results["subjects"][name]["targets"].update(subject["targets"])
+        results.setdefault("also", []).append({"started": run["started"], "arguments": run["arguments"]})
+    return results
+
+
+def summary(results: dict) -> dict:
+    """`results` without the predicted and measured rows (the numbers the tables are made of)."""
+    def fit(entry):  # the exponent and its interval, not the curve
+        return {key: value for key, value in entry.items() if key not in ("curve", "distances", "note")}
+
+    out = {key: value for key, value in results.items() if key != "subjects"}
+    out["subjects"] = {}
+    for name, subject in results["subjects"].items():
+        entry = {key: value for key, value in subject.items() if key != "targets"}
+        entry["targets"] = {target: {"p_measured": fit(data["p_measured"]), "fitted_lambdas": data["fitted_lambdas"],
+                                     "hypotheses": {key: {"summary": value["summary"], "ratio": value["ratio"],
+                                                          "p_predicted": fit(value["p_predicted"])}
+                                                    for key, value in data["hypotheses"].items()}}
+                            for target, data in subject["targets"].items()}
+        out["subjects"][name] = entry
+    return out
+
+
+def write_outputs(results: dict, arguments) -> str:
+    targets = list(next(iter(results["subjects"].values()))["targets"])
+    text = "Training\n\n" + training_table(arguments)
+    for target in targets:
+        text += f"\nTarget: {target} (mean W1/noise over the rows; p predicted)\n\n" + table(results, target)
+    text += "\nThe final LayerNorm against training noise (target probability)\n\n" + final_norm_table(results)
+    (arguments.out / "table.md").write_text(text)
+    (arguments.out / "summary.json").write_text(json.dumps(summary(results), default=float))
+    figure(results, arguments.out / "rows.png")
+    return text
+
+
 def main(argv=None) -> int:
     arguments = parse(argv)
+    if arguments.combine:
+        arguments.out.mkdir(parents=True, exist_ok=True)
+        print(write_outputs(combine(arguments.combine), arguments))
+        return 0
     torch.set_num_threads(1)
     arguments.out.mkdir(parents=True, exist_ok=True)
     path = arguments.out / "results.json"
@@ -314,12 +387,7 @@ def main(argv=None) -> int:
             continue
         results.setdefault("subjects", {})[name] = study(name, arguments, lambda text: print(text, flush=True))
         path.write_text(json.dumps(results, default=float))  # resumable per subject
-    text = "Training\n\n" + training_table(arguments)
-    for target in arguments.targets.split(","):
-        text += f"\nTarget: {target} (mean W1/noise over the rows; p predicted)\n\n" + table(results, target)
-    (arguments.out / "table.md").write_text(text)
-    figure(results, arguments.out / "rows.png")
-    print(text)
+    print(write_outputs(results, arguments))
     return 0
 
 
