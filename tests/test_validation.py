@@ -239,3 +239,29 @@ def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
     assert 0 < noise["median"] <= noise["q95"] and 1 <= noise["n_eff"] <= result["num_sequences"]
     table = ladder.markdown({"bloom": result}, metric="ratio")
     assert "noise of the mean" in table and "p = " in table
+
+
+def test_rows_study_fitted_lambdas_recover_rows_drawn_from_a_known_mixing():
+    """`validation/rows_study.py`'s fitted rung: rows made by `predicted_rows` of a `RefinedRollout` with known
+    lambdas (jaxroll's own scan, not the study's) are reproduced by the study's fit from another start.
+    Tolerance 1e-4 on the rows: L-BFGS-B on a sum of |CDF differences| (not smooth at the optimum) stops
+    within about 1e-5 of it; a wrong scan direction or a missing normalisation misses by 1e-2."""
+    import jax
+
+    from jaxroll.theory.refinements import RefinedRollout
+    from jaxroll.theory.rows import predicted_rows, query_positions
+
+    rows_study = _load("rows_study")
+    rng = np.random.default_rng(3)
+    layers, heads, n = 3, 2, 12
+    kernels = rng.random((layers, heads, n, n)) * np.tril(np.ones((n, n)))
+    kernels /= kernels.sum(-1, keepdims=True)
+    queries = query_positions(n, 6)
+    with jax.enable_x64(True):
+        truth = predicted_rows(RefinedRollout.create(np.array([0.3, 0.1, 0.5]), kernels), queries)
+        start = RefinedRollout.create(np.array([0.2, 0.2, 0.2]), kernels)
+        rows, lambdas = rows_study.fitted_lambdas(start, truth, queries, "all")
+    assert rows.shape == truth.shape and np.all(np.isfinite(rows))
+    np.testing.assert_allclose(rows.sum(-1), 1.0, atol=1e-12)
+    assert np.max(np.abs(rows - truth)) < 1e-4, np.max(np.abs(rows - truth))
+    assert lambdas.shape == (layers,) and np.all((lambdas >= 0) & (lambdas <= 1))
