@@ -43,6 +43,7 @@ import torch
 
 from ..errors import ConfigError
 from ..theory.rows import query_positions
+from ..theory.sequence_mean import rollouts_per_sequence
 from .layer_maps import LayerMap, resolve
 from .precision import full_precision
 from .refinements import _alpha_rows, _attach, _ratio
@@ -87,7 +88,6 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size: got {batch_size!r}; allowed: an integer >= 1")
     positions = query_positions(ids.shape[1], queries)
-    starts = torch.eye(ids.shape[1], dtype=torch.float64)[torch.as_tensor(positions)]
     layers = len(resolved.blocks)
     device = model.get_input_embeddings().weight.device
     states: list[dict] = []
@@ -95,7 +95,7 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
     def deliver(kind, layer, value, row=0):
         states[row][(kind, layer)] = value.mean(0) if kind == "alpha" else value  # heads averaged at once
 
-    total = torch.zeros(starts.shape, dtype=torch.float64)
+    total = np.zeros((positions.size, ids.shape[1]))
     handles = _attach(resolved, SWITCHES, deliver)
     was_training = model.training
     try:
@@ -105,41 +105,35 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
             states[:] = [{} for _ in range(batch.shape[0])]
             with torch.no_grad(), full_precision(model):
                 model(input_ids=batch, use_cache=False)
-            for state in states:  # one sequence at a time: the same summation order at every batch size
-                total += _own_rollout_rows(state, layers, starts)
+            mixing, kernels = zip(*(_own_ingredients(state, layers) for state in states))
+            for rows in rollouts_per_sequence(np.stack(mixing), np.stack(kernels), positions):
+                total += rows  # one sequence at a time: the same summation order at every batch size
             states.clear()
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    rows = (total / ids.shape[0]).numpy()
+    rows = total / ids.shape[0]
     if not np.all(np.isfinite(rows)):
         raise ConfigError("sequence rollout rows: a non-finite value; allowed: finite models")
     return rows, positions
 
 
-def _own_rollout_rows(state: dict, layers: int, starts: torch.Tensor) -> torch.Tensor:
-    """One sequence's rows ``e_q^T R_T^s ... R_1^s`` ``(K, N)`` float64, from what the hooks delivered.
-
-    `state` maps ``("alpha", t)`` to ``(N, N)`` (already head-averaged) or
-    ``(H, N, N)``, and ``("x", t)``, ``("a", t)`` to the norms ``(N,)``
-    (`jaxroll.measure.refinements._attach`); `starts` ``(K, N)`` are the
-    start rows ``e_q``. Layer T acts first on the start rows.
-    """
+def _own_ingredients(state: dict, layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """One sequence's ``lambda_t^s`` ``(T,)`` and head-averaged ``A_t^s`` ``(T, N, N)``, float64, from what the
+    hooks delivered: `state` maps ``("alpha", t)`` to ``(N, N)`` (already head-averaged) or ``(H, N, N)``, and
+    ``("x", t)``, ``("a", t)`` to the norms ``(N,)`` (`jaxroll.measure.refinements._attach`)."""
     missing = [t for t in range(layers) if ("alpha", t) not in state or ("x", t) not in state
                or ("a", t) not in state]
     if missing:
         raise ConfigError(f"sequence rollout: block {missing[0]} delivered no attention or norms; allowed: a "
                           "model whose attention returns its probabilities (attn_implementation='eager')")
-    rows = starts.clone()
-    for t in reversed(range(layers)):
-        kernel = state[("alpha", t)].double().cpu()
-        kernel = kernel.mean(0) if kernel.dim() == 3 else kernel
-        kernel = kernel / kernel.sum(-1, keepdim=True)
-        mixing = float(_ratio(state[("a", t)], state[("x", t)] + state[("a", t)]).mean())
-        moved = rows * mixing  # the share of each row that mixes
-        rows = rows - moved + moved @ kernel
-    return rows
+    kernels = [state[("alpha", t)].double().cpu() for t in range(layers)]
+    kernels = np.stack([(kernel.mean(0) if kernel.dim() == 3 else kernel).numpy() for kernel in kernels])
+    kernels /= kernels.sum(-1, keepdims=True)  # low-precision softmax rows (bfloat16) miss 1 by more than 1e-6
+    mixing = np.array([float(_ratio(state[("a", t)], state[("x", t)] + state[("a", t)]).mean())
+                       for t in range(layers)])
+    return mixing, kernels
 
 
 # ----------------------------------------------------------------------------- jaxroll measure --stats
@@ -162,9 +156,8 @@ def _observe(state, kind, layer, value):
 def _accumulate(sums, state, index):
     n = sums["sequence_rollout_sum"].shape[0]
     layers = 1 + max((key[1] for key in state if key[0] in ("alpha", "x", "a")), default=-1)
-    last = torch.zeros((1, n), dtype=torch.float64)
-    last[0, -1] = 1.0
-    row = _own_rollout_rows(state, layers, last)[0].numpy()
+    mixing, kernels = _own_ingredients(state, layers)
+    row = rollouts_per_sequence(mixing[None], kernels[None], [n - 1])[0, 0]
     if not np.all(np.isfinite(row)):
         raise ConfigError(f"sequence_rollout: sequence {index} gave a non-finite row; allowed: finite models")
     sums["sequence_rollout_sum"] += row

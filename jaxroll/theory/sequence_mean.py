@@ -28,10 +28,10 @@ for scalar mixing), and between layers, of the transitions
 That is one candidate for issue 43: the rows of P_T other than the last
 miss the measured rows by 5-10x their noise.
 
-Each row is T vector-times-matrix products from layer T down to layer 1,
-``p <- p - (p * lambda_t^s) + (p * lambda_t^s) A_t^s``, in one reverse
-`jax.lax.scan`, vmapped over the K start rows and the S sequences; no
-``P_T`` is formed.
+Each sequence's rows are those of a one-head `RefinedRollout`
+(`jaxroll.theory.refinements.refined_rows`: T vector-times-matrix products
+from layer T down to layer 1 in one reverse `jax.lax.scan`, vmapped over the
+K start rows), vmapped over the S sequences; no ``P_T`` is formed.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Float
 
 from ..errors import ConfigError
+from .refinements import RefinedRollout, refined_rows
 from .rows import query_positions
 
-__all__ = ["ROW_TOLERANCE", "mean_of_rollouts"]
+__all__ = ["ROW_TOLERANCE", "mean_of_rollouts", "rollouts_per_sequence"]
 
 ROW_TOLERANCE = 1e-6
 """How far a kernel row's sum may be from 1 (measured softmax rows in float32 are within ~1e-7)."""
@@ -78,6 +79,17 @@ def mean_of_rollouts(lambdas: Float[np.ndarray, "sequences layers"] | Float[np.n
         ConfigError: a shape, a lambda outside [0, 1], a NaN, a negative
             kernel entry, or a kernel row not summing to 1.
     """
+    return rollouts_per_sequence(lambdas, kernels, queries).mean(axis=0)
+
+
+def rollouts_per_sequence(lambdas: Float[np.ndarray, "sequences layers"] | Float[np.ndarray, "sequences layers n"],
+                          kernels: Float[np.ndarray, "sequences layers n n"], queries) -> Float[np.ndarray, "s k n"]:
+    """Each sequence's own rollout rows ``e_{q_k}^T R_T^s ... R_1^s``, float64 NumPy ``(S, K, N)``.
+
+    `jaxroll.theory.refinements.refined_rows` of the one-head `RefinedRollout`
+    ``(lambda^s, A^s)``, vmapped over the S sequences. Arguments and checks
+    as `mean_of_rollouts` (whose result is the mean of this over axis 0).
+    """
     kernels = np.asarray(kernels, dtype=np.float64)
     if kernels.ndim != 4 or kernels.shape[-1] != kernels.shape[-2] or 0 in kernels.shape:
         raise ConfigError(f"kernels: got shape {kernels.shape}; allowed: (S, T, N, N) with S, T, N >= 1")
@@ -99,22 +111,12 @@ def mean_of_rollouts(lambdas: Float[np.ndarray, "sequences layers"] | Float[np.n
         raise ConfigError("lambdas: outside [0, 1] or NaN; allowed: values in [0, 1]")
     positions = query_positions(n, queries)
     with jax.enable_x64(True):
+        # One head per sequence and layer, weight 1: A_t^s itself (checked above, so not through `create`).
+        models = RefinedRollout(jnp.asarray(lambdas), jnp.asarray(kernels / sums)[:, :, None],
+                                jnp.ones((sequences, layers, 1), dtype=jnp.float64))
         starts = jnp.eye(n, dtype=jnp.float64)[positions]
-        rows = _mean_rows(jnp.asarray(lambdas), jnp.asarray(kernels / sums), starts)
-        return np.asarray(rows, dtype=np.float64)
+        return np.asarray(_rows_per_sequence(models, starts), dtype=np.float64)
 
 
-@jax.jit
-def _mean_rows(lambdas: Float[Array, "sequences layers n"], kernels: Float[Array, "sequences layers n n"],
-               starts: Float[Array, "k n"]) -> Float[Array, "k n"]:
-    def row(weights, matrices, start):
-        def apply_layer(p, layer):
-            weight, kernel = layer
-            moved = p * weight  # the share of each row that mixes
-            return p - moved + moved @ kernel, None
-
-        p, _ = jax.lax.scan(apply_layer, start, (weights, matrices), reverse=True)  # layer T acts first on e_q
-        return p
-
-    per_start = jax.vmap(row, in_axes=(None, None, 0))  # K start rows of one sequence
-    return jnp.mean(jax.vmap(per_start, in_axes=(0, 0, None))(lambdas, kernels, starts), axis=0)
+# jit of the vmap, once at import: a vmap built per call would be traced and compiled again at every call.
+_rows_per_sequence = jax.jit(jax.vmap(refined_rows, in_axes=(0, None)))
