@@ -242,14 +242,14 @@ def test_ladder_rungs_are_valid_and_the_base_rung_is_the_dense_rollout(trained):
 
 
 def test_rows_study_fitted_lambdas_recover_rows_drawn_from_a_known_mixing():
-    """`validation/rows_study.py`'s fitted rung: rows made by `predicted_rows` of a `RefinedRollout` with known
-    lambdas (jaxroll's own scan, not the study's) are reproduced by the study's fit from another start.
+    """`validation/rows_study.py`'s fitted rung: rows of known lambdas (a dense NumPy float64 product
+    ``e_q^T R_T ... R_1`` written here) are reproduced by the study's fit from another start.
     Tolerance 1e-4 on the rows: L-BFGS-B on a sum of |CDF differences| (not smooth at the optimum) stops
     within about 1e-5 of it; a wrong scan direction or a missing normalisation misses by 1e-2."""
     import jax
 
     from jaxroll.theory.refinements import RefinedRollout
-    from jaxroll.theory.rows import predicted_rows, query_positions
+    from jaxroll.theory.rows import query_positions
 
     rows_study = _load("rows_study")
     rng = np.random.default_rng(3)
@@ -257,8 +257,12 @@ def test_rows_study_fitted_lambdas_recover_rows_drawn_from_a_known_mixing():
     kernels = rng.random((layers, heads, n, n)) * np.tril(np.ones((n, n)))
     kernels /= kernels.sum(-1, keepdims=True)
     queries = query_positions(n, 6)
+    mixed = kernels.mean(axis=1)  # uniform head weights
+    product = np.eye(n)
+    for lam, kernel in zip((0.3, 0.1, 0.5), mixed):  # P_T = R_T ... R_1: R_1 applied first on the right
+        product = ((1 - lam) * np.eye(n) + lam * kernel) @ product
+    truth = product[queries]
     with jax.enable_x64(True):
-        truth = predicted_rows(RefinedRollout.create(np.array([0.3, 0.1, 0.5]), kernels), queries)
         start = RefinedRollout.create(np.array([0.2, 0.2, 0.2]), kernels)
         rows, lambdas = rows_study.fitted_lambdas(start, truth, queries, "all")
     assert rows.shape == truth.shape and np.all(np.isfinite(rows))

@@ -135,21 +135,19 @@ def fitted_lambdas(model, measured, queries, rows: str) -> np.ndarray:
     import jax.numpy as jnp
     from scipy.optimize import minimize
 
-    kernels = jnp.einsum("th,thij->tij", model.head_weights, model.head_kernels)
-    n = kernels.shape[-1]
-    starts = jnp.eye(n, dtype=kernels.dtype)[jnp.asarray(queries)]
+    from jaxroll.theory.refinements import RefinedRollout, refined_rows
+
+    layers, n = model.lambdas.shape
+    starts = jnp.eye(n, dtype=model.head_kernels.dtype)[jnp.asarray(queries)]
     chosen = np.arange(len(queries)) if rows == "all" else np.array([len(queries) - 1])
     target = jnp.asarray(measured)
     masks = jnp.asarray(np.arange(n)[None, :] < np.asarray(queries)[:, None])  # j < q_k: the cdf terms counted
     scales = jnp.asarray(1.0 / np.maximum(np.asarray(queries), 1))
 
-    def rows_of(lambdas):
-        def layer(p, inputs):
-            weight, kernel = inputs
-            moved = p * weight
-            return p - moved + moved @ kernel, None
-        p, _ = jax.lax.scan(layer, starts, (jnp.broadcast_to(lambdas[:, None], (lambdas.size, n)), kernels),
-                            reverse=True)
+    def rows_of(lambdas):  # the model's kernels and head weights, one lambda per layer
+        changed = RefinedRollout(jnp.broadcast_to(lambdas[:, None], (layers, n)), model.head_kernels,
+                                 model.head_weights, model.input_gains)
+        p = refined_rows(changed, starts)
         return p / p.sum(-1, keepdims=True)
 
     def loss(theta):
