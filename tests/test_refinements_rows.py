@@ -205,11 +205,9 @@ def test_create_refuses_bad_gains_and_position_weights_in_one_line():
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_refinements import _np  # noqa: E402  (the refinement tests' tensor -> float64 NumPy)
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
-
-
-def _np(tensor):
-    return tensor.detach().double().numpy()
 
 
 def by_hand(model, ids):
