@@ -71,7 +71,7 @@ def _gemma_scale(config, head_dim):
 def rotary(name: str, title: str, config_class: str, *, qk_norm: bool = False, mlp_output: str = "mlp.down_proj",
            post_norm: bool = False, attention_kind: str = "MHA, GQA, MQA", logit_scale=inverse_sqrt_head_dim,
            notes: str = "", parallel: str | None = None, split=split_separate,
-           rotary_module: str | None = None) -> LayerMap:
+           rotary_module: str | None = None, input_norm: tuple[str, ...] = ("input_layernorm",)) -> LayerMap:
     """The shared rotary layout: ``model.layers[i].self_attn.{q,k,v,o}_proj``.
 
     `qk_norm`: q and k are read after ``self_attn.{q,k}_norm``; `post_norm`:
@@ -86,7 +86,7 @@ def rotary(name: str, title: str, config_class: str, *, qk_norm: bool = False, m
         value="self_attn.v_proj", value_split=value_separate, w_out="self_attn.o_proj",
         mlp_output="post_feedforward_layernorm" if post_norm else mlp_output,
         attention_kind=attention_kind, parallel=parallel,
-        notes=notes, rotary=rotary_module,
+        notes=notes, rotary=rotary_module, input_norm=input_norm,
     )
 
 
@@ -94,12 +94,12 @@ FAMILIES: dict[str, LayerMap] = {m.name: m for m in (
     LayerMap("gpt2", "transformer.h", "attn", "attn.c_proj", ("attn.c_attn",), split_fused_chunks, "n_head",
              "n_embd", "learned", _maps.gpt2_scale, formula="z = (q_i . k_j) / sqrt(d)", title="GPT-2",
              config_class="GPT2Config", value="attn.c_attn", value_split=value_fused_chunks, mlp_output="mlp.c_proj",
-             attention_kind="MHA", notes="learned absolute positions"),
+             attention_kind="MHA", notes="learned absolute positions", input_norm=("ln_1",)),
     LayerMap("opt", "model.decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn.q_proj", "self_attn.k_proj"),
              split_separate, "num_attention_heads", "hidden_size", "learned", inverse_sqrt_head_dim,
              formula="z = (q_i . k_j) / sqrt(d)", title="OPT", config_class="OPTConfig", value="self_attn.v_proj",
              value_split=value_separate, mlp_output="fc2", attention_kind="MHA",
-             notes="learned absolute positions (offset 2)"),
+             notes="learned absolute positions (offset 2)", input_norm=("self_attn_layer_norm",)),
     LayerMap("bloom", "transformer.h", "self_attention", "self_attention.dense", ("self_attention.query_key_value",),
              split_fused_interleaved, "n_head", "hidden_size", "alibi", inverse_sqrt_head_dim, _maps.bloom_slopes,
              _maps.bloom_bias, "z = (q_i . k_j) / sqrt(d) + m_h * j", title="BLOOM", config_class="BloomConfig",
@@ -109,13 +109,14 @@ FAMILIES: dict[str, LayerMap] = {m.name: m for m in (
              "d_model", "alibi", _maps.mpt_scale, _maps.mpt_slopes, _maps.mpt_bias,
              "z = (q_i . k_j) * softmax_scale + m_h * (j - (max_seq_len - 1))", title="MPT", config_class="MptConfig",
              value="attn.Wqkv", value_split=value_fused_chunks, mlp_output="ffn.down_proj", attention_kind="MHA",
-             notes="N at most max_seq_len"),
+             notes="N at most max_seq_len", input_norm=("norm_1",)),
     LayerMap("falcon", "transformer.h", "self_attention", "self_attention.dense", ("self_attention.query_key_value",),
              split_falcon, "num_attention_heads", "hidden_size", "alibi", inverse_sqrt_head_dim, _maps.falcon_slopes,
              _maps.falcon_bias, "z = (q_i . k_j + c * m_h * j) / sqrt(d)", title="Falcon",
              config_class="FalconConfig", value="self_attention.query_key_value", value_split=value_falcon,
              mlp_output="mlp.dense_4h_to_h", attention_kind="MHA, MQA, grouped (new decoder)",
-             parallel="parallel_attn", notes="ALiBi (alibi=True), or rotary (then no content, qk)"),
+             parallel="parallel_attn", notes="ALiBi (alibi=True), or rotary (then no content, qk)",
+             input_norm=("ln_attn", "input_layernorm")),
     LayerMap("gpt_neox", "gpt_neox.layers", "attention", "attention.dense", ("attention.query_key_value",),
              split_fused_interleaved, "num_attention_heads", "hidden_size", "rope", inverse_sqrt_head_dim,
              formula=ROTARY_FORMULA, title="GPT-NeoX (Pythia)", config_class="GPTNeoXConfig",
@@ -124,7 +125,7 @@ FAMILIES: dict[str, LayerMap] = {m.name: m for m in (
     LayerMap("gptj", "transformer.h", "attn", "attn.out_proj", ("attn.q_proj", "attn.k_proj"), split_separate,
              "n_head", "n_embd", "rope", inverse_sqrt_head_dim, formula=ROTARY_FORMULA, title="GPT-J",
              config_class="GPTJConfig", value="attn.v_proj", value_split=value_separate, mlp_output="mlp.fc_out",
-             attention_kind="MHA", parallel=True, notes="partial rotary (rotary_dim)"),
+             attention_kind="MHA", parallel=True, notes="partial rotary (rotary_dim)", input_norm=("ln_1",)),
     rotary("llama", "Llama", "LlamaConfig", rotary_module="model.rotary_emb"),
     rotary("mistral", "Mistral", "MistralConfig", notes="sliding window", rotary_module="model.rotary_emb"),
     rotary("mixtral", "Mixtral", "MixtralConfig", mlp_output="mlp",
@@ -141,7 +142,7 @@ FAMILIES: dict[str, LayerMap] = {m.name: m for m in (
              title="Phi-3", config_class="Phi3Config", value="self_attn.qkv_proj", value_split=value_phi3,
              mlp_output="mlp.down_proj", attention_kind="MHA, GQA", notes="fused qkv projection"),
     rotary("olmo2", "OLMo 2", "Olmo2Config", qk_norm=True, post_norm=True,
-           notes="QK-norm over all heads, post-norms only"),
+           notes="QK-norm over all heads, post-norms only", input_norm=()),
     rotary("stablelm", "StableLM", "StableLmConfig", parallel="use_parallel_residual",
            notes="partial rotary; q/k read before the optional per-head qk_layernorm"),
     rotary("starcoder2", "StarCoder2", "Starcoder2Config", mlp_output="mlp.c_proj", notes="sliding window"),

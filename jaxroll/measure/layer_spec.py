@@ -215,6 +215,10 @@ class LayerMap:
             for a rotary family whose recomputation is not checked against its
             eager probabilities (partial rotary, soft-capping, local bases):
             statistics that read attention rows then load it with eager attention.
+        input_norm: the norm whose output the attention reads, from a block: the
+            candidate names, the first that exists (Falcon's new decoder has
+            ``ln_attn``); empty where the attention reads the block input
+            (OLMo 2's norms follow the sub-layers). The refinements' ``input_norm``.
     """
 
     name: str
@@ -241,5 +245,6 @@ class LayerMap:
     refused: dict = dataclasses.field(default_factory=dict)
     notes: str = ""
     rotary: str | None = None
+    input_norm: tuple[str, ...] = ("input_layernorm",)
 
 

@@ -32,17 +32,7 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["INPUT_NORMS", "post_norm_gain", "input_norm_module", "norm_kind", "input_gains"]
-
-INPUT_NORMS = {
-    "gpt2": ("ln_1",), "opt": ("self_attn_layer_norm",), "bloom": ("input_layernorm",), "mpt": ("norm_1",),
-    # Falcon's new decoder with two norms reads ln_attn; otherwise input_layernorm.
-    "falcon": ("ln_attn", "input_layernorm"), "gpt_neox": ("input_layernorm",), "gptj": ("ln_1",),
-    "olmo2": (),
-}
-"""``model_type`` -> the candidate names, from a block, of the norm whose output the attention reads (the
-first that exists); families not listed use ``input_layernorm``; an empty tuple: no norm (gain 1)."""
-
+__all__ = ["post_norm_gain", "input_norm_module", "norm_kind", "input_gains"]
 
 def post_norm_gain(norm, hidden: int, family: str = "") -> tuple[torch.Tensor, float]:
     """``(g (D,), eps)`` of the RMSNorm after W_O: ``norm(o) = g * o / sqrt(mean(o^2) + eps)``.
@@ -72,16 +62,17 @@ def post_norm_gain(norm, hidden: int, family: str = "") -> tuple[torch.Tensor, f
     return gain.cpu(), float(eps)
 
 
-def input_norm_module(block, family: str, config=None):
-    """The attention input norm of `block` (a module), or None where the attention reads the block input.
+def input_norm_module(block, layer_map, config=None):
+    """The attention input norm of `block` (the first of ``layer_map.input_norm`` it has), or None where the
+    attention reads the block input (an empty ``input_norm``).
 
     Raises:
         ConfigError: post-LN OPT, or a block without the named norm.
     """
+    family, names = layer_map.name, layer_map.input_norm
     if family == "opt" and config is not None and not getattr(config, "do_layer_norm_before", True):
         raise ConfigError("input_norm_gains: OPT with do_layer_norm_before=False normalises after the residual add; "
                           "allowed: a pre-norm model")
-    names = INPUT_NORMS.get(family, ("input_layernorm",))
     if not names:
         return None
     for name in names:

@@ -255,7 +255,7 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
                 if {"heads", "head_positions"} & set(switches):
                     handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out, post)))
             if "input_norm" in switches:
-                norm = input_norm_module(block, layer_map.name, config)
+                norm = input_norm_module(block, layer_map, config)
                 hidden = int(getattr(config, layer_map.hidden_size))
                 kind, eps = (None, 0.0) if norm is None else norm_kind(norm, hidden, layer_map.name)
                 handles.append((norm or block).register_forward_pre_hook(gains(layer, kind, eps), with_kwargs=True))
