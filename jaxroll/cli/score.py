@@ -153,28 +153,25 @@ REFINED = "refined"
 wrote into the same measurement.npz (``refined_rows``), not the rows of a configuration."""
 
 
-def _refined_rows(directory: Path, flag: str, shape: tuple):
-    """``refined_rows (K, N)`` of ``DIR/measurement.npz`` and a name for it (the switches in metadata.json)."""
-    from .._readers import read_npz
-
-    data = read_npz(directory / "measurement.npz", "the measurement.npz that jaxroll measure writes into its --out",
-                    label=f"{flag} {directory}: measurement.npz")
-    if "refined_rows" not in data:
+def _refined_rows(measured_rows, directory: Path, flag: str):
+    """``refined_rows (K, N)`` beside the measured rows, and a name for it (the switches in metadata.json)."""
+    rows, _, refined = measured_rows
+    if refined is None:
         raise ConfigError(f"{flag} {directory}: no refined_rows in measurement.npz; allowed with --rows-config "
                           f"{REFINED}: a measurement made with jaxroll measure --refine SWITCHES --queries K")
-    predicted = data["refined_rows"]
-    if predicted.shape != shape:
-        raise ConfigError(f"{flag} {directory}: refined_rows {predicted.shape}; allowed: {shape}, one per measured row")
+    if refined.shape != rows.shape[1:]:
+        raise ConfigError(f"{flag} {directory}: refined_rows {refined.shape}; allowed: {rows.shape[1:]}, one per "
+                          "measured row")
     try:
         switches = json.loads((directory / "metadata.json").read_text())["refined"]["switches"]
     except (OSError, ValueError, KeyError, TypeError):
         switches = None
-    name = "the refined rollout" + (f" ({','.join(switches)})" if switches else "")
-    return predicted, name
+    return refined, "the refined rollout" + (f" ({','.join(switches)})" if switches else "")
 
 
 def measured_rows_arrays(directory: Path, flag: str):
-    """``(influence_rows_per_sequence (S, K, N), query_positions (K,))`` of ``DIR/measurement.npz``, checked."""
+    """``(influence_rows_per_sequence (S, K, N), query_positions (K,), refined_rows (K, N) or None)`` of
+    ``DIR/measurement.npz``, checked (``refined_rows`` by `score_measured_rows`, where it is used)."""
     import numpy as np
 
     from .._readers import read_npz
@@ -191,7 +188,7 @@ def measured_rows_arrays(directory: Path, flag: str):
     if rows.ndim != 3 or queries.shape != (rows.shape[1],) or not np.issubdtype(queries.dtype, np.integer):
         raise ConfigError(f"{flag} {directory}: influence_rows_per_sequence {rows.shape} and query_positions "
                           f"{queries.shape}; allowed: (S, K, N) and (K,) integer positions")
-    return rows, queries
+    return rows, queries, data.get("refined_rows")
 
 
 def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, outputs, *,
@@ -213,9 +210,9 @@ def score_measured_rows(arguments, measured_rows, directory: Path, flag: str, ou
     from ..measure.row_scores import distance_exponent, score_rows
     from ..theory.rows import predicted_rows
 
-    rows, queries = measured_rows
+    rows, queries, _ = measured_rows
     if str(arguments.rows_config) == REFINED and not arguments.rows_config.is_file():
-        predicted, name = _refined_rows(directory, flag, rows.shape[1:])
+        predicted, name = _refined_rows(measured_rows, directory, flag)
     else:
         model, name = io.load_config(arguments.rows_config), str(arguments.rows_config)
         with jax.enable_x64(True):
