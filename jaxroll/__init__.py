@@ -103,12 +103,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 def __getattr__(name: str):
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from .version import package_version
 
-        try:
-            value = version("jaxroll")
-        except PackageNotFoundError:  # a source tree that is not installed
-            value = "0.0.0"
+        value = package_version()
     elif name in _LAZY:
         module_name, attribute = _LAZY[name]
         module = importlib.import_module(module_name, __name__)

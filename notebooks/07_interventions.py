@@ -21,7 +21,7 @@
 # configuration predicts the new influence profile
 # (`jaxroll.interventions.SlopeScale(0.5).apply(model)`); the same change is
 # then made to the Hugging Face model for the length of a `with` block
-# (`jaxroll.interventions.patching.patch`), measured, and the prediction
+# (`jaxroll.measure.patching.patch`), measured, and the prediction
 # scored against the change the model shows (`jaxroll.measure.effect.effect`:
 # the measured effect in units of its noise, paired over the same texts, and
 # the prediction's $W_1$ / noise).
@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt
 
 import jaxroll
 from jaxroll import interventions
-from jaxroll.interventions import patching
+from jaxroll.measure import patching
 
 plt.rcParams.update({"figure.dpi": 90, "figure.facecolor": "white", "savefig.facecolor": "white",
                      "axes.grid": True, "grid.alpha": 0.3})

@@ -40,7 +40,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import jaxroll
-from jaxroll.interventions import patching
+from jaxroll.measure import patching
 
 plt.rcParams.update({"figure.dpi": 90, "figure.facecolor": "white", "savefig.facecolor": "white",
                      "axes.grid": True, "grid.alpha": 0.3})

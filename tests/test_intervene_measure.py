@@ -31,7 +31,7 @@ from tiny_tokenizer import save_tiny, word_texts  # noqa: E402
 import jaxroll  # noqa: E402
 from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.interventions import parse  # noqa: E402
-from jaxroll.interventions.patching import patch  # noqa: E402
+from jaxroll.measure.patching import patch  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py

@@ -1,4 +1,4 @@
-"""`jaxroll.interventions.patching`: each torch patch against a hand-written forward of the intervened attention.
+"""`jaxroll.measure.patching`: each torch patch against a hand-written forward of the intervened attention.
 
 The oracle computes, in float64 NumPy from each attention module's own
 weights and the hidden state that enters it (read by a plain pre-hook), the
@@ -31,8 +31,8 @@ transformers = pytest.importorskip("transformers")
 from jaxroll import ConfigError  # noqa: E402
 from jaxroll.interventions import (BranchScale, DistanceBias, LengthScaledLogits, SlopeScale,  # noqa: E402
                                    Temperature, parse)
-from jaxroll.interventions.patching import patch  # noqa: E402
-from jaxroll.interventions.torch_plan import check  # noqa: E402
+from jaxroll.measure.patching import patch  # noqa: E402
+from jaxroll.measure.torch_plan import check  # noqa: E402
 from jaxroll.measure.precision import full_precision  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py

@@ -32,8 +32,8 @@ from tiny_tokenizer import save_tiny, word_level_tokenizer, word_texts  # noqa: 
 from jaxroll import ConfigError  # noqa: E402
 from tiny_tokenizer import run_cli as _run  # noqa: E402
 from jaxroll.interventions import RotaryRescale, SinkTokens, parse  # noqa: E402
-from jaxroll.interventions.patching import patch  # noqa: E402
-from jaxroll.interventions.torch_plan import check  # noqa: E402
+from jaxroll.measure.patching import patch  # noqa: E402
+from jaxroll.measure.torch_plan import check  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py

@@ -50,7 +50,7 @@ import pipeline  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
-from jaxroll.interventions import patching, torch_plan  # noqa: E402
+from jaxroll.measure import patching, torch_plan  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure.effect import anchored_profile, effect, middle_mass  # noqa: E402
 from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402

@@ -14,7 +14,7 @@ import numpy as np, torch, transformers
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 import pipeline
 from jaxroll import interventions
-from jaxroll.interventions import patching
+from jaxroll.measure import patching
 from jaxroll.measure.effect import middle_mass
 import transformers.models.bloom.modeling_bloom as mb
 

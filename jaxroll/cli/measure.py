@@ -112,7 +112,7 @@ def _run_measure(arguments) -> None:
 def _measure_one(arguments) -> None:
     """One model folder into one --out: the whole of ``jaxroll measure MODEL_DIR``."""
     from .. import io, measure
-    from ..interventions.torch_plan import parse_for
+    from ..measure.torch_plan import parse_for
     from ..measure import distributed, loading
 
     world = distributed.from_environment()
@@ -137,7 +137,7 @@ def _measure_one(arguments) -> None:
     arguments.refine_switches = refine
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
     if sinks:
-        from ..interventions.torch_plan import check_sink_length
+        from ..measure.torch_plan import check_sink_length
 
         check_sink_length(plan.config, arguments.length, sinks)
         for flag, given_flag in (("--queries", arguments.queries), ("--refine", arguments.refine)):

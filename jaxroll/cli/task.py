@@ -96,7 +96,7 @@ def _run_task(arguments) -> None:
 
     sinks = sink_count(changes)
     if sinks:
-        from ..interventions.torch_plan import position_limit
+        from ..measure.torch_plan import position_limit
 
         limit, field = position_limit(plan.config)
         if limit is not None and max(lengths) + 8 + sinks > limit:
@@ -108,7 +108,7 @@ def _run_task(arguments) -> None:
     builder = Builder(texts.load_tokenizer(arguments.model))
     prefix, sink_tokens = (), None
     if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
-        from ..interventions.torch_plan import sink_token
+        from ..measure.torch_plan import sink_token
 
         sink_id, origin = sink_token(builder.tokenizer, plan.config)
         prefix, sink_tokens = (sink_id,) * sinks, {"count": sinks, "token_id": sink_id, "token": origin}
@@ -175,7 +175,7 @@ def _interventions(text, config):
     if text is None:
         return [], {}
     from ..interventions import describe
-    from ..interventions.torch_plan import parse_for
+    from ..measure.torch_plan import parse_for
 
     changes = parse_for(text, config)
     return changes, describe(changes)
@@ -186,7 +186,7 @@ def _patched(model, changes):
 
     if not changes:
         return contextlib.nullcontext()
-    from ..interventions.patching import patch
+    from ..measure.patching import patch
 
     return patch(model, changes)
 

@@ -47,6 +47,7 @@ from jaxtyping import Array
 from .. import metrics
 from .._checks import check_positive_int
 from ..model import RolloutModel
+from ..optimisers import cosine_adam
 from ..rollout import influence
 from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
 from .identification import Identifiability, _report
@@ -168,23 +169,6 @@ class FitResult(eqx.Module):
         if "lambda_const" in parameters:
             return {"schedule_type": "constant", **parameters}
         return None
-
-
-def cosine_adam(steps: int, learning_rate: float, final_fraction: float = 0.0) -> optax.GradientTransformation:
-    """``optax.adam`` whose learning rate decays along a half cosine over `steps`.
-
-    The package's one Adam (`default_optimizer`, the Adam of
-    `jaxroll.fitting.kernel_fit.fit_kernel`, the fits of
-    `jaxroll.theory.two_theories`). At update ``k``, with ``r`` the
-    `learning_rate` and ``a`` the `final_fraction`,
-
-        r_k = r ((1 - a) (1 + cos(pi min(k, steps) / steps)) / 2 + a),
-
-    from ``r`` at ``k = 0`` down to ``a r`` at ``k = steps`` and held there
-    (``optax.cosine_decay_schedule(r, steps, alpha=a)``); Adam's other
-    constants are optax's defaults (``b1 = 0.9``, ``b2 = 0.999``, ``eps = 1e-8``).
-    """
-    return optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=final_fraction))
 
 
 @functools.lru_cache(maxsize=64)

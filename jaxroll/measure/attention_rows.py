@@ -14,7 +14,7 @@ positions), and the probabilities ``A_h(i, j) = softmax_j z_h(i, j)``,
 computed in float64 for the rows ``start <= i < stop`` only:
 ``(B, H, stop - start, N)``, so ``O(chunk N)`` memory per head. Under an
 intervention the logit is first mapped as the patched model maps it,
-``z' = a s q_i . k_j + c b_h(j) + d(i, j)`` (`jaxroll.interventions.patching`),
+``z' = a s q_i . k_j + c b_h(j) + d(i, j)`` (`jaxroll.measure.patching`),
 with q and k rotated at ``p / r_h`` under a rotary rescale (`rerotate`).
 `chunk_rows` picks the chunk from a byte budget; `row_chunks` walks all N
 rows. Rotary: ``R q = q cos + rotate_half(q) sin`` (`rotate`), the
@@ -86,7 +86,7 @@ def probability_rows(q: torch.Tensor, k: torch.Tensor, *, scale: float, bias: to
 
     `q`, `k` ``(B, N, H, d)`` (rotary families: already rotated). `change`,
     an intervention's logit map of this layer (``LogitChange.logits`` with
-    the layer bound, `jaxroll.interventions.patching`), takes the content
+    the layer bound, `jaxroll.measure.patching`), takes the content
     logits ``s q . k``, the bias, the positions and the keys each row sees,
     and gives ``a s q . k + c b + d``: the rows of the intervened model.
     """

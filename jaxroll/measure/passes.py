@@ -23,7 +23,7 @@ tokens (the measurements of arXiv 2602.16837):
   per-sequence norms ``influence_per_sequence (S, N)`` are kept for
   uncertainty (`jaxroll.measure.uncertainty`).
 - under ``SinkTokens(k)`` (``--intervene sinks=k``): k sink ids in front of
-  every sequence (`jaxroll.interventions.torch_plan.sink_token`: the
+  every sequence (`jaxroll.measure.torch_plan.sink_token`: the
   tokenizer's BOS, else its EOS, else the config's, else 0), the model at
   ``N + k``. ``influence`` and ``influence_per_sequence`` are over the N
   originals (normalised over them); ``sink_mass (S,)`` is the sinks' share
@@ -163,7 +163,7 @@ def measure(
             as the device's free memory holds, `batching.choose_batch_size`).
             Results do not depend on it (see the module docstring).
         interventions: `jaxroll.interventions` objects (`jaxroll.interventions.parse`):
-            the passes run under `jaxroll.interventions.patching.patch`, recomputed
+            the passes run under `jaxroll.measure.patching.patch`, recomputed
             attention rows apply the same logit change, and the record
             (`jaxroll.interventions.describe`) goes into the metadata. A
             `SinkTokens` prepends its ids (module docstring; `tokenizer`, if
@@ -191,7 +191,7 @@ def measure(
     patching, record, sinks = None, {}, 0
     if interventions:  # checked (one line) before anything runs
         from ..interventions import describe
-        from ..interventions.patching import patch
+        from .patching import patch
 
         patching, record = patch(model, interventions, resolved), describe(interventions)
         sinks = patching.plan.sinks
@@ -211,7 +211,7 @@ def measure(
     run_length = length + sinks
     sink_tokens, model_ids = None, token_ids
     if sinks:
-        from ..interventions.torch_plan import check_sink_length, sink_token
+        from .torch_plan import check_sink_length, sink_token
 
         check_sink_length(config, length, sinks, flag="length")
         sink_id, origin = sink_token(tokenizer, config)
@@ -411,9 +411,9 @@ def _versions() -> dict:
 
     import transformers
 
-    from .. import __version__
+    from ..version import package_version
 
-    return {"jaxroll": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    return {"jaxroll": package_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 
 
@@ -493,7 +493,7 @@ class _Step:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             ratios = None if rows["change"] is None else rows["change"].rotary_ratios
             if ratios is not None:  # a rotary rescale: at p / r per head, as the patched attention rotates
-                from ..interventions.patching import rerotate
+                from .patching import rerotate
 
                 positions = torch.arange(q.shape[1], device=q.device)
                 inv_freq = rows["rotary"].module.inv_freq

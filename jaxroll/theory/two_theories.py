@@ -50,7 +50,7 @@ from ..engine.alibi import layer_kernel
 from ..engine.step import layer_step
 from ..engine.structured import dense_causal_kernel
 from ..errors import ConfigError
-from ..fitting.optimise import cosine_adam
+from ..optimisers import cosine_adam
 from ..model import RolloutModel
 from . import kinetic
 

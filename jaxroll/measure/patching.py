@@ -107,7 +107,7 @@ class Patch:
     """
 
     def __init__(self, model, interventions, resolved=None):
-        from ..measure.layer_maps import resolve
+        from .layer_maps import resolve
 
         self.model = model
         self.plan = check(list(interventions), model.config)
@@ -162,7 +162,7 @@ class Patch:
             return
         rotary = None
         if change.rotary_ratios is not None:
-            from ..measure.attention_rows import rotary_module
+            from .attention_rows import rotary_module
 
             rotary = rotary_module(self.model, resolved)
         self._wrap_interface({id(module): (module, layer) for layer, module in enumerate(resolved.attentions)},

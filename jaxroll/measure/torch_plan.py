@@ -8,7 +8,7 @@ layers. Each logit intervention becomes one step of a `LogitChange`,
 
 (``s q . k`` the content logit, b the ALiBi bias in logit units), the branch
 scale a per-layer gamma, a rotary rescale per-head ratios, sink tokens a
-count for the caller; `jaxroll.interventions.patching.patch` makes the plan
+count for the caller; `jaxroll.measure.patching.patch` makes the plan
 on a loaded model, and the measurement's recomputed attention rows apply
 the same `LogitChange`. Everything a model cannot take is refused here, in
 one line naming the field, before any weights load (`parse_for` is what the
@@ -24,10 +24,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import ConfigError
-from ._base import layer_head_values
-from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
-from .mixing import BranchScale
-from .positions import RotaryRescale, SinkTokens
+from ..interventions._base import layer_head_values
+from ..interventions.kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
+from ..interventions.mixing import BranchScale
+from ..interventions.positions import RotaryRescale, SinkTokens
 
 __all__ = ["LogitChange", "Plan", "check", "parse_for", "sink_token", "position_limit", "check_sink_length",
            "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
@@ -185,7 +185,7 @@ def check(interventions, config) -> Plan:
             on a family that cannot be patched (Falcon) or with
             soft-capped logits, a shape that does not fit the model.
     """
-    from ..measure.layer_maps import layer_map_for
+    from .layer_maps import layer_map_for
 
     layer_map = layer_map_for(SimpleNamespace(config=config))
     num_layers = _num_layers(config)
@@ -258,7 +258,7 @@ def position_limit(config) -> tuple[int | None, str | None]:
     """The longest sequence the model's positions allow and the field that says so: MPT's ``max_seq_len``,
     a learned table's ``n_positions`` (GPT-2) or ``max_position_embeddings`` (OPT); (None, None) for
     rotary and ALiBi models, whose positions have no table."""
-    from ..measure.layer_maps import layer_map_for
+    from .layer_maps import layer_map_for
 
     layer_map = layer_map_for(SimpleNamespace(config=config))
     if layer_map.name == "mpt":
