@@ -121,6 +121,48 @@ def add_output_arguments(parser) -> None:
     parser.add_argument("--float64", action="store_true", help="compute in float64")
 
 
+def add_json_argument(parser) -> None:
+    """``--json``: the command's results as one JSON object on stdout instead of its table (`print_json`)."""
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as one JSON object on stdout instead of the table")
+
+
+def print_json(results) -> None:
+    """`results` (a mapping of plain values, NumPy scalars and arrays) as one line of JSON on stdout."""
+    import json
+
+    import numpy as np
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, Path):
+            return str(value)
+        raise TypeError(f"not JSON: {type(value).__name__}")
+
+    print(json.dumps(results, default=plain, allow_nan=False))
+
+
+class _Retired(argparse.Action):
+    """An old spelling: refused in one line that names the new one (no silent alias)."""
+
+    def __init__(self, option_strings, dest, replacement: str = "", **kwargs):
+        self.replacement = replacement
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise ConfigError(f"{option_string}: retired; use {self.replacement} (docs/changelog.md lists the renames)",
+                          field=option_string, value=values, allowed=self.replacement)
+
+
+def add_retired_argument(parser, old: str, replacement: str, *, takes_value: bool = True) -> None:
+    """Refuse `old` (an option of an earlier release) in one line naming `replacement`."""
+    parser.add_argument(old, action=_Retired, replacement=replacement, nargs=None if takes_value else 0,
+                        dest=f"retired_{old.lstrip('-').replace('-', '_')}")
+
+
 def add_model_arguments(parser) -> None:
     """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
     from ._names import DATASETS, DEFAULT_PRESET, PRESETS, PUBLISHED  # not presets/published: no JAX for --help
