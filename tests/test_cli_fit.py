@@ -184,7 +184,7 @@ def test_fit_from_a_preset_at_the_profile_length(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     ([], "fit: no starting model; allowed: CONFIG, --preset NAME or --published NAME"),
-    (["--preset", "mpt-7b", "--published-content", "mean"], "--published-content: applies to --published only"),
+    (["--preset", "mpt-7b", "--content", "mean"], "--content: applies to --published only"),
 ])
 def test_a_start_is_required(files, tmp_path, capsys, extra, message):
     _, profile, _ = files
