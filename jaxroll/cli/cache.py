@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from . import _common
+
+ACTIONS = ("info", "clear")
 
 
 def add_parser(commands) -> None:
@@ -13,7 +16,9 @@ def add_parser(commands) -> None:
                     "JAXROLL_NO_CACHE=1 turns it off). info: its folder, entries and size; "
                     "clear: delete every entry.")
     # A bare `jaxroll cache` prints this help (exit 0) rather than a usage error.
-    cache.add_argument("action", nargs="?", choices=("info", "clear"), help="info or clear")
+    # Checked in _run_cache rather than by argparse's choices, so that a misspelt option before a value
+    # (``cache --josn 1``) is named as the misspelling, not as a bad action.
+    cache.add_argument("action", nargs="?", metavar="{info,clear}", help="info or clear")
     _common.add_json_argument(cache)
     cache.set_defaults(run=_run_cache, uses_jax=False, print_help=cache.print_help)
 
@@ -32,6 +37,8 @@ def _run_cache(arguments) -> None:
     if arguments.action is None:
         arguments.print_help()
         return
+    if arguments.action not in ACTIONS:
+        raise ConfigError.of("cache", arguments.action, ", ".join(ACTIONS))
     if arguments.action == "clear":
         removed = cache.clear()
         folder = cache.info().folder
