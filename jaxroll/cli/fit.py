@@ -136,8 +136,13 @@ def _run_fit(arguments) -> None:
     optimizer = {"auto": None, "lbfgs": default_lbfgs(),
                  "adam": default_optimizer(arguments.steps)}[arguments.optimizer]
     # Check everything (and fail with one line) before the output directory is touched.
-    objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
-              content=arguments.content_shape, loss=arguments.loss, n=n, method=arguments.method)
+    try:
+        objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
+                  content=arguments.content_shape, loss=arguments.loss, n=n, method=arguments.method)
+    except ConfigError as error:  # named as typed: jaxroll.fit's content= is --content-shape
+        flags = {"fit": "--fit", "schedule": "--schedule", "content": "--content-shape", "loss": "--loss",
+                 "method": "--method", "target": str(arguments.profile)}
+        raise (error.renamed(flags[error.field]) if error.field in flags else error) from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit(model, target, fit=arguments.fit, schedule=arguments.schedule,
                  content=arguments.content_shape, loss=arguments.loss, steps=arguments.steps,
