@@ -128,7 +128,7 @@ def test_synthetic_truth_is_recovered(recovered):
     assert np.max(np.abs(recovered.after - expected)) < 1e-12
     assert abs(recovered.middle_mass[1] - numpy_middle_mass(expected)) < 1e-12
     assert abs(recovered.u_index[1] - numpy_u_index(expected)) < 1e-10
-    # The record reads back into the same interventions (design.yaml).
+    # The record reads back into the same interventions (interventions.yaml).
     again = iv.from_mapping(yaml.safe_load(yaml.safe_dump(recovered.record)))
     assert np.max(np.abs(np.asarray(jaxroll.influence(iv.apply_all(small_model(), again))) - recovered.after)) < 1e-14
 
