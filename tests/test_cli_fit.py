@@ -184,7 +184,7 @@ def test_fit_from_a_preset_at_the_profile_length(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     ([], "fit: no starting model; allowed: CONFIG, --preset NAME or --published NAME"),
-    (["--preset", "mpt-7b", "--published-content", "mean"], "--published-content: applies to --published only"),
+    (["--preset", "mpt-7b", "--content", "mean"], "--content: applies to --published only"),
 ])
 def test_a_start_is_required(files, tmp_path, capsys, extra, message):
     _, profile, _ = files
@@ -195,12 +195,12 @@ def test_a_start_is_required(files, tmp_path, capsys, extra, message):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--fit", "lambdas,slopes"], "fit: unknown array 'slopes'"),
-    (["--length", "32"], "target: length 24 differs from n = 32"),
+    (["--fit", "lambdas,slopes"], "error: --fit: unknown array 'slopes'"),
+    (["--length", "32"], "target.csv: length 24 differs from n = 32"),
     (["--schedule", "linear"], "argument --schedule: invalid choice"),
     (["--steps", "0"], "argument --steps"),
     (["--loss-tolerance", "-1"], "--loss-tolerance: got -1.0; allowed: a finite number >= 0"),
-    (["--schedule", "constant", "--fit", "temperature"], "schedule: 'constant' parametrises lambdas"),
+    (["--schedule", "constant", "--fit", "temperature"], "error: --schedule: 'constant' parametrises lambdas"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(files, tmp_path, capsys, extra, message):
     config, profile, _ = files
@@ -236,7 +236,7 @@ def test_bad_profile_and_occupied_out(files, tmp_path, capsys):
     far = tmp_path / "far.csv"
     jaxroll.write_profile(np.full(N, 0.5), far)
     assert main(["fit", str(config), str(far), "--out", str(tmp_path / "b")]) == 2
-    assert "target: sums to 12" in capsys.readouterr().err
+    assert f"{far}: sums to 12" in capsys.readouterr().err
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "mine.txt").write_text("keep")

@@ -34,7 +34,7 @@ def test_bare_cache_prints_its_help_and_exits_0(capsys):
     assert status == 0 and err == ""
     assert out.startswith("usage: jaxroll cache") and "info" in out and "clear" in out
     status, _, err = run(capsys, "cache", "bogus")
-    assert status == 2 and err.count("\n") == 1 and "invalid choice" in err
+    assert status == 2 and err.count("\n") == 1 and "cache: got 'bogus'; allowed: info, clear" in err
 
 
 def test_measure_without_torch_repeats_the_cpu_torch_advice(tmp_path, capsys, monkeypatch):

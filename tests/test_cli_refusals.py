@@ -208,8 +208,8 @@ def test_the_issues_example_and_an_option_like_no_other(capsys):
     assert main(["rollout", "--lenght", "8"]) == 2
     assert capsys.readouterr().err == "jaxroll: error: rollout: unrecognized arguments: --lenght; did you mean --length?\n"
     assert main(["presets", "--zzzzzz"]) == 2
-    assert capsys.readouterr().err == ("jaxroll: error: presets: unrecognized arguments: --zzzzzz; allowed: --help "
-                                       "(see --help)\n")
+    assert capsys.readouterr().err == ("jaxroll: error: presets: unrecognized arguments: --zzzzzz; allowed: --help, "
+                                       "--json (see --help)\n")
     assert main(["rollout", "--lenght=8", "--forse"]) == 2
     assert capsys.readouterr().err == ("jaxroll: error: rollout: unrecognized arguments: --lenght=8 --forse; did you "
                                        "mean --length for --lenght, --force for --forse?\n")

@@ -18,6 +18,8 @@ lambda'_t only (permuting layers gives the same profile); docs/design-interventi
 """
 
 import dataclasses
+import json
+import re
 
 import numpy as np
 import pytest
@@ -126,7 +128,7 @@ def test_synthetic_truth_is_recovered(recovered):
     assert np.max(np.abs(recovered.after - expected)) < 1e-12
     assert abs(recovered.middle_mass[1] - numpy_middle_mass(expected)) < 1e-12
     assert abs(recovered.u_index[1] - numpy_u_index(expected)) < 1e-10
-    # The record reads back into the same interventions (design.yaml).
+    # The record reads back into the same interventions (interventions.yaml).
     again = iv.from_mapping(yaml.safe_load(yaml.safe_dump(recovered.record)))
     assert np.max(np.abs(np.asarray(jaxroll.influence(iv.apply_all(small_model(), again))) - recovered.after)) < 1e-14
 
@@ -264,28 +266,41 @@ def test_design_command_writes_its_outputs_and_rollout_reads_the_design(config, 
     assert cli.main(["design", *argv]) == 0
     printed = capsys.readouterr().out
     assert "jaxroll design" in printed and "converged" in printed and "middle_mass: before" in printed
-    assert sorted(p.name for p in out.iterdir()) == ["design.png", "design.yaml", "profiles.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["design.json", "design.png", "interventions.yaml",
+                                                     "profiles.csv"]
     table = np.genfromtxt(out / "profiles.csv", delimiter=",", names=True)
     assert table.dtype.names == ("token_position", "before", "after", "target")
     np.testing.assert_allclose(table["after"], recovered.after, atol=1e-14)
-    # jaxroll rollout --intervene design.yaml predicts the designed profile.
-    assert cli.main(["rollout", str(config), "--intervene", str(out / "design.yaml"), "--no-figure",
+    # jaxroll rollout --intervene DIR/interventions.yaml (the name and format rollout writes) predicts the
+    # designed profile.
+    assert cli.main(["rollout", str(config), "--intervene", str(out / "interventions.yaml"), "--no-figure",
                      "--float64", "--out", str(tmp_path / "rollout")]) == 0
     np.testing.assert_allclose(jaxroll.read_profile(tmp_path / "rollout" / "profile.csv"), table["after"],
                                atol=1e-13)
+    assert (tmp_path / "rollout" / "interventions.yaml").read_text() == (out / "interventions.yaml").read_text()
+    # design.json holds the summary's numbers: the middle mass the table prints, from the profiles written.
+    saved = json.loads((out / "design.json").read_text())
+    mass = re.search(r"middle_mass: before (\S+), after (\S+) ", printed)
+    assert [float(x) for x in mass.groups()] == [float(f"{x:.6g}") for x in saved["middle_mass"]]
+    assert saved["middle_mass"][1] == pytest.approx(numpy_middle_mass(table["after"]), abs=1e-12)
+    assert saved["interventions"] == yaml.safe_load((out / "interventions.yaml").read_text())
     # Never overwritten without --force: exit 2, one line, the files as they were.
-    before = (out / "design.yaml").read_bytes()
+    before = (out / "interventions.yaml").read_bytes()
     capsys.readouterr()
     assert cli.main(["design", *argv]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--force" in error
-    assert (out / "design.yaml").read_bytes() == before
-    assert cli.main(["design", *argv, "--force"]) == 0
+    assert (out / "interventions.yaml").read_bytes() == before
+    # --json: one object on stdout, the numbers design.json holds.
+    assert cli.main(["design", *argv, "--force", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["middle_mass"] == saved["middle_mass"] and printed["kl"] == saved["kl"]
+    assert printed["interventions"] == saved["interventions"]
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--free", "foo=global", "--target", "flat"], "free foo: unknown parameter"),
-    (["--free", "tau=global", "--goal", "middle_mass", "--kl-budget", "-1"], "kl_budget: got -1"),
+    (["--free", "foo=global", "--target", "flat"], "error: --free foo: unknown parameter"),
+    (["--free", "tau=global", "--goal", "middle_mass", "--kl-budget", "-1"], "error: --kl-budget: got -1"),
     (["--free", "tau=global", "--target", "BAD"], "header"),
     (["--free", "tau=global", "--kl-budget", "0.1", "--target", "flat"], "--kl-budget: applies to --goal"),
 ])

@@ -274,7 +274,7 @@ def test_a_bad_yaml_file_of_interventions_is_one_line_naming_it(tmp_path):
 
 def test_rollout_intervene_writes_the_changed_model_and_the_record(tmp_path, capsys):
     """`jaxroll rollout --intervene`: profile.csv is the changed model's profile, config.yaml the changed
-    model (read back: the same profile), intervention.yaml the record; a bad change creates nothing."""
+    model (read back: the same profile), interventions.yaml the record; a bad change creates nothing."""
     import yaml
 
     from jaxroll.cli import main
@@ -288,7 +288,7 @@ def test_rollout_intervene_writes_the_changed_model_and_the_record(tmp_path, cap
     np.testing.assert_allclose(jaxroll.read_profile(out / "profile.csv"), expected, rtol=0, atol=1e-12)
     np.testing.assert_allclose(np.asarray(jaxroll.influence(jaxroll.load_config(out / "config.yaml"))), expected,
                                rtol=0, atol=1e-12)
-    assert yaml.safe_load((out / "intervention.yaml").read_text())["gamma"] == 0.5
+    assert yaml.safe_load((out / "interventions.yaml").read_text())["gamma"] == 0.5
     bad = tmp_path / "bad"
     assert main(["rollout", "--published", "mpt-7b", "--intervene", "slope_scale=-1", "--out", str(bad)]) == 2
     assert "slope_scale: value -1.0 is outside the allowed range" in capsys.readouterr().err and not bad.exists()

@@ -325,7 +325,7 @@ def test_rollout_intervene_rotary_ratio_on_a_rotary_config(family, tmp_path, cap
     np.testing.assert_allclose(jaxroll.read_profile(out / "profile.csv"), expected, rtol=0, atol=1e-12)
     np.testing.assert_allclose(np.asarray(jaxroll.influence(jaxroll.load_config(out / "config.yaml"))), expected,
                                rtol=0, atol=1e-12)
-    assert yaml.safe_load((out / "intervention.yaml").read_text()) == {"rotary_ratio": 2.0}
+    assert yaml.safe_load((out / "interventions.yaml").read_text()) == {"rotary_ratio": 2.0}
 
 
 def test_rollout_intervene_sinks_writes_the_original_positions_and_the_sink_mass(tmp_path, capsys):

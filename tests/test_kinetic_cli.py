@@ -9,7 +9,7 @@ from jaxroll.theory import kinetic
 
 def test_kinetic_command_writes_profile_rollout_and_figure(tmp_path, capsys):
     out = tmp_path / "k"
-    assert cli.main(["kinetic", "--beta", "1", "--lam", "1", "--t", "2", "--length", "48", "--layers", "16",
+    assert cli.main(["kinetic", "--beta", "1", "--lambda", "1", "--depth", "2", "--length", "48", "--layers", "16",
                      "--float64", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"kinetic.csv", "profile.csv", "config.yaml", "kinetic.png"}
     table = np.loadtxt(out / "kinetic.csv", delimiter=",", skiprows=1)
@@ -21,8 +21,8 @@ def test_kinetic_command_writes_profile_rollout_and_figure(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arguments,message", [
-    (["--beta", "0"], "--beta"), (["--t", "-1"], "--t"), (["--lam", "nan"], "--lam"),
-    (["--t", "40", "--beta", "3", "--layers", "4"], "--layers"), (["--length", "2"], "--length"),
+    (["--beta", "0"], "--beta"), (["--depth", "-1"], "--depth"), (["--lambda", "nan"], "--lambda"),
+    (["--depth", "40", "--beta", "3", "--layers", "4"], "--layers"), (["--length", "2"], "--length"),
 ])
 def test_bad_input_is_one_line_and_creates_nothing(tmp_path, capsys, arguments, message):
     out = tmp_path / "never"

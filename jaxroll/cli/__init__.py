@@ -6,6 +6,7 @@ and exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from importlib.metadata import version
@@ -47,8 +48,9 @@ def main(argv=None) -> int:
     if "jaxroll.io" in sys.modules:  # directories of an earlier main([...]) in this process are kept
         sys.modules["jaxroll.io"].CREATED.clear()
     try:
-        arguments = parser.parse_args(argv)
-        arguments.command_line = argv is None  # a fresh process: a command may set JAX's platforms
+        # command_line: a fresh process, where a command may set JAX's platforms (set before parsing:
+        # the parsed arguments are read, never changed).
+        arguments = parser.parse_args(argv, namespace=argparse.Namespace(command_line=argv is None))
         if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
             from .. import cache as compilation_cache
 

@@ -127,22 +127,24 @@ def add_json_argument(parser) -> None:
                         help="print the results as one JSON object on stdout instead of the table")
 
 
+def plain_json(value):
+    """``json.dumps``' `default`: NumPy arrays as lists, NumPy scalars as numbers, paths as text."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
 def print_json(results) -> None:
     """`results` (a mapping of plain values, NumPy scalars and arrays) as one line of JSON on stdout."""
     import json
 
-    import numpy as np
-
-    def plain(value):
-        if isinstance(value, np.ndarray):
-            return value.tolist()
-        if isinstance(value, np.generic):
-            return value.item()
-        if isinstance(value, Path):
-            return str(value)
-        raise TypeError(f"not JSON: {type(value).__name__}")
-
-    print(json.dumps(results, default=plain, allow_nan=False))
+    print(json.dumps(results, default=plain_json, allow_nan=False))
 
 
 class _Retired(argparse.Action):
@@ -161,6 +163,17 @@ def add_retired_argument(parser, old: str, replacement: str, *, takes_value: boo
     """Refuse `old` (an option of an earlier release) in one line naming `replacement`."""
     parser.add_argument(old, action=_Retired, replacement=replacement, nargs=None if takes_value else 0,
                         dest=f"retired_{old.lstrip('-').replace('-', '_')}")
+
+
+class GivenOnce(argparse.Action):
+    """An option that may be given once: a second ``--intervene`` is refused in one line, not taken
+    in place of the first (argparse keeps the last silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            raise ConfigError(f"{option_string}: given twice; allowed: once (join the values: NAME=VALUE,NAME=VALUE, "
+                              "or one YAML file)", field=option_string, value=values, allowed="once")
+        setattr(namespace, self.dest, values)
 
 
 def add_model_arguments(parser) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+from . import _common
+
+ACTIONS = ("info", "clear")
+
 
 def add_parser(commands) -> None:
     cache = commands.add_parser(
@@ -11,7 +16,10 @@ def add_parser(commands) -> None:
                     "JAXROLL_NO_CACHE=1 turns it off). info: its folder, entries and size; "
                     "clear: delete every entry.")
     # A bare `jaxroll cache` prints this help (exit 0) rather than a usage error.
-    cache.add_argument("action", nargs="?", choices=("info", "clear"), help="info or clear")
+    # Checked in _run_cache rather than by argparse's choices, so that a misspelt option before a value
+    # (``cache --josn 1``) is named as the misspelling, not as a bad action.
+    cache.add_argument("action", nargs="?", metavar="{info,clear}", help="info or clear")
+    _common.add_json_argument(cache)
     cache.set_defaults(run=_run_cache, uses_jax=False, print_help=cache.print_help)
 
 
@@ -29,13 +37,23 @@ def _run_cache(arguments) -> None:
     if arguments.action is None:
         arguments.print_help()
         return
+    if arguments.action not in ACTIONS:
+        raise ConfigError.of("cache", arguments.action, ", ".join(ACTIONS))
     if arguments.action == "clear":
         removed = cache.clear()
         folder = cache.info().folder
+        if arguments.json:
+            _common.print_json({"removed": removed, "folder": None if folder is None else str(folder)})
+            return
         print(f"jaxroll cache: removed {removed} entries from {folder}" if folder is not None
               else f"jaxroll cache: off ({cache.ENV_OFF} is set); nothing removed")
         return
     state = cache.info()
+    if arguments.json:
+        _common.print_json({"enabled": state.enabled, "folder": None if state.folder is None else str(state.folder),
+                            "entries": state.entries, "size_bytes": state.size_bytes,
+                            "limit_bytes": cache.MAX_BYTES})
+        return
     if not state.enabled:
         print(f"jaxroll cache: off ({cache.ENV_OFF} is set)")
         return

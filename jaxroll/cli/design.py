@@ -12,7 +12,14 @@ from . import _common
 PARAMETERS = ("tau", "slope_scale", "kappa", "gamma")
 SHAPES = ("global", "per_layer", "per_head", "per_layer_head")
 GOALS = ("middle_mass", "u_index")
-OUTPUTS = ("design.yaml", "profiles.csv", "design.png")
+OUTPUTS = ("interventions.yaml", "design.json", "profiles.csv", "design.png")
+"""interventions.yaml: the mapping ``jaxroll rollout --intervene`` reads (what rollout writes too);
+design.json: the rest of the summary (the object --json prints)."""
+
+# The library's names of design's inputs, as the command line spells them.
+_FLAGS = {"kl_budget": "--kl-budget", "kappa_form": "--kappa-form", "form": "--kappa-form", "free": "--free",
+          "bounds": "--bounds", "target": "--target", "goal": "--goal", "method": "--method", "steps": "--steps",
+          "search": "--search", "loss": "--loss"}
 
 
 def add_parser(commands) -> None:
@@ -23,9 +30,9 @@ def add_parser(commands) -> None:
                     "or raises the middle mass / lowers the U-index (--goal) while every layer's attention "
                     "kernel stays within --kl-budget (mean over rows of KL(A'_row || A_row)) of the original. "
                     "A global design over the parameter boxes, then L-BFGS or Adam until the fitting "
-                    "package's stopping rule passes. Writes design.yaml (read by jaxroll rollout --intervene "
-                    "design.yaml), profiles.csv (token_position, before, after[, target]) and design.png into "
-                    "--out; the summary says whether it converged, which parameters ended at a bound of "
+                    "package's stopping rule passes. Writes interventions.yaml (read by jaxroll rollout "
+                    "--intervene DIR/interventions.yaml), design.json (the summary's numbers), profiles.csv "
+                    "(token_position, before, after[, target]) and design.png into --out; the summary says whether it converged, which parameters ended at a bound of "
                     "their box, and the KL used against the budget.")
     _common.add_model_arguments(parser)
     parser.add_argument("--free", required=True, metavar="NAME=SHAPE[,...]",
@@ -54,6 +61,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                         help="how to multiply by the kernels (default auto)")
     _common.add_output_arguments(parser)
+    _common.add_json_argument(parser)
     parser.set_defaults(run=_run_design)
 
 
@@ -83,7 +91,34 @@ def _write_profiles(path: Path, result) -> None:
             writer.writerow((position, *(repr(float(x)) for x in row)))
 
 
+def _flag_error(error: ConfigError) -> ConfigError:
+    """`error` under the flag the user typed: ``kl_budget: ...`` -> ``--kl-budget: ...``,
+    ``free tau: ...`` -> ``--free tau: ...``."""
+    head, _, rest = (error.field or "").partition(" ")
+    if head not in _FLAGS:
+        return error
+    return error.renamed(f"{_FLAGS[head]} {rest}" if rest else _FLAGS[head])
+
+
+def _results(result, model, source: str, free: str, out: Path) -> dict:
+    """The numbers of the summary (printed, held by design.json, and the object --json prints)."""
+    import numpy as np
+
+    return {"source": source, "N": model.sequence_length, "T": model.num_layers, "H": model.num_heads, "free": free,
+            "objective": result.objective, "converged": bool(result.converged), "stop_reason": result.stop_reason,
+            "optimizer": result.optimizer, "steps": int(result.steps), "max_steps": int(result.max_steps),
+            "outer_iterations": int(result.outer_iterations), "search_points": int(result.search_points),
+            "initial_value": float(result.initial_value), "final_value": float(result.final_value),
+            "interventions": result.record,
+            "middle_mass": [float(x) for x in result.middle_mass], "u_index": [float(x) for x in result.u_index],
+            "argmin": [int(x) for x in result.argmin], "kl": np.asarray(result.kl, np.float64),
+            "kl_budget": result.kl_budget, "at_bounds": dict(result.at_bounds), "warnings": list(result.warnings),
+            "out": str(out), "wrote": list(OUTPUTS)}
+
+
 def _run_design(arguments) -> None:
+    import json
+
     import jax
 
     if arguments.float64:
@@ -103,18 +138,27 @@ def _run_design(arguments) -> None:
     target, target_name = _read_target(arguments.target, model.sequence_length)
     # Refuse an existing --out before the (long) optimisation; nothing is written until it has finished.
     io.check_output_dir(arguments.out, force=arguments.force)
-    result = design(model, arguments.free, target=target, goal=arguments.goal, loss=arguments.loss,
-                    kl_budget=arguments.kl_budget, bounds=arguments.bounds, kappa_form=arguments.kappa_form,
-                    steps=arguments.steps, search=arguments.search, method=arguments.method,
-                    target_name=target_name, progress=True)
+    try:
+        result = design(model, arguments.free, target=target, goal=arguments.goal, loss=arguments.loss,
+                        kl_budget=arguments.kl_budget, bounds=arguments.bounds, kappa_form=arguments.kappa_form,
+                        steps=arguments.steps, search=arguments.search, method=arguments.method,
+                        target_name=target_name, progress=True)
+    except ConfigError as error:
+        raise _flag_error(error) from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    (out / "design.yaml").write_text(yaml.safe_dump(result.record, sort_keys=False), encoding="utf-8")
+    results = _results(result, model, source, arguments.free, out)
+    (out / "interventions.yaml").write_text(yaml.safe_dump(result.record, sort_keys=False), encoding="utf-8")
+    (out / "design.json").write_text(json.dumps(results, default=_common.plain_json, indent=1) + "\n",
+                                     encoding="utf-8")
     _write_profiles(out / "profiles.csv", result)
     change = result.middle_mass[1] - result.middle_mass[0]
     plot.plot_design(out / "design.png", result.before, result.after, result.target, fraction=0.1,
                      title=f"{Path(source).name if arguments.config else source}: {result.objective}; "
                            f"middle mass {result.middle_mass[0]:.3f} -> {result.middle_mass[1]:.3f} "
                            f"({change:+.3f})")
+    if arguments.json:
+        _common.print_json(results)
+        return
     status = "converged" if result.converged else "not converged"
     print(f"jaxroll design: {source}: {status}")
     print(f"  N = {model.sequence_length}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.free}")

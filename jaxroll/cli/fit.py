@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -31,16 +32,17 @@ def add_parser(commands) -> None:
                      help="start from a built-in geometry with a power-decay schedule")
     fit.add_argument("--published", choices=PUBLISHED, default=None,
                      help="start from the paper authors' measured configuration of this model")
-    fit.add_argument("--published-content", choices=("none", "mean", "all"), default="none",
-                     help="with --published: no content, one score per layer, or per head (default none)")
+    fit.add_argument("--content", action=_PublishedContent, default="none", metavar="{none,mean,all}",
+                     help="with --published: no content, one score per layer, or per head (default none), as "
+                          "every command says --content")
     fit.add_argument("--dataset", choices=DATASETS, default="fineweb-edu",
                      help="with --published: the text it was measured on (default fineweb-edu)")
     fit.add_argument("--fit", default="lambdas",
                      help=f"comma-separated free arrays, any of {','.join(FIELDS)} (default lambdas)")
     fit.add_argument("--schedule", choices=SCHEDULES, default="free",
                      help="parametrisation of free lambdas (default free: one per layer)")
-    fit.add_argument("--content", choices=CONTENTS, default="per_layer",
-                     help="free diagonal content per layer or per head (default per_layer)")
+    fit.add_argument("--content-shape", choices=CONTENTS, default="per_layer",
+                     help="the shape of free diagonal_scores: one per layer or one per head (default per_layer)")
     fit.add_argument("--loss", choices=LOSSES, default="wasserstein", help="default wasserstein")
     fit.add_argument("--steps", type=_common.positive_int, default=2000,
                      help="the most optimisation steps per starting point (default 2000); a fit stops "
@@ -66,22 +68,35 @@ def add_parser(commands) -> None:
     fit.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                      help="how to multiply by the kernels (default auto)")
     _common.add_output_arguments(fit)
+    _common.add_json_argument(fit)
+    _common.add_retired_argument(fit, "--published-content", "--content")
     fit.set_defaults(run=_run_fit)
+
+
+class _PublishedContent(argparse.Action):
+    """``--content``: none, mean or all, as every command says; the shape of free content
+    (per_layer, per_head) is --content-shape, and is named so in one line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values in ("per_layer", "per_head"):
+            raise ConfigError(f"--content {values}: the shape of free content is --content-shape {values}; "
+                              "--content is the published content (none, mean, all) as in every command",
+                              field="--content", value=values, allowed="none, mean, all")
+        if values not in ("none", "mean", "all"):
+            raise ConfigError.of("--content", values, "none, mean, all")
+        setattr(namespace, self.dest, values)
 
 
 def _start_model(arguments):
     """The starting model of ``[CONFIG | --preset NAME | --published NAME]`` and a name for it."""
-    import argparse
-
     if arguments.config is None and arguments.preset is None and arguments.published is None:
         raise ConfigError(f"{arguments.command}: no starting model; allowed: CONFIG, --preset NAME or --published NAME")
-    if arguments.published is None and (arguments.published_content != "none"
-                                        or arguments.dataset != "fineweb-edu"):
-        flag = "--published-content" if arguments.published_content != "none" else "--dataset"
+    if arguments.published is None and (arguments.content != "none" or arguments.dataset != "fineweb-edu"):
+        flag = "--content" if arguments.content != "none" else "--dataset"
         raise ConfigError(f"{flag}: applies to --published only")
     shared = argparse.Namespace(
         command=arguments.command, config=arguments.config, preset=arguments.preset,
-        published=arguments.published, content=arguments.published_content, dataset=arguments.dataset,
+        published=arguments.published, content=arguments.content, dataset=arguments.dataset,
         no_residual=False, length=None, max_memory=None, float64=arguments.float64, method=arguments.method)
     return _common.model_from_arguments(shared)
 
@@ -96,9 +111,8 @@ def _run_fit(arguments) -> None:
     import numpy as np
 
     from .. import io, plot
-    from ..fitting import report as fit_report
-    from ..fitting import (GRADIENT_TOLERANCE, IDENTIFIABILITY_MAX_PARAMETERS, LOSS_TOLERANCE, default_lbfgs,
-                       default_optimizer, fit, objective)
+    from ..fitting import GRADIENT_TOLERANCE, LOSS_TOLERANCE, default_lbfgs, default_optimizer, fit, objective
+    from ..metrics import wasserstein
     from ..rollout import influence
 
     model, source = _start_model(arguments)
@@ -122,11 +136,16 @@ def _run_fit(arguments) -> None:
     optimizer = {"auto": None, "lbfgs": default_lbfgs(),
                  "adam": default_optimizer(arguments.steps)}[arguments.optimizer]
     # Check everything (and fail with one line) before the output directory is touched.
-    objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
-              content=arguments.content, loss=arguments.loss, n=n, method=arguments.method)
+    try:
+        objective(model, target, fit=arguments.fit, schedule=arguments.schedule,
+                  content=arguments.content_shape, loss=arguments.loss, n=n, method=arguments.method)
+    except ConfigError as error:  # named as typed: jaxroll.fit's content= is --content-shape
+        flags = {"fit": "--fit", "schedule": "--schedule", "content": "--content-shape", "loss": "--loss",
+                 "method": "--method", "target": str(arguments.profile)}
+        raise (error.renamed(flags[error.field]) if error.field in flags else error) from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
     result = fit(model, target, fit=arguments.fit, schedule=arguments.schedule,
-                 content=arguments.content, loss=arguments.loss, steps=arguments.steps,
+                 content=arguments.content_shape, loss=arguments.loss, steps=arguments.steps,
                  restarts=arguments.restarts, search=arguments.search, optimizer=optimizer,
                  key=jax.random.PRNGKey(arguments.seed), n=n,
                  method=arguments.method, progress=True, **tolerances)
@@ -144,35 +163,60 @@ def _run_fit(arguments) -> None:
                   initial_loss=result.initial_loss,
                   title=f"{Path(source).name} fitted to {arguments.profile.name} ({arguments.fit}, "
                         f"schedule {arguments.schedule})")
-    from ..metrics import wasserstein
+    results = _results(result, model, source, arguments, n, before=float(wasserstein(initial, target)), out=out)
+    if arguments.json:
+        _common.print_json(results)
+    else:
+        _print_summary(results, result)
 
-    before = float(wasserstein(initial, target))
+
+def _results(result, model, source: str, arguments, n: int, *, before: float, out) -> dict:
+    """The numbers of the summary: the table and --json show the same."""
+    from ..fitting import report as fit_report
+
     identifiability_lines, bound_warnings = fit_report.bound_lines(result)
     status = result.stop_reason
     if bound_warnings and result.converged:  # converged, but not inside the model's range
         status = status.replace("converged:", "converged at a bound of the model's range:", 1)
-    # The summary, its counts and its warnings in one place (stdout); progress went to stderr.
-    print(f"jaxroll fit: {source} -> {arguments.profile}: {status}")
-    steps = f"steps = {result.steps} of at most {result.max_steps}"
-    if result.restart_steps.size > 1:
-        steps += (f" (the best of {result.restart_steps.size} restarts; the longest took "
-                  f"{int(result.restart_steps.max())}, the progress count)")
-    print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, free: {arguments.fit}, "
-          f"schedule = {arguments.schedule}, loss = {arguments.loss}, optimizer = {result.optimizer}, "
-          f"{steps}, restarts = {result.restart_losses.size}, global design = {result.search_points} points")
-    print(f"  Wasserstein W1/(N-1): before {before:.6g}, after {result.metrics.wasserstein:.6g}")
-    print(f"  loss: before {result.initial_loss:.6g}, after {result.final_loss:.6g}; "
-          f"Spearman after {result.metrics.spearman:.6g}")
-    for name, value in result.schedule_parameters.items():
-        print(f"  {name} = {value:.8g}")  # 8 digits: 0.99999955 at a bound, not 1
-    if result.identifiability is None:
-        print(f"  identifiability: not computed (more than {IDENTIFIABILITY_MAX_PARAMETERS} free parameters)")
-    for line in identifiability_lines:
-        print(f"  {line}")
-    print(f"  wrote {out}/fitted.yaml, fitted.csv, fit.csv, fit.png")
     warnings = list(result.warnings) + bound_warnings
     if not result.converged and (not result.warnings or "step limit" in result.stop_reason):
         warnings.append(f"warning: the fit did not converge in {result.max_steps} steps ({result.stop_reason}); "
                         "the parameters may be short of the optimum: raise --steps or the tolerances")
-    for warning in warnings:
+    return {"source": source, "profile": str(arguments.profile), "status": status,
+            "converged": bool(result.converged), "N": n, "T": model.num_layers, "H": model.num_heads,
+            "free": arguments.fit, "schedule": arguments.schedule, "loss": arguments.loss,
+            "optimizer": result.optimizer, "steps": int(result.steps), "max_steps": int(result.max_steps),
+            "restart_steps": [int(x) for x in result.restart_steps],
+            "restarts": int(result.restart_losses.size), "search_points": int(result.search_points),
+            "wasserstein_before": before, "wasserstein_after": float(result.metrics.wasserstein),
+            "loss_before": float(result.initial_loss), "loss_after": float(result.final_loss),
+            "spearman_after": float(result.metrics.spearman),
+            "schedule_parameters": {name: float(value) for name, value in result.schedule_parameters.items()},
+            "identifiability_computed": result.identifiability is not None, "identifiability": identifiability_lines,
+            "warnings": warnings, "out": str(out), "wrote": ["fitted.yaml", "fitted.csv", "fit.csv", "fit.png"]}
+
+
+def _print_summary(r: dict, result) -> None:
+    """The summary, its counts and its warnings in one place (stdout); progress went to stderr."""
+    from ..fitting import IDENTIFIABILITY_MAX_PARAMETERS
+
+    print(f"jaxroll fit: {r['source']} -> {r['profile']}: {r['status']}")
+    steps = f"steps = {r['steps']} of at most {r['max_steps']}"
+    if len(r["restart_steps"]) > 1:
+        steps += (f" (the best of {len(r['restart_steps'])} restarts; the longest took "
+                  f"{max(r['restart_steps'])}, the progress count)")
+    print(f"  N = {r['N']}, T = {r['T']}, H = {r['H']}, free: {r['free']}, "
+          f"schedule = {r['schedule']}, loss = {r['loss']}, optimizer = {r['optimizer']}, "
+          f"{steps}, restarts = {r['restarts']}, global design = {r['search_points']} points")
+    print(f"  Wasserstein W1/(N-1): before {r['wasserstein_before']:.6g}, after {r['wasserstein_after']:.6g}")
+    print(f"  loss: before {r['loss_before']:.6g}, after {r['loss_after']:.6g}; "
+          f"Spearman after {r['spearman_after']:.6g}")
+    for name, value in result.schedule_parameters.items():
+        print(f"  {name} = {value:.8g}")  # 8 digits: 0.99999955 at a bound, not 1
+    if not r["identifiability_computed"]:
+        print(f"  identifiability: not computed (more than {IDENTIFIABILITY_MAX_PARAMETERS} free parameters)")
+    for line in r["identifiability"]:
+        print(f"  {line}")
+    print(f"  wrote {r['out']}/{', '.join(r['wrote'])}")
+    for warning in r["warnings"]:
         print(warning)

@@ -28,12 +28,11 @@ def add_parser(commands) -> None:
                      help="the most optimisation steps per layer (default 2000); a layer stops earlier when "
                           "it converges")
     _common.add_output_arguments(fit)
+    _common.add_json_argument(fit)
     fit.set_defaults(run=_run_kernel_fit)
 
 
 def _run_kernel_fit(arguments) -> None:
-    import sys
-
     import jax
 
     if arguments.float64:
@@ -61,22 +60,48 @@ def _run_kernel_fit(arguments) -> None:
                fmt=["%d", "%.17g", "%.17g", "%d"])
     measured = np.asarray(influence(model), dtype=np.float64)
     fitted = np.asarray(influence(result.model), dtype=np.float64)
-    n = model.sequence_length
-    print(f"jaxroll fit-kernel: {source}: {result.stop_reason}")
-    print(f"  N = {n}, T = {model.num_layers}, family {arguments.family}, H = {arguments.heads}, "
-          f"optimizer = {result.optimizer}, steps per layer {int(result.steps.min())}-{int(result.steps.max())} "
-          f"of at most {arguments.steps}")
-    print(f"  mean row KL: before {result.losses[0]:.6g}, after {float(np.mean(result.divergence)):.6g}; "
-          f"max abs kernel error {float(np.max(result.max_abs_error)):.3g}")
-    print(f"  profile Wasserstein W1/(N-1), measured kernels vs fitted: {float(wasserstein(fitted, measured)):.6g}")
+    results = _results(result, model, source, arguments, float(wasserstein(fitted, measured)), out)
+    if arguments.json:
+        _common.print_json(results)
+    else:
+        _print_summary(results)
+
+
+def _results(result, model, source: str, arguments, distance: float, out) -> dict:
+    """The numbers of the summary: the table and --json show the same (layers numbered from 0)."""
+    import numpy as np
+
+    layers = []
     if arguments.family != "table":
         kernel = result.model.kernel
-        for t in range(min(model.num_layers, 4)):
-            print(f"  layer {t}: slopes {np.array2string(np.asarray(kernel.slopes[t]), precision=4)}, exponents "
-                  f"{np.array2string(np.asarray(kernel.exponents[t]), precision=4)}, diagonal "
-                  f"{np.array2string(np.asarray(kernel.diagonal_scores[t]), precision=4)}")
-    extra = ", fitted.kernels.npz" if arguments.family == "table" else ""
-    print(f"  wrote {out}/fitted.yaml{extra}, kernel_fit.csv")
-    if not result.converged:
-        print(f"warning: the kernel fit did not converge in {arguments.steps} steps ({result.stop_reason}); "
+        layers = [{"layer": t, "slopes": np.asarray(kernel.slopes[t]),
+                   "exponents": np.asarray(kernel.exponents[t]),
+                   "diagonal": np.asarray(kernel.diagonal_scores[t])} for t in range(model.num_layers)]
+    return {"source": source, "stop_reason": result.stop_reason, "converged": bool(result.converged),
+            "N": model.sequence_length, "T": model.num_layers, "family": arguments.family, "H": arguments.heads,
+            "optimizer": result.optimizer, "steps": np.asarray(result.steps), "max_steps": arguments.steps,
+            "kl_before": float(result.losses[0]), "kl_after": float(np.mean(result.divergence)),
+            "kl": np.asarray(result.divergence, np.float64),
+            "max_abs_error": float(np.max(result.max_abs_error)), "wasserstein": distance, "layers": layers,
+            "out": str(out), "wrote": ["fitted.yaml", *(["fitted.kernels.npz"] if arguments.family == "table" else []),
+                                       "kernel_fit.csv"]}
+
+
+def _print_summary(r: dict) -> None:
+    import numpy as np
+
+    print(f"jaxroll fit-kernel: {r['source']}: {r['stop_reason']}")
+    print(f"  N = {r['N']}, T = {r['T']}, family {r['family']}, H = {r['H']}, "
+          f"optimizer = {r['optimizer']}, steps per layer {int(r['steps'].min())}-{int(r['steps'].max())} "
+          f"of at most {r['max_steps']}")
+    print(f"  mean row KL: before {r['kl_before']:.6g}, after {r['kl_after']:.6g}; "
+          f"max abs kernel error {r['max_abs_error']:.3g}")
+    print(f"  profile Wasserstein W1/(N-1), measured kernels vs fitted: {r['wasserstein']:.6g}")
+    for layer in r["layers"][:4]:
+        print(f"  layer {layer['layer']}: slopes {np.array2string(layer['slopes'], precision=4)}, exponents "
+              f"{np.array2string(layer['exponents'], precision=4)}, diagonal "
+              f"{np.array2string(layer['diagonal'], precision=4)}")
+    print(f"  wrote {r['out']}/{', '.join(r['wrote'])}")
+    if not r["converged"]:
+        print(f"warning: the kernel fit did not converge in {r['max_steps']} steps ({r['stop_reason']}); "
               "raise --steps")

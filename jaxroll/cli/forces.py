@@ -15,6 +15,7 @@ def add_parser(commands) -> None:
                     "prints the drift each force adds.")
     _common.add_model_arguments(forces)
     _common.add_output_arguments(forces)
+    _common.add_json_argument(forces)
     forces.set_defaults(run=_run_forces)
 
 
@@ -42,11 +43,18 @@ def _run_forces(arguments) -> None:
     label = arguments.config.name if arguments.config is not None else source
     plot.plot_forces(out / "forces.png", profiles, result.names,
                      title=f"{label}: N={model.sequence_length}, T={model.num_layers}, H={model.num_heads}")
-    print(f"jaxroll forces: {source} (N = {profiles.shape[1]}, T = {model.num_layers}, H = {model.num_heads})")
+    columns = ("center_of_mass", "first_mass", "last_mass", "drift_center_of_mass", "drift_first", "drift_last")
+    results = {"source": source, "N": int(profiles.shape[1]), "T": model.num_layers, "H": model.num_heads,
+               "forces": [{"name": name, **{column: float(getattr(result, column)[k]) for column in columns}}
+                          for k, name in enumerate(result.names)],
+               "out": str(out), "wrote": ["forces.csv", "forces.png"]}
+    if arguments.json:
+        _common.print_json(results)
+        return
+    print(f"jaxroll forces: {source} (N = {results['N']}, T = {model.num_layers}, H = {model.num_heads})")
     print(f"  {'force':10} {'center':>9} {'first10%':>9} {'last10%':>9} "
           f"{'d center':>9} {'d first':>9} {'d last':>9}")
-    for k, name in enumerate(result.names):
-        print(f"  +{name:9} {float(result.center_of_mass[k]):9.4f} {float(result.first_mass[k]):9.4f} "
-              f"{float(result.last_mass[k]):9.4f} {float(result.drift_center_of_mass[k]):+9.4f} "
-              f"{float(result.drift_first[k]):+9.4f} {float(result.drift_last[k]):+9.4f}")
+    for row in results["forces"]:
+        print(f"  +{row['name']:9} {row['center_of_mass']:9.4f} {row['first_mass']:9.4f} {row['last_mass']:9.4f} "
+              f"{row['drift_center_of_mass']:+9.4f} {row['drift_first']:+9.4f} {row['drift_last']:+9.4f}")
     print(f"  wrote {out}/forces.csv, forces.png")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..errors import ConfigError
 from . import _common
+
+CHANGES_FILE = "interventions.yaml"
+"""What ``rollout --intervene`` and ``design`` write: the mapping ``--intervene FILE.yaml`` reads back."""
 
 
 def add_parser(commands) -> None:
@@ -24,7 +28,7 @@ def add_parser(commands) -> None:
                          help="skip profile.png (drawing it takes most of a small run's time)")
     rollout.add_argument("--method", choices=("auto", "dense", "structured"), default="auto",
                          help="how to multiply by the kernels (default auto)")
-    rollout.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+    rollout.add_argument("--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
                          help="predict the profile after changing the model: sinks (K tokens prepended: the "
                               "profile over the original positions, renormalised, and the sinks' mass), "
                               "rotary_ratio (rotary positions / r per head, Ms-PoE; a rotary model's offset "
@@ -32,17 +36,44 @@ def add_parser(commands) -> None:
                               "slope_scale (ALiBi slopes), ssmax_scale (SSMax: logits x s ln n), kappa (a "
                               "distance bias kappa g(i - j); kappa_form "
                               "log1p or unsquash, kappa_k), gamma (the attention branch's strength), e.g. "
-                              "tau=0.7,gamma=0.5, or a YAML file of them; config.yaml is then the changed "
-                              "model and intervention.yaml records the change (docs/interventions.md)")
+                              "tau=0.7,gamma=0.5, or a YAML file of them (the interventions.yaml of "
+                              "jaxroll design); given once; config.yaml is then the changed "
+                              f"model and {CHANGES_FILE} records the change (docs/interventions.md)")
+    _common.add_json_argument(rollout)
     _common.add_device_argument(rollout)
     rollout.set_defaults(run=_run_rollout)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What every run of one ``jaxroll rollout`` shares (read once from the parsed arguments)."""
+
+    method: str
+    figure: bool
+    changes: dict  # `interventions.describe` of the changes: what interventions.yaml holds
+    sinks: object  # the SinkTokens change, or None
+    quiet: bool  # --json: the results go to stdout as one object, not as the table
+
+
+# The fields an intervention's constructor names, as --intervene spells them.
+_INTERVENE_FIELDS = {"form": "kappa_form", "k": "kappa_k"}
+
+
+def _intervene_error(error: ConfigError) -> ConfigError:
+    """`error` under the name typed in --intervene (``form`` -> ``--intervene kappa_form``)."""
+    from .. import interventions
+
+    field = _INTERVENE_FIELDS.get(error.field, error.field)
+    if field in interventions.NAMES:
+        return error.renamed(f"--intervene {field}")
+    return error
 
 
 def _run_rollout(arguments) -> None:
     # Everything here runs on the main thread: no import runs in a thread that could outlive it
     # (interpreter shutdown stopping a daemon thread inside a native import aborts the process with
-    # "terminate called without an active exception", signal 6, instead of exit status 2). An
-    # earlier background import of matplotlib gained nothing measurable (2.64 s against 2.68 s, the
+    # "terminate called without an active exception", signal 6, instead of exit status 2). A
+    # background import of matplotlib gained nothing measurable (2.64 s against 2.68 s, the
     # mean of 6 runs each at N = 256 on 2 shared cores, noise +-0.5 s).
     import jax
 
@@ -52,23 +83,35 @@ def _run_rollout(arguments) -> None:
     from .. import interventions, io
     from ..bucket import influence_with_mass  # pads small models to shared compiled shapes
 
-    changes = interventions.parse(arguments.intervene) if arguments.intervene else []
+    try:
+        changes = interventions.parse(arguments.intervene) if arguments.intervene else []
+    except ConfigError as error:
+        raise _intervene_error(error) from None
     device = _common.device_context(arguments.device, command_line=getattr(arguments, "command_line", False))
     with device:
         runs = _batch(arguments) if arguments.more_configs else [
             (*_common.model_from_arguments(arguments), arguments.out)]
         # Every change is applied (and refused, in one line) before --out is touched.
-        runs = [(interventions.apply_all(model, changes), source, out) for model, source, out in runs]
-        arguments.changes = interventions.describe(changes)
-        arguments.sinks = next((change for change in changes if isinstance(change, interventions.SinkTokens)), None)
+        try:
+            runs = [(interventions.apply_all(model, changes), source, out) for model, source, out in runs]
+        except ConfigError as error:
+            raise _intervene_error(error) from None
+        options = _Options(method=arguments.method, figure=not arguments.no_figure,
+                           changes=interventions.describe(changes), quiet=arguments.json,
+                           sinks=next((change for change in changes if isinstance(change, interventions.SinkTokens)),
+                                      None))
         io.prepare_output_dir(arguments.out, force=arguments.force)
+        results = []
         for model, source, out in runs:
             out.mkdir(parents=True, exist_ok=True)
-            _write_rollout(model, source, out, arguments, influence_with_mass, io)
+            results.append(_write_rollout(model, source, out, options, influence_with_mass, io))
+    if arguments.json:
+        _common.print_json(results[0] if len(results) == 1 else {"runs": results})
 
 
 def _batch(arguments):
     """``jaxroll rollout A.yaml B.yaml ...``: every model loaded and checked before --out is touched."""
+    import argparse
     import os
 
     paths = [arguments.config, *arguments.more_configs]
@@ -79,77 +122,88 @@ def _batch(arguments):
     parent = Path(os.path.commonpath([os.path.abspath(p.parent) for p in paths]))
     runs = []
     for path in paths:
-        arguments.config = path
-        model, source = _common.model_from_arguments(arguments)
+        model, source = _common.model_from_arguments(argparse.Namespace(**{**vars(arguments), "config": path}))
         name = "-".join(Path(os.path.abspath(path)).relative_to(parent).with_suffix("").parts)
         runs.append((model, source, arguments.out / name))
     return runs
 
 
-def _write_rollout(model, source, out, arguments, influence_with_mass, io) -> None:
-    import dataclasses
-
+def _write_rollout(model, source, out, options: _Options, influence_with_mass, io) -> dict:
+    """Write one run's files into `out`, print its summary (unless --json) and return its results."""
     import numpy as np
 
-    profile, mass = influence_with_mass(model, method=arguments.method)
+    profile, mass = influence_with_mass(model, method=options.method)
     attention_only = influence_with_mass(
-        dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)), method=arguments.method
+        dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)), method=options.method
     )[0]
     profile = np.asarray(profile, dtype=np.float64)
     if not np.all(np.isfinite(profile)):
         raise ConfigError("rollout: the profile is not finite; try --float64")
-    sinks = getattr(arguments, "sinks", None)
+    sinks, sink_mass = options.sinks, None
     if sinks is not None:  # the model runs at n + k; what is reported is the n original positions
         sink_mass, profile = (np.asarray(part, dtype=np.float64) for part in sinks.split(profile))
         attention_only = sinks.split(attention_only)[1]
+        sink_mass = float(sink_mass)
 
     io.write_profile(profile, out / "profile.csv", overwrite=True)
     io.save_config(model, out / "config.yaml", overwrite=True)
-    changes = getattr(arguments, "changes", {})
-    changed = ", ".join(f"{name}={value}" for name, value in changes.items())
-    if changes:
+    changed = ", ".join(f"{name}={value}" for name, value in options.changes.items())
+    if options.changes:
         import yaml
 
-        (out / "intervention.yaml").write_text(yaml.safe_dump(changes, sort_keys=False), encoding="utf-8")
+        (out / CHANGES_FILE).write_text(yaml.safe_dump(options.changes, sort_keys=False), encoding="utf-8")
     if sinks is not None:
         (out / "sinks.yaml").write_text(yaml.safe_dump(
-            {"sinks": sinks.num_sinks, "sink_mass": float(sink_mass), "length_with_sinks": model.sequence_length},
+            {"sinks": sinks.num_sinks, "sink_mass": sink_mass, "length_with_sinks": model.sequence_length},
             sort_keys=False), encoding="utf-8")
-    if not arguments.no_figure:
+    if options.figure:
         from .. import plot
 
         plot.plot_profile(out / "profile.png", profile, attention_only,
                           attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
                           title=f"{source}{' with ' + changed if changed else ''}: N={profile.size}, "
                                 f"T={model.num_layers}, H={model.num_heads}")
-    _print_summary(model, profile, float(mass), source, out, figure=not arguments.no_figure, changed=changed,
-                   sink_mass=None if sinks is None else float(sink_mass))
+    results = _results(model, profile, float(mass), source, out, options, sink_mass)
+    if not options.quiet:
+        _print_summary(results, changed)
+    return results
 
 
-def _print_summary(model, profile, mass, source, out, figure=True, changed: str = "", sink_mass=None) -> None:
+def _results(model, profile, mass, source, out, options: _Options, sink_mass) -> dict:
+    """The numbers of one run's summary (the table and --json show the same)."""
     import numpy as np
 
     from ..metrics import edge_count
+    from ..schema import kernel_arrays
 
     n = profile.size
     k = edge_count(n, 0.1)
-    print(f"jaxroll rollout: {source}")
-    if changed:
-        print(f"  intervened: {changed} (the rollout's prediction of the changed model)")
-    if sink_mass is not None:
-        print(f"  sinks: {model.sequence_length - n} tokens in front (the model runs at N = {model.sequence_length}); "
-              f"their mass = {sink_mass:.6g}; the profile below is over the {n} original positions, renormalised")
-    print(f"  N = {n}, T = {model.num_layers}, H = {model.num_heads}, mask = {model.mask}")
-    print(f"  sum of lambdas = {float(np.sum(model.lambdas)):.6g}, mass before normalising = {mass:.9g}")
-    print(f"  p[0] = {profile[0]:.6g}, p[-1] = {profile[-1]:.6g}, argmin = {int(np.argmin(profile))}")
     # The names and definitions of jaxroll.metrics (first_mass, middle_mass,
     # last_mass), so the summary, `jaxroll compare` and the sweep table agree.
-    print(f"  first_mass / middle_mass / last_mass = {profile[:k].sum():.6g} / "
-          f"{profile[k:max(k, n - k)].sum():.6g} / {profile[-k:].sum():.6g} "
-          f"(positions: first {k}, middle {max(n - 2 * k, 0)}, last {k})")
-    from ..schema import kernel_arrays
+    files = ["profile.csv", *(["profile.png"] if options.figure else []), "config.yaml",
+             *(["config.kernels.npz"] if kernel_arrays(model) else []),
+             *([CHANGES_FILE] if options.changes else []), *(["sinks.yaml"] if sink_mass is not None else [])]
+    return {"source": source, "interventions": options.changes, "N": n, "T": model.num_layers,
+            "H": model.num_heads, "mask": model.mask, "lambda_sum": float(np.sum(model.lambdas)), "mass": mass,
+            "p_first": float(profile[0]), "p_last": float(profile[-1]), "argmin": int(np.argmin(profile)),
+            "edge": k, "first_mass": float(profile[:k].sum()), "middle_mass": float(profile[k:max(k, n - k)].sum()),
+            "last_mass": float(profile[-k:].sum()), "sinks": None if sink_mass is None else options.sinks.num_sinks,
+            "sink_mass": sink_mass, "length_with_sinks": model.sequence_length, "out": str(out), "wrote": files}
 
-    extra = ", config.kernels.npz" if kernel_arrays(model) else ""
-    extra += ", intervention.yaml" if changed else ""
-    extra += ", sinks.yaml" if sink_mass is not None else ""
-    print(f"  wrote {out}/profile.csv, {'profile.png, ' if figure else ''}config.yaml{extra}")
+
+def _print_summary(results: dict, changed: str) -> None:
+    r = results
+    n, k = r["N"], r["edge"]
+    print(f"jaxroll rollout: {r['source']}")
+    if changed:
+        print(f"  intervened: {changed} (the rollout's prediction of the changed model)")
+    if r["sink_mass"] is not None:
+        print(f"  sinks: {r['sinks']} tokens in front (the model runs at N = {r['length_with_sinks']}); "
+              f"their mass = {r['sink_mass']:.6g}; the profile below is over the {n} original positions, "
+              "renormalised")
+    print(f"  N = {n}, T = {r['T']}, H = {r['H']}, mask = {r['mask']}")
+    print(f"  sum of lambdas = {r['lambda_sum']:.6g}, mass before normalising = {r['mass']:.9g}")
+    print(f"  p[0] = {r['p_first']:.6g}, p[-1] = {r['p_last']:.6g}, argmin = {r['argmin']}")
+    print(f"  first_mass / middle_mass / last_mass = {r['first_mass']:.6g} / {r['middle_mass']:.6g} / "
+          f"{r['last_mass']:.6g} (positions: first {k}, middle {max(n - 2 * k, 0)}, last {k})")
+    print(f"  wrote {r['out']}/{', '.join(r['wrote'])}")
