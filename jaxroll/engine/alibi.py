@@ -365,6 +365,22 @@ class AlibiKernel(AbstractKernel):
         scores = (-self.alibi_slopes[..., None] * offsets + diagonal) / self.temperature
         return scores, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
 
+    def padded(self, num_layers: int, num_heads: int) -> "AlibiKernel":
+        """Heads ``H..H'-1`` with weight 0 and head 0's slope and scores; layers ``T..T'-1`` copies of the
+        last layer (NumPy: the padding is decided on concrete arrays)."""
+        layers, heads = self.num_layers, self.num_heads
+
+        def per_head(values, fill_weight: bool = False):
+            values = np.asarray(values)
+            extra = np.zeros_like(values[:, :1]) if fill_weight else values[:, :1]
+            values = np.concatenate([values, np.repeat(extra, num_heads - heads, axis=1)], axis=1)
+            return np.concatenate([values, np.repeat(values[-1:], num_layers - layers, axis=0)], axis=0)
+
+        return dataclasses.replace(self, alibi_slopes=per_head(self.alibi_slopes),
+                                   diagonal_scores=per_head(self.diagonal_scores),
+                                   base_scores=per_head(self.base_scores),
+                                   head_weights=per_head(self.head_weights, fill_weight=True))
+
     def to_config(self, kernel_file: str | None = None) -> dict:
         """The paper's ``mask_config``, ``attention_config`` and ``content_config``; uniform weights as null."""
         del kernel_file

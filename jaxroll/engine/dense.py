@@ -110,6 +110,7 @@ class DenseKernel(AbstractKernel):
     # a change of logits is applied to the mean, an approximation (the mean of changed rows differs).
 
     config_kind = "dense"
+    stores_dense = True
 
     def _per_layer(self, field: str, value):
         """One value per layer: a number, ``(T,)`` or ``(T, 1)`` (one head-averaged kernel per layer)."""

@@ -211,6 +211,9 @@ class AbstractKernel(eqx.Module):
     `slope_field` is set. The lambda axes sweep on every kernel."""
     slope_field: ClassVar[str | None] = None
     """The field a ``slope_scale`` axis multiplies (`scale_slopes`), or None."""
+    stores_dense: ClassVar[bool] = False
+    """Whether the kernel holds its layers as dense ``kernels (T, N, N)`` (measured attention): what
+    `jaxroll.as_dense_model` returns as it is and `jaxroll.fit_kernel` fits offset kernels to."""
     fittable_fields: ClassVar[Mapping[str, str]] = {}
     """The fields `jaxroll.fit` may free, each with its map from unconstrained coordinates:
     ``"real"`` (as it is), ``"positive"`` (softplus), ``"unit"`` (sigmoid, in (0, 1)) or
@@ -281,6 +284,13 @@ class AbstractKernel(eqx.Module):
         """
         self.check_length(n + num_sinks)
         return self
+
+    def padded(self, num_layers: int, num_heads: int) -> "AbstractKernel | None":
+        """The kernel with layers appended up to `num_layers` (copies of the last layer) and heads up to
+        `num_heads` (weight 0), so nearby shapes share one compiled program (`jaxroll.bucket`); None
+        (the default) for a kernel without such a rule."""
+        del num_layers, num_heads
+        return None
 
     # Its YAML form (`jaxroll.schema`) and its fields for sweeps.
 

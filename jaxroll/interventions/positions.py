@@ -26,7 +26,7 @@ from .._checks import check_positive_int, check_range, is_concrete
 from ..engine.offset import table_at_distances
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
-from ._base import AbstractIntervention, checked_parameter, per_layer_head
+from ._base import AbstractIntervention, checked_parameter
 
 __all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "table_at_distances"]
 
