@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import as_float_array, is_concrete, per_layer_and_head
@@ -93,6 +94,14 @@ def kernel_classes() -> tuple[type, ...]:
                 found.append(current)
             stack.extend(current.__subclasses__())
     return tuple(found)
+
+
+def _broadcast(field: str, value, shape: tuple[int, ...]):
+    array = as_float_array(field, value)
+    try:
+        return np.array(np.broadcast_to(array, shape))
+    except ValueError:
+        raise ConfigError.of(field, value, f"an array that broadcasts to the field's shape {shape}") from None
 
 
 def layer_head_values(field: str, value, num_layers: int, num_heads: int):
@@ -315,10 +324,11 @@ class AbstractKernel(eqx.Module):
     def replaced(self, **values) -> "AbstractKernel":
         """The kernel with `values` in place of fields, broadcast and checked as a new kernel (a sweep
         point). Default: ``type(self).create(num_layers=T, num_heads=H, **fields)`` where the type has a
-        ``create``, else the arrays replaced and `check`ed."""
+        ``create``, else each value broadcast to its field's shape and the kernel `check`ed."""
         create = getattr(type(self), "create", None)
         if create is None:
-            kernel = dataclasses.replace(self, **{name: as_float_array(name, value) for name, value in values.items()})
+            kernel = dataclasses.replace(self, **{name: _broadcast(name, value, np.shape(getattr(self, name)))
+                                                  for name, value in values.items()})
             kernel.check()
             return kernel
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
