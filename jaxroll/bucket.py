@@ -25,8 +25,8 @@ so padded and unpadded profiles agree to rounding (tests/test_bucket.py:
 a compilation costs at small n: `influence_with_mass` pads when the work
 ``T H n`` is at most `SMALL_WORK` and runs the model as it is otherwise.
 
-A model over another kernel than ALiBi + content is run as it is (those
-kernel types have no shared padding rule).
+A model over a kernel without a padding rule (`AbstractKernel.padded` is
+None: every kernel type but ALiBi + content) is run as it is.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import dataclasses
 
 import numpy as np
 
-from .engine.alibi import AlibiKernel
 from .model import RolloutModel
 
 __all__ = ["SMALL_WORK", "bucket", "pad", "influence_with_mass"]
@@ -77,21 +76,20 @@ def pad(model: RolloutModel, num_layers: int | None = None, num_heads: int | Non
     if num_layers < layers or num_heads < heads:
         raise ValueError(f"pad: got ({num_layers}, {num_heads}); allowed: at least the model's ({layers}, {heads})")
 
-    def per_head(values, fill_weight: bool = False):
-        values = np.asarray(values)
-        extra = np.zeros_like(values[:, :1]) if fill_weight else values[:, :1]
-        values = np.concatenate([values, np.repeat(extra, num_heads - heads, axis=1)], axis=1)
-        return np.concatenate([values, np.repeat(values[-1:], num_layers - layers, axis=0)], axis=0)
+    padded = _padded(model, num_layers, num_heads)
+    if padded is None:
+        raise ValueError(f"pad: a {type(model.kernel).__name__} has no padding rule; allowed: a kernel whose "
+                         "padded() pads (AlibiKernel)")
+    return padded
 
+
+def _padded(model: RolloutModel, num_layers: int, num_heads: int) -> RolloutModel | None:
+    """`pad`'s model, or None where the kernel has no padding rule (`AbstractKernel.padded`)."""
+    kernel = model.kernel.padded(num_layers, num_heads)
+    if kernel is None:
+        return None
     lambdas = np.asarray(model.lambdas)
-    kernel = dataclasses.replace(
-        model.kernel,
-        alibi_slopes=per_head(model.alibi_slopes),
-        diagonal_scores=per_head(model.diagonal_scores),
-        base_scores=per_head(model.base_scores),
-        head_weights=per_head(model.head_weights, fill_weight=True),
-    )
-    lambdas = np.concatenate([lambdas, np.zeros(num_layers - layers, dtype=lambdas.dtype)])
+    lambdas = np.concatenate([lambdas, np.zeros(num_layers - model.num_layers, dtype=lambdas.dtype)])
     return dataclasses.replace(model, lambdas=lambdas, kernel=kernel)
 
 
@@ -109,9 +107,12 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
     from .rollout import influence_with_mass as unpadded
 
     n = model.sequence_length if n is None else n
-    if not (isinstance(model.kernel, AlibiKernel) and model.num_layers * model.num_heads * n <= SMALL_WORK):
+    padded = None
+    if model.num_layers * model.num_heads * n <= SMALL_WORK:
+        padded = _padded(model, bucket(model.num_layers), bucket(model.num_heads))
+    if padded is None:
         return unpadded(model, n, method)
-    model = dataclasses.replace(pad(model), sequence_length=n)
+    model = dataclasses.replace(padded, sequence_length=n)
     from . import cache
 
     if cache.enabled():

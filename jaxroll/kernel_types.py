@@ -1,4 +1,4 @@
-"""Attention kernel types behind one interface: ALiBi + content, measured dense, relative-position.
+"""Attention kernel types behind one interface, and `KERNEL_TYPES`, the registry of their names.
 
 The rollout of arXiv 2602.16837, ``R_t = (1 - lambda_t) I + lambda_t A_t``,
 needs only row-stochastic kernels ``A_t`` (``A[i, j]`` = weight with which
@@ -17,19 +17,22 @@ lambdas plus one of them.
 | `PowerKernel` | ``f_h(k) = -m_h k^alpha_h``, content | O(H N log N), `jaxroll.engine.relative` | any |
 | `TableKernel` | ``f_h(k)`` for k = 1..K, content | O(H N log N), `jaxroll.engine.relative`; O(H N^2) exact where a table rises | n <= K + 1 |
 
-A new kernel type is one module under `jaxroll/engine/` and one line in
-`KERNEL_TYPES` (docs/development.md).
+Each type declares on itself what else it can do (its logit operations, its
+YAML form, its sweepable and fittable fields; `AbstractKernel`), and
+`register_kernel(cls)` puts it in `KERNEL_TYPES` under its `config_kind`,
+the ``kernel_type`` of a configuration file: ``alibi`` (the paper's
+top-level sections), ``dense``, ``relative`` (`PowerKernel` and `TableKernel`
+by ``family``). The schema (`jaxroll.schema`) and the command line read the
+registry; a new kernel type is one module that ends with that one call
+(docs/development.md).
 """
 
 from __future__ import annotations
 
 from .engine.alibi import AlibiKernel
 from .engine.dense import ROW_SUM_TOLERANCE, DenseKernel
-from .engine.kernel import AbstractKernel
-from .engine.offset import PowerKernel, TableKernel
+from .engine.kernel import KERNEL_TYPES, AbstractKernel, kernel_classes, register_kernel
+from .engine.offset import PowerKernel, RelativeKernel, TableKernel
 
-__all__ = ["AbstractKernel", "AlibiKernel", "DenseKernel", "PowerKernel", "TableKernel", "KERNEL_TYPES",
-           "ROW_SUM_TOLERANCE"]
-
-KERNEL_TYPES = (AlibiKernel, DenseKernel, PowerKernel, TableKernel)
-"""The kernel types the YAML schema and the command line know by name (any `AbstractKernel` runs)."""
+__all__ = ["AbstractKernel", "AlibiKernel", "DenseKernel", "PowerKernel", "RelativeKernel", "TableKernel",
+           "KERNEL_TYPES", "ROW_SUM_TOLERANCE", "kernel_classes", "register_kernel"]

@@ -18,15 +18,10 @@ from jaxtyping import Array, Float
 
 from ._checks import check_positive_int, check_range
 from ._checks import per_layer as _per_layer
-from .engine.alibi import AlibiKernel
-from .engine.dense import DenseKernel
-from .engine.kernel import AbstractKernel
 from .errors import ConfigError
+from .kernel_types import AbstractKernel, AlibiKernel, DenseKernel
 
 __all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model", "layer_kernels"]
-
-_ALIBI_FIELDS = ("alibi_slopes", "diagonal_scores", "base_scores", "head_weights", "temperature")
-
 
 class RolloutModel(eqx.Module):
     """Parameters of a residual-aware attention rollout (a PyTree): lambdas plus a kernel.
@@ -82,7 +77,8 @@ class RolloutModel(eqx.Module):
         return self.kernel.window
 
     def _alibi_field(self, name: str):
-        if not isinstance(self.kernel, AlibiKernel):
+        # The ALiBi + content fields read through the model; a kernel without the field has none to read.
+        if name not in {field.name for field in dataclasses.fields(self.kernel)}:
             raise AttributeError(f"{name}: a field of the ALiBi + content kernel; this model's kernel is a "
                                  f"{type(self.kernel).__name__} (read model.kernel)")
         return getattr(self.kernel, name)
@@ -200,7 +196,7 @@ def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
     sum 1 (a float32 kernel's rows miss 1 by ~1e-7); a model whose kernel
     already is dense is returned as it is. O(T n^2) memory.
     """
-    if isinstance(model.kernel, DenseKernel):
+    if model.kernel.stores_dense:
         return model
     n = model.sequence_length if n is None else check_positive_int("n", n)
     model.kernel.check_length(n)

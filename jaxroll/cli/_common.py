@@ -259,9 +259,7 @@ def check_kernel_length(model) -> None:
 
 
 def require_alibi_model(model, command: str) -> None:
-    from ..kernel_types import AlibiKernel
-
-    if not isinstance(model.kernel, AlibiKernel):
+    if type(model.kernel).config_kind != "alibi":  # the commands over the paper's ALiBi + content sections
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))

@@ -37,8 +37,6 @@ import jax.numpy as jnp
 import optax
 
 from .. import metrics
-from ..engine.alibi import AlibiKernel
-from ..engine.offset import PowerKernel, TableKernel
 from ..interventions import apply_all
 from ..model import RolloutModel, layer_kernels
 from ..rollout import influence
@@ -66,22 +64,15 @@ def _mean_row_kl(changed, log_reference):
 
 def offset_scores(model: RolloutModel, n: int):
     """``(f, w)``: the scores ``f[t, h, k]`` of offsets k = 0..n-1 (``f[., ., 0]`` the diagonal) and the
-    normalised head weights ``(T, H)`` of a causal ALiBi + content or relative kernel; None for any other.
+    normalised head weights ``(T, H)`` of a causal kernel that declares them
+    (`AbstractKernel.scores_by_offset`: ALiBi + content, relative kernels); None for any other.
 
     For ALiBi ``f_h(k) = (-m_h k + d_h [k = 0]) / tau_0`` (the base score cancels in the softmax).
     """
     kernel = model.kernel
     if kernel.mask != "causal":
         return None
-    if isinstance(kernel, AlibiKernel):
-        offsets = jnp.arange(n, dtype=kernel.alibi_slopes.dtype)
-        diagonal = jnp.where(offsets == 0, kernel.diagonal_scores[..., None], 0.0)
-        scores = (-kernel.alibi_slopes[..., None] * offsets + diagonal) / kernel.temperature
-    elif isinstance(kernel, (PowerKernel, TableKernel)):
-        scores = jax.vmap(lambda layer: layer.scores(n))(kernel)
-    else:
-        return None
-    return scores, kernel.head_weights / jnp.sum(kernel.head_weights, axis=-1, keepdims=True)
+    return kernel.scores_by_offset(n)
 
 
 # Largest exponent max_k f_h(k) - log Z_h(i) the factorised kernel takes (below float64's overflow at

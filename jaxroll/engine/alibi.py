@@ -18,6 +18,7 @@ slopes and content).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -31,7 +32,9 @@ from .. import memory
 from .._checks import as_float_array, check_positive_int, check_range, is_concrete, per_layer_and_head
 from ..errors import ConfigError
 from . import structured
-from .kernel import AbstractKernel
+from .config import check_keys, compact, nested_array
+from .kernel import AbstractKernel, layer_head_values, refuses, register_kernel
+from .offset import biased_table
 from .plan import Path
 
 __all__ = ["MASKS", "AlibiKernel", "alibi_slopes", "allowed", "head_scores", "layer_kernel"]
@@ -118,6 +121,17 @@ def layer_kernel(
 
 
 _standard_slopes = alibi_slopes  # `AlibiKernel.create` has a parameter of that name
+
+# The paper's schema (arXiv 2602.16837's published files): the kernel's three top-level sections.
+_SCHEMA_MASKS = {"causal": "causal", "full": "full", "sliding_window": "sliding"}
+_SECTION_KEYS = {"mask_config": {"mask_type", "window_size"},
+                 "attention_config": {"num_heads", "alibi_slopes", "head_weights", "softmax_temperature"},
+                 "content_config": {"diagonal_scores", "base_scores"}}
+# Where each keyword of `AlibiKernel.create` lives in the schema, for error messages.
+_SCHEMA_PATHS = {"alibi_slopes": "attention_config.alibi_slopes", "diagonal_scores": "content_config.diagonal_scores",
+                 "base_scores": "content_config.base_scores", "head_weights": "attention_config.head_weights",
+                 "temperature": "attention_config.softmax_temperature", "mask": "mask_config.mask_type",
+                 "window": "mask_config.window_size"}
 
 
 class AlibiKernel(AbstractKernel):
@@ -298,3 +312,121 @@ class AlibiKernel(AbstractKernel):
 
     def settled_rung(self, dtype):
         return structured.settled_rung(self.alibi_slopes, self.head_weights, self.temperature, dtype)
+
+    # Declared capabilities (`AbstractKernel`): logit operations, YAML form, sweep and fit fields.
+
+    config_kind = "alibi"
+    config_keys = frozenset(_SECTION_KEYS)
+    sweep_fields = ("alibi_slopes", "slope_scale", "diagonal_scores", "head_weights", "temperature")
+    slope_field = "alibi_slopes"
+    fittable_fields = {"diagonal_scores": "real", "alibi_slopes": "positive", "head_weights": "simplex",
+                       "temperature": "positive"}
+
+    def _layer_head(self, field, value):
+        return layer_head_values(field, value, self.num_layers, self.num_heads)
+
+    def temper(self, tau, field: str = "tau") -> "AlibiKernel":
+        """Slopes, content and background divided by ``tau`` (``(T, H)``-broadcast): exact."""
+        tau = self._layer_head(field, tau)
+        return dataclasses.replace(self, alibi_slopes=self.alibi_slopes / tau,
+                                   diagonal_scores=self.diagonal_scores / tau, base_scores=self.base_scores / tau)
+
+    def scale_slopes(self, scale, field: str = "slope_scale") -> "AlibiKernel":
+        return dataclasses.replace(self, alibi_slopes=self.alibi_slopes * self._layer_head(field, scale))
+
+    def add_distance_score(self, kappa, score, n: int, field: str = "kappa"):
+        """An offset kernel (`TableKernel`) of ``f_h(k) = -(m_h / tau) k + kappa_h g(k)`` for k = 1..n-1 and
+        ``f_h(0) = d_h / tau + kappa_h g(0)``: exact (the background cancels)."""
+        kappa = self._layer_head(field, kappa)
+        rate = self.alibi_slopes / self.temperature  # (T, H)
+        offsets = jnp.arange(1, max(n, 2), dtype=jnp.result_type(float))
+        return biased_table(-rate[..., None] * offsets, self.diagonal_scores / self.temperature, self.head_weights,
+                            kappa, score, n)
+
+    @refuses
+    def read_at_distances(self, ratio, n: int, field: str = "rotary_ratio"):
+        del ratio, n
+        allowed = self.refusal(field, "", "read_at_distances", "a rotary model's measured offset kernel ({types})").allowed
+        raise ConfigError(f"{field}: a rotary rescale on an ALiBi model; allowed: {allowed}", field=field,
+                          value=type(self).__name__, allowed=allowed)
+
+    def head_logits(self, n: int, field: str = "logits"):
+        """``s_h(i, j) = (-m_h (i - j) + d_h [i == j] + b_h) / tau``, ``(H, n, n)``, and ``w / sum w``."""
+        logits = jax.vmap(head_scores, in_axes=(0, 0, 0, None, None))(self.alibi_slopes, self.diagonal_scores,
+                                                                      self.base_scores, self.temperature, n)
+        return logits, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
+
+    def scores_by_offset(self, n: int):
+        """``f_h(k) = (-m_h k + d_h [k = 0]) / tau`` (the background cancels in the softmax); causal masks only."""
+        if self.mask != "causal":
+            return None
+        offsets = jnp.arange(n, dtype=self.alibi_slopes.dtype)
+        diagonal = jnp.where(offsets == 0, self.diagonal_scores[..., None], 0.0)
+        scores = (-self.alibi_slopes[..., None] * offsets + diagonal) / self.temperature
+        return scores, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
+
+    def padded(self, num_layers: int, num_heads: int) -> "AlibiKernel":
+        """Heads ``H..H'-1`` with weight 0 and head 0's slope and scores; layers ``T..T'-1`` copies of the
+        last layer (NumPy: the padding is decided on concrete arrays)."""
+        layers, heads = self.num_layers, self.num_heads
+
+        def per_head(values, fill_weight: bool = False):
+            values = np.asarray(values)
+            extra = np.zeros_like(values[:, :1]) if fill_weight else values[:, :1]
+            values = np.concatenate([values, np.repeat(extra, num_heads - heads, axis=1)], axis=1)
+            return np.concatenate([values, np.repeat(values[-1:], num_layers - layers, axis=0)], axis=0)
+
+        return dataclasses.replace(self, alibi_slopes=per_head(self.alibi_slopes),
+                                   diagonal_scores=per_head(self.diagonal_scores),
+                                   base_scores=per_head(self.base_scores),
+                                   head_weights=per_head(self.head_weights, fill_weight=True))
+
+    def to_config(self, kernel_file: str | None = None) -> dict:
+        """The paper's ``mask_config``, ``attention_config`` and ``content_config``; uniform weights as null."""
+        del kernel_file
+        weights = np.asarray(self.head_weights, dtype=np.float64)
+        uniform = np.all(weights == weights.flat[0])
+        schema_mask = {value: key for key, value in _SCHEMA_MASKS.items()}[self.mask]
+        return {
+            "mask_config": {"mask_type": schema_mask, "window_size": self.window},
+            "attention_config": {
+                "num_heads": int(self.num_heads),
+                "alibi_slopes": compact(self.alibi_slopes),
+                "head_weights": None if uniform else compact(weights),
+                "softmax_temperature": float(self.temperature),
+            },
+            "content_config": {"diagonal_scores": compact(self.diagonal_scores),
+                               "base_scores": compact(self.base_scores)},
+        }
+
+    @classmethod
+    def from_config(cls, config, *, num_layers: int, directory=None) -> "AlibiKernel":
+        """The kernel of the paper's sections; lists of length 1 broadcast over layers (outer) or heads (inner)."""
+        del directory
+        check_keys("", config, _SECTION_KEYS, required={"attention_config"})
+        mask_config, attention = config.get("mask_config") or {}, config["attention_config"]
+        content = config.get("content_config") or {}
+        for section, value in (("mask_config", mask_config), ("attention_config", attention),
+                               ("content_config", content)):
+            check_keys(section, value, _SECTION_KEYS[section],
+                       required={"num_heads", "alibi_slopes"} if section == "attention_config" else ())
+        num_heads = check_positive_int("attention_config.num_heads", attention["num_heads"])
+        mask_type = mask_config.get("mask_type", "causal")
+        if not isinstance(mask_type, str) or mask_type not in _SCHEMA_MASKS:
+            raise ConfigError(f"mask_config.mask_type: got {mask_type!r}; allowed: one of " + ", ".join(_SCHEMA_MASKS))
+        window = mask_config.get("window_size")
+        if mask_type == "sliding_window" and window is None:
+            raise ConfigError("mask_config.window_size: sliding_window needs a window size; allowed: an integer >= 1")
+        try:
+            return cls.create(
+                num_layers=num_layers, num_heads=num_heads,
+                alibi_slopes=nested_array("alibi_slopes", attention["alibi_slopes"]),
+                diagonal_scores=nested_array("diagonal_scores", content.get("diagonal_scores", [[0.0]])),
+                base_scores=nested_array("base_scores", content.get("base_scores", [[0.0]])),
+                head_weights=nested_array("head_weights", attention.get("head_weights")),
+                temperature=attention.get("softmax_temperature", 1.0), mask=_SCHEMA_MASKS[mask_type], window=window)
+        except ConfigError as error:
+            raise error.renamed(_SCHEMA_PATHS.get(error.field, error.field)) if error.field else error from None
+
+
+register_kernel(AlibiKernel)

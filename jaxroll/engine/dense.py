@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import as_float_array, check_range
+from .._checks import as_float_array, check_range, per_layer
 from ..errors import ConfigError
-from .kernel import AbstractKernel
+from .config import check_keys, read_kernel_file
+from .kernel import AbstractKernel, register_kernel
 from .plan import Path
 
 __all__ = ["DenseKernel", "ROW_SUM_TOLERANCE"]
@@ -101,3 +105,57 @@ class DenseKernel(AbstractKernel):
 
     def dense(self, n: int):
         return self.kernels[:n, :n]
+
+    # Declared capabilities (`AbstractKernel`). A mean over sequences of softmax rows has no logits:
+    # a change of logits is applied to the mean, an approximation (the mean of changed rows differs).
+
+    config_kind = "dense"
+    stores_dense = True
+
+    def _per_layer(self, field: str, value):
+        """One value per layer: a number, ``(T,)`` or ``(T, 1)`` (one head-averaged kernel per layer)."""
+        if jnp.ndim(value) == 2 and jnp.shape(value)[1] != 1:
+            raise ConfigError(f"{field}: got shape {jnp.shape(value)}; allowed for a measured DenseKernel (one "
+                              "head-averaged kernel per layer): a number or one per layer")
+        return per_layer(field, jnp.reshape(value, (-1,)) if jnp.ndim(value) == 2 else value, self.num_layers)
+
+    def temper(self, tau, field: str = "tau") -> "DenseKernel":
+        """The mean tempered, ``A'[i, j] ~ A[i, j]^(1 / tau_t)`` renormalised per row (tau per layer)."""
+        tau = self._per_layer(field, tau)
+        positive = self.kernels > 0
+        logs = jnp.log(jnp.where(positive, self.kernels, 1.0))
+        tempered = jnp.where(positive, jnp.exp(logs / tau[:, None, None]), 0.0)
+        return dataclasses.replace(self, kernels=_row_renormalised(tempered))
+
+    def add_distance_score(self, kappa, score, n: int, field: str = "kappa") -> "DenseKernel":
+        """The mean reweighted, ``A'[i, j] ~ A[i, j] e^(kappa_t g(i - j))`` renormalised per row (kappa per layer)."""
+        del n
+        kappa = self._per_layer(field, kappa)
+        size = self.size
+        distance = jnp.maximum(jnp.arange(size)[:, None] - jnp.arange(size)[None, :], 0)
+        weights = jnp.exp(kappa[:, None, None] * score(distance)[None])
+        return dataclasses.replace(self, kernels=_row_renormalised(self.kernels * weights))
+
+    def to_config(self, kernel_file: str | None = None) -> dict:
+        """``kernel_type: dense`` and the npz `kernel_file` that holds the kernels (`file_arrays`)."""
+        return {"kernel_config": {"kernel_type": "dense", "file": kernel_file}}
+
+    def file_arrays(self) -> dict:
+        return {"kernels": np.asarray(self.kernels, dtype=np.float64)}
+
+    @classmethod
+    def from_config(cls, config, *, num_layers: int, directory=None) -> "DenseKernel":
+        section = config["kernel_config"]
+        check_keys("kernel_config", section, {"kernel_type", "file"}, required={"file"})
+        kernels = read_kernel_file(section["file"], "kernels", directory)
+        kernel = cls.create(kernels, field=f"kernel_config.file ({section['file']})")
+        if kernel.num_layers != num_layers:
+            raise ConfigError(f"kernel_config.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
+        return kernel
+
+
+def _row_renormalised(kernels):
+    return kernels / jnp.sum(kernels, axis=-1, keepdims=True)
+
+
+register_kernel(DenseKernel)

@@ -16,22 +16,110 @@ temperature, is shared by every layer). It declares
 
 and may override the planner's hooks (`plan`, `scan_parts`,
 `shared_rollout_row`, `settled_rung`) where its structure allows a faster
-path. A new kernel type is one module under `jaxroll/engine/` subclassing
-`AbstractKernel` plus one line in `jaxroll.kernel_types.KERNEL_TYPES` (for the
-YAML schema); `influence`, `grad` and sweeps need nothing else.
+path. `influence`, `grad` and sweeps over the lambdas need nothing else.
+
+What else a kernel can do is declared on its type, with defaults that refuse
+in one line (a `ConfigError` naming the caller's field, the kernel type and
+the types that can); callers ask the kernel, never test its type:
+
+- logit operations, each pure and differentiable in its parameter, each a new
+  kernel: `temper` (``s / tau``), `scale_slopes` (``m' = s m``),
+  `add_distance_score` (``s + kappa g(i - j)``), `read_at_distances`
+  (``f'(k) = f(k / r)``), `prepend_sinks` (k tokens in front); and the arrays
+  other changes form kernels from: `head_logits` (one layer's per-head
+  logits, for SSMax's length-scaled rows) and `scores_by_offset` (the
+  offset scores ``f_h(k)`` of a causal Toeplitz kernel);
+- its YAML form: `config_kind` (the name it is registered under, the
+  ``kernel_config.kernel_type`` of a configuration file), `config_keys` (the
+  top-level sections it reads), `to_config`, `from_config` and `file_arrays`
+  (what goes into the npz beside the file);
+- `sweep_fields` (the fields a sweep axis may vary, set through `replaced`)
+  and `fittable_fields` (the fields `jaxroll.fit` may free, each with its
+  parametrisation).
+
+`register_kernel(cls)` puts a type in `KERNEL_TYPES`, the registry the
+schema and the command line read: a new kernel type is one module (the
+class and, at its bottom, that one call) and nothing else (docs/development.md).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import as_float_array, is_concrete, per_layer_and_head
+from ..errors import ConfigError
 from .plan import Path
 
-__all__ = ["AbstractKernel"]
+__all__ = ["AbstractKernel", "KERNEL_TYPES", "register_kernel", "kernel_classes", "layer_head_values"]
+
+KERNEL_TYPES: dict[str, type] = {}
+"""The kernel types the YAML schema and the command line know, by `config_kind` (`register_kernel`)."""
+
+
+def register_kernel(cls: type) -> type:
+    """Put the kernel type `cls` in `KERNEL_TYPES` under its `config_kind`; returns `cls` (a decorator too).
+
+    Registering the same class again is a no-op; another class under a taken name is refused.
+    """
+    name = getattr(cls, "config_kind", None)
+    if not (isinstance(cls, type) and issubclass(cls, AbstractKernel)):
+        raise ConfigError.of("kernel type", cls, "a subclass of jaxroll.engine.kernel.AbstractKernel")
+    if not isinstance(name, str) or not name:
+        raise ConfigError.of(f"{cls.__name__}.config_kind", name, "a non-empty name (the YAML kernel_type)")
+    if KERNEL_TYPES.get(name, cls) is not cls:
+        raise ConfigError.of(f"{cls.__name__}.config_kind", name,
+                             f"a name not taken (taken: {', '.join(KERNEL_TYPES)})")
+    KERNEL_TYPES[name] = cls
+    return cls
+
+
+def kernel_classes() -> tuple[type, ...]:
+    """The registered kernel types and their concrete subclasses (a registered family base such as
+    `RelativeKernel` stands for its members), in registration order."""
+    found = []
+    for cls in KERNEL_TYPES.values():
+        stack = [cls]
+        while stack:
+            current = stack.pop(0)
+            if not getattr(current, "__abstractmethods__", None) and current not in found:
+                found.append(current)
+            stack.extend(current.__subclasses__())
+    return tuple(found)
+
+
+def _broadcast(field: str, value, shape: tuple[int, ...]):
+    array = as_float_array(field, value)
+    try:
+        return np.array(np.broadcast_to(array, shape))
+    except ValueError:
+        raise ConfigError.of(field, value, f"an array that broadcasts to the field's shape {shape}") from None
+
+
+def layer_head_values(field: str, value, num_layers: int, num_heads: int):
+    """`value` broadcast to ``(T, H)``: a number, ``(H,)``, ``(T, 1)`` or ``(T, H)``.
+
+    A ``(T,)`` value is one per layer (read as ``(T, 1)``), unless T == H, where
+    ``(T,)`` would be ambiguous and ``(T, 1)`` or ``(1, H)`` must be given.
+    """
+    shape = jnp.shape(value)
+    if len(shape) == 1 and shape[0] == num_layers and num_layers != num_heads:
+        value = jnp.reshape(value, (num_layers, 1)) if not is_concrete(value) else as_float_array(field, value)[:, None]
+    return per_layer_and_head(field, value, num_layers, num_heads)
+
+
+def refuses(method):
+    """Marks a default that refuses, so `AbstractKernel.refusal` lists only the types that override it."""
+    method.refuses = True
+    return method
 
 
 def _per_layer(leaf) -> bool:
@@ -120,3 +208,128 @@ class AbstractKernel(eqx.Module):
     def settled_rung(self, dtype):
         """Which of `plan`'s ``rungs`` a traced kernel takes (when ``settled`` is None)."""
         raise NotImplementedError(f"{type(self).__name__} plans no run-time rungs")
+
+    # What the kernel can do beyond the rollout, declared here with defaults that refuse.
+
+    config_kind: ClassVar[str | None] = None
+    """The name the kernel type is registered under (`register_kernel`): ``kernel_config.kernel_type``."""
+    config_keys: ClassVar[frozenset[str]] = frozenset({"kernel_config"})
+    """The top-level sections of a configuration that `from_config` reads and `to_config` writes."""
+    sweep_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields a sweep axis may vary (each value checked by `replaced`); ``slope_scale`` where
+    `slope_field` is set. The lambda axes sweep on every kernel."""
+    slope_field: ClassVar[str | None] = None
+    """The field a ``slope_scale`` axis multiplies (`scale_slopes`), or None."""
+    stores_dense: ClassVar[bool] = False
+    """Whether the kernel holds its layers as dense ``kernels (T, N, N)`` (measured attention): what
+    `jaxroll.as_dense_model` returns as it is and `jaxroll.fit_kernel` fits offset kernels to."""
+    fittable_fields: ClassVar[Mapping[str, str]] = {}
+    """The fields `jaxroll.fit` may free, each with its map from unconstrained coordinates:
+    ``"real"`` (as it is), ``"positive"`` (softplus), ``"unit"`` (sigmoid, in (0, 1)) or
+    ``"simplex"`` (softmax over the last axis)."""
+
+    def refusal(self, field: str, reason: str, operation: str, allowed: str = "{types}") -> ConfigError:
+        """``"{field}: a {type} {reason}; allowed: {allowed}"``, `allowed`'s ``{types}`` the registered
+        kernel types that implement `operation` (one line, for a refused capability)."""
+        names = [cls.__name__ for cls in kernel_classes() if not getattr(getattr(cls, operation), "refuses", False)]
+        types = " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else "none registered"
+        allowed = allowed.format(types=types)
+        return ConfigError(f"{field}: a {type(self).__name__} {reason}; allowed: {allowed}", field=field,
+                           value=type(self).__name__, allowed=allowed)
+
+    @refuses
+    def temper(self, tau, field: str = "tau") -> "AbstractKernel":
+        """The kernel with every logit divided by ``tau > 0``: ``s'(i, j) = s(i, j) / tau``.
+
+        `tau` is a number or an array of a shape the kernel allows (per layer, head); refused by default.
+        """
+        del tau
+        raise self.refusal(field, "has no logits to temper", "temper")
+
+    @refuses
+    def scale_slopes(self, scale, field: str = "slope_scale") -> "AbstractKernel":
+        """The kernel with its ALiBi-like slopes multiplied by ``s >= 0``: ``m' = s m``; refused by default."""
+        del scale
+        raise self.refusal(field, "has no ALiBi slopes", "scale_slopes")
+
+    @refuses
+    def add_distance_score(self, kappa, score: Callable, n: int, field: str = "kappa") -> "AbstractKernel":
+        """The kernel with ``kappa g(i - j)`` added to the logit of every causal pair, ``g = score``.
+
+        `score` maps integer distances ``m >= 0`` (an array) to ``g(m)``; `n` is the length the result
+        must serve. Refused by default.
+        """
+        del kappa, score, n
+        raise self.refusal(field, "has no logits to bias", "add_distance_score")
+
+    @refuses
+    def read_at_distances(self, ratio, n: int, field: str = "rotary_ratio") -> "AbstractKernel":
+        """The kernel read at rescaled distances, ``f'(k) = f(k / r)`` for ``k >= 1`` (``f'(0) = f(0)``);
+        `n` the length it must serve. Refused by default (a kernel that is not a function of distance)."""
+        del ratio, n
+        raise self.refusal(field, "is not a function of distance", "read_at_distances",
+                           "a rotary model's measured offset kernel ({types}), e.g. from jaxroll fit-kernel")
+
+    @refuses
+    def head_logits(self, n: int, field: str = "logits") -> tuple[Float[Array, "heads n n"], Float[Array, " heads"]]:
+        """One layer's per-head logits ``s_h(i, j)`` at length n (before the mask) and its normalised
+        head weights ``w_h / sum w``: what a change that forms the kernel itself (SSMax) needs. Called
+        on a layer (`layer`, or a step of `scan_parts`). Refused by default."""
+        del n
+        raise self.refusal(field, "has no logits to scale", "head_logits")
+
+    def scores_by_offset(self, n: int) -> tuple[Float[Array, "layers heads n"], Float[Array, "layers heads"]] | None:
+        """``(f, w)``: the scores ``f[t, h, k]`` of offsets k = 0..n-1 of a causal Toeplitz kernel
+        (``A_h[i, j] ~ e^{f_h(i - j)}``, ``f[..., 0]`` the diagonal) and the normalised head weights;
+        None for a kernel that is not one (the default)."""
+        del n
+        return None
+
+    def prepend_sinks(self, num_sinks: int, n: int) -> "AbstractKernel":
+        """The kernel of n tokens with `num_sinks` tokens in front, run at length ``n + k``.
+
+        A kernel of positions reads the sinks as tokens like any other, so by default it is unchanged,
+        checked at length ``n + k`` (`check_length`'s one-line error otherwise).
+        """
+        self.check_length(n + num_sinks)
+        return self
+
+    def padded(self, num_layers: int, num_heads: int) -> "AbstractKernel | None":
+        """The kernel with layers appended up to `num_layers` (copies of the last layer) and heads up to
+        `num_heads` (weight 0), so nearby shapes share one compiled program (`jaxroll.bucket`); None
+        (the default) for a kernel without such a rule."""
+        del num_layers, num_heads
+        return None
+
+    # Its YAML form (`jaxroll.schema`) and its fields for sweeps.
+
+    @refuses
+    def to_config(self, kernel_file: str | None = None) -> dict[str, Any]:
+        """The kernel's sections of a rollout YAML configuration (`config_keys`), plain Python values;
+        its large arrays (`file_arrays`) are named by `kernel_file`. Refused by default."""
+        del kernel_file
+        raise self.refusal("kernel", "has no YAML form", "to_config")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, num_layers: int, directory=None) -> "AbstractKernel":
+        """The kernel that `config`'s sections (`config_keys`) describe, checked; `directory` resolves
+        a ``file``. Errors name the path in the file (``kernel_config.slopes``)."""
+        del config, num_layers, directory
+        raise ConfigError.of("kernel_config.kernel_type", cls.config_kind, "a kernel type with a YAML form")
+
+    def file_arrays(self) -> dict[str, Any]:
+        """The arrays `to_config`'s ``file`` names, written to the npz beside the configuration (default none)."""
+        return {}
+
+    def replaced(self, **values) -> "AbstractKernel":
+        """The kernel with `values` in place of fields, broadcast and checked as a new kernel (a sweep
+        point). Default: ``type(self).create(num_layers=T, num_heads=H, **fields)`` where the type has a
+        ``create``, else each value broadcast to its field's shape and the kernel `check`ed."""
+        create = getattr(type(self), "create", None)
+        if create is None:
+            kernel = dataclasses.replace(self, **{name: _broadcast(name, value, np.shape(getattr(self, name)))
+                                                  for name, value in values.items()})
+            kernel.check()
+            return kernel
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return create(num_layers=self.num_layers, num_heads=self.num_heads, **{**fields, **values})

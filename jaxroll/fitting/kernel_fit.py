@@ -43,7 +43,7 @@ import optax
 from .._checks import check_positive_int
 from ..engine.alibi import alibi_slopes
 from ..errors import ConfigError
-from ..kernel_types import DenseKernel, PowerKernel, TableKernel
+from ..kernel_types import PowerKernel, TableKernel
 from ..model import RolloutModel, is_model
 from .optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state, _minimise,
                        _stop_reason, _tolerances, _with_extra_args, cosine_adam, default_lbfgs)
@@ -215,7 +215,7 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
     Raises:
         ConfigError: a model without dense kernels, an unknown family, a bad count.
     """
-    if not is_model(model) or not isinstance(model.kernel, DenseKernel):
+    if not is_model(model) or not model.kernel.stores_dense:
         kind = type(getattr(model, "kernel", model)).__name__
         raise ConfigError(f"model: its kernel is {kind}; allowed: a DenseKernel (measured attention)")
     if not model.kernel.causal:

@@ -52,6 +52,7 @@ from ..rollout import influence
 from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
 from .identification import Identifiability, _report
 from .report import BOUND_TOLERANCE
+from .parametrisation import model_array
 from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
 
 __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
@@ -508,7 +509,7 @@ def fit(
 
         values["lambdas"] = power_decay(schedule_parameters["lambda_0"], schedule_parameters["beta"],
                                         model.num_layers)
-    fitted = eqx.tree_at(lambda m: tuple(getattr(m, name_) for name_ in values), model,
+    fitted = eqx.tree_at(lambda m: tuple(model_array(m, name_) for name_ in values), model,
                          tuple(np.asarray(v, dtype=np.float64) for v in values.values()))
     fitted = _as_numpy_model(fitted, n)
     profile = influence(fitted, n, method=method)

@@ -22,7 +22,7 @@ from jaxtyping import Array, Float
 from ..errors import ConfigError
 from ..model import RolloutModel
 
-__all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "BOX"]
+__all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "BOX", "model_array"]
 
 FIELDS = ("lambdas", "diagonal_scores", "alibi_slopes", "head_weights", "temperature")
 """The model fields `fit` can free (``fit=(...)``)."""
@@ -50,6 +50,16 @@ BOX = {
 }
 """The global stage's parameter box, field -> (low, high) in the model's units (log-uniform for slopes and temperature)."""
 
+# A kernel's other fittable fields (`AbstractKernel.fittable_fields`): the map from the unconstrained
+# coordinates by the declared kind, and the box of the global stage in the model's units.
+_DECLARED_BOX = {"real": (-6.0, 6.0), "positive": (1e-3, 1.0), "unit": (0.01, 0.99), "simplex": (-3.0, 3.0)}
+
+
+def model_array(model, name: str):
+    """The array `name` of `model`: ``lambdas``, or a field of its kernel."""
+    return model.lambdas if name == "lambdas" else getattr(model.kernel, name)
+
+
 def _inverse_sigmoid(x):
     x = np.clip(x, _EDGE, 1.0 - _EDGE)
     return np.log(x) - np.log1p(-x)
@@ -69,13 +79,22 @@ class _Parametrisation:
     content: str
     num_layers: int
     num_heads: int
+    declared: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    """``(name, kind, shape)`` of each free field beyond `FIELDS`, as the kernel declares it."""
+
+    def _declared(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {name: (kind, shape) for name, kind, shape in self.declared}
 
     def initial(self, model: RolloutModel) -> dict[str, np.ndarray]:
         """The unconstrained point that represents `model` (as nearly as it can)."""
         raw = {}
         for name in self.names:
-            value = np.asarray(getattr(model, name), dtype=np.float64)
-            if name == "lambdas":
+            value = np.asarray(model_array(model, name), dtype=np.float64)
+            kind = self._declared().get(name, (None,))[0]
+            if kind is not None:
+                raw[name] = {"real": lambda x: x, "positive": _inverse_softplus, "unit": _inverse_sigmoid,
+                             "simplex": lambda x: np.log(np.maximum(x / x.sum(axis=-1, keepdims=True), 1e-12))}[kind](value)
+            elif name == "lambdas":
                 raw[name] = self._initial_schedule(value)
             elif name == "diagonal_scores":
                 raw[name] = value.mean(axis=1, keepdims=True) if self.content == "per_layer" else value
@@ -106,8 +125,12 @@ class _Parametrisation:
         """The model arrays for the unconstrained point `raw`."""
         shape = (self.num_layers, self.num_heads)
         out = {}
+        declared = self._declared()
         for name, u in raw.items():
-            if name == "lambdas":
+            if name in declared:
+                out[name] = {"real": lambda x: x, "positive": jax.nn.softplus, "unit": jax.nn.sigmoid,
+                             "simplex": lambda x: jax.nn.softmax(x, axis=-1)}[declared[name][0]](u)
+            elif name == "lambdas":
                 out[name] = self.lambdas(u)
             elif name == "diagonal_scores":
                 out[name] = jnp.broadcast_to(u, shape)
@@ -135,6 +158,7 @@ class _Parametrisation:
         shapes = {"lambdas": {"free": (T,), "power_decay": (2,), "constant": ()}[self.schedule],
                   "diagonal_scores": (T, 1) if self.content == "per_layer" else (T, H),
                   "alibi_slopes": (T, H), "head_weights": (T, H), "temperature": ()}
+        shapes |= {name: shape for name, (_, shape) in self._declared().items()}
         return {name: shapes[name] for name in self.names}
 
     @property
@@ -194,8 +218,15 @@ class _Parametrisation:
             return x + jnp.log(-jnp.expm1(-x))
 
         out = {}
+        declared = self._declared()
         for name, w in raw.items():
-            if name == "lambdas" and self.schedule == "power_decay":
+            if name in declared:
+                kind = declared[name][0]
+                box = _DECLARED_BOX[kind]
+                out[name] = {"real": lambda: uniform(w, box), "simplex": lambda: uniform(w, box),
+                             "unit": lambda: logit(uniform(w, box)),
+                             "positive": lambda: inverse_softplus(log_uniform(w, box))}[kind]()
+            elif name == "lambdas" and self.schedule == "power_decay":
                 out[name] = jnp.stack([logit(uniform(w[0], BOX["lambda"])),
                                        jnp.sqrt(uniform(w[1], BOX["beta"]))])
             elif name == "lambdas":
@@ -215,16 +246,18 @@ class _Parametrisation:
         return {"lambda_0": float(1.0 / (1.0 + np.exp(-u[0]))), "beta": float(u[1] ** 2)}
 
 
-def _check_names(names) -> tuple[str, ...]:
+def _check_names(names, declared=()) -> tuple[str, ...]:
+    """`names` checked against `FIELDS` and the kernel's `declared` fields, in that fixed order."""
     if isinstance(names, str):
         names = tuple(part.strip() for part in names.split(","))
     names = tuple(names)
     if not names:
         raise ConfigError(f"fit: got an empty list; allowed: one or more of {', '.join(FIELDS)}")
+    known = FIELDS + tuple(name for name in declared if name not in FIELDS)
     for name in names:
-        if name not in FIELDS:
-            raise ConfigError(f"fit: unknown array {name!r}; allowed: any of {', '.join(FIELDS)}")
+        if name not in known:
+            raise ConfigError(f"fit: unknown array {name!r}; allowed: any of {', '.join(known)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"fit: {','.join(names)!r} names an array twice; allowed: each at most once")
     # A fixed order, so that equal requests give equal (cached) problems.
-    return tuple(name for name in FIELDS if name in names)
+    return tuple(name for name in known if name in names)

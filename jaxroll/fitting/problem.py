@@ -17,11 +17,10 @@ from jaxtyping import Array
 from .. import metrics
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..engine.alibi import AlibiKernel
 from ..model import RolloutModel, check_model
 from ..rollout import METHODS, influence
 from .losses import _loss_function
-from .parametrisation import CONTENTS, SCHEDULES, _check_names, _Parametrisation
+from .parametrisation import CONTENTS, FIELDS, SCHEDULES, _check_names, _Parametrisation, model_array
 
 __all__ = ["TARGET_SUM_TOLERANCE", "objective"]
 
@@ -48,7 +47,7 @@ def _profile(raw, fixed: RolloutModel, problem: _Problem):
     """The influence profile of the model at the unconstrained point `raw`."""
     values = problem.parametrisation.values(raw)
     names = tuple(values)
-    model = eqx.tree_at(lambda m: tuple(getattr(m, name) for name in names), fixed,
+    model = eqx.tree_at(lambda m: tuple(model_array(m, name) for name in names), fixed,
                         tuple(values[name] for name in names), is_leaf=lambda x: x is None)
     return influence(model, problem.n, method=problem.method)
 
@@ -96,13 +95,14 @@ def _compare(p, target) -> metrics.Comparison:
 def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
     """Check the arguments; the static problem, the fixed part of the model, the target."""
     check_model(model)
-    names = _check_names(names)
-    alibi = isinstance(model.kernel, AlibiKernel)
-    if not alibi:
-        # Any other kernel (dense measured attention, a table, a power kernel): held fixed, only lambda is fitted.
-        if names != ("lambdas",):
-            raise ConfigError(f"fit: {','.join(names)} on a model with a {type(model.kernel).__name__}; "
-                              "allowed: lambdas (the kernel is held fixed; fit it with jaxroll fit-kernel)")
+    fittable = dict(type(model.kernel).fittable_fields)  # name -> its map (`AbstractKernel.fittable_fields`)
+    names = _check_names(names, tuple(fittable))
+    if set(names) - {"lambdas"} - set(fittable):
+        # A kernel that declares no such field (dense measured attention, a table, a power kernel) is held fixed.
+        allowed = ", ".join(("lambdas", *fittable)) if fittable else \
+            "lambdas (the kernel is held fixed; fit it with jaxroll fit-kernel)"
+        raise ConfigError(f"fit: {','.join(names)} on a model with a {type(model.kernel).__name__}; "
+                          f"allowed: {allowed}")
     n_checked = model.sequence_length if n is None else n
     if isinstance(n_checked, (int, np.integer)) and n_checked >= 1:
         model.kernel.check_length(int(n_checked))
@@ -117,12 +117,14 @@ def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
     n = model.sequence_length if n is None else check_positive_int("n", n)
     target = jnp.asarray(_check_target(target, n))
-    heads = model.num_heads if alibi else 1  # another kernel's model fits lambdas alone
-    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, heads)
+    heads = model.num_heads if fittable else 1  # a kernel without fittable fields: lambdas alone
+    declared = tuple((name, kind, tuple(np.shape(getattr(model.kernel, name)))) for name, kind in fittable.items()
+                     if name in names and name not in FIELDS)
+    parametrisation = _Parametrisation(names, schedule, content, model.num_layers, heads, declared)
     problem = _Problem(parametrisation, _loss_function(loss), n, method, optimizer)
     # The free/fixed split: the free arrays are rebuilt from the
     # unconstrained point at every evaluation, the rest travel as they are.
-    spec = eqx.tree_at(lambda m: tuple(getattr(m, name) for name in names),
+    spec = eqx.tree_at(lambda m: tuple(model_array(m, name) for name in names),
                        jax.tree.map(lambda _: False, model), (True,) * len(names))
     _, fixed = eqx.partition(model, spec)
     return problem, fixed, target

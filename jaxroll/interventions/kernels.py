@@ -20,10 +20,8 @@ import jax.numpy as jnp
 from jax.scipy.special import gammaln
 from jaxtyping import Array, Float
 
-from .._checks import is_concrete, per_layer
-from ..engine.alibi import AlibiKernel, allowed, head_scores
+from ..engine.alibi import allowed
 from ..engine.dense import DenseKernel
-from ..engine.offset import PowerKernel, TableKernel
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter, per_layer_head
@@ -33,10 +31,6 @@ __all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "l
 
 def _replace_kernel(model: RolloutModel, kernel) -> RolloutModel:
     return dataclasses.replace(model, kernel=kernel)
-
-
-def _row_renormalised(kernels):
-    return kernels / jnp.sum(kernels, axis=-1, keepdims=True)
 
 
 class Temperature(AbstractIntervention):
@@ -65,30 +59,7 @@ class Temperature(AbstractIntervention):
         self.tau = checked_parameter("tau", tau, 0.0, low_open=True)
 
     def apply(self, model: RolloutModel) -> RolloutModel:
-        kernel = check_model(model).kernel
-        if isinstance(kernel, DenseKernel):
-            if jnp.ndim(self.tau) == 2 and jnp.shape(self.tau)[1] != 1:
-                raise ConfigError(f"tau: got shape {jnp.shape(self.tau)}; allowed for a measured DenseKernel (one "
-                                  "head-averaged kernel per layer): a number or one per layer")
-            tau = per_layer("tau", jnp.reshape(self.tau, (-1,)) if jnp.ndim(self.tau) == 2 else self.tau, model.num_layers)
-            positive = kernel.kernels > 0
-            logs = jnp.log(jnp.where(positive, kernel.kernels, 1.0))
-            tempered = jnp.where(positive, jnp.exp(logs / tau[:, None, None]), 0.0)
-            return _replace_kernel(model, dataclasses.replace(kernel, kernels=_row_renormalised(tempered)))
-        tau = per_layer_head("tau", self.tau, model)
-        if isinstance(kernel, AlibiKernel):
-            return _replace_kernel(model, dataclasses.replace(
-                kernel, alibi_slopes=kernel.alibi_slopes / tau, diagonal_scores=kernel.diagonal_scores / tau,
-                base_scores=kernel.base_scores / tau))
-        if isinstance(kernel, PowerKernel):
-            return _replace_kernel(model, dataclasses.replace(
-                kernel, slopes=kernel.slopes / tau, diagonal_scores=kernel.diagonal_scores / tau))
-        if isinstance(kernel, TableKernel):
-            return _replace_kernel(model, dataclasses.replace(
-                kernel, offset_scores=kernel.offset_scores / tau[..., None],
-                diagonal_scores=kernel.diagonal_scores / tau))
-        raise ConfigError(f"tau: a {type(kernel).__name__} has no logits to temper; allowed: AlibiKernel, "
-                          "PowerKernel, TableKernel or DenseKernel")
+        return _replace_kernel(model, check_model(model).kernel.temper(self.tau, "tau"))
 
 
 class LengthScaledLogits(AbstractIntervention):
@@ -118,32 +89,16 @@ class LengthScaledLogits(AbstractIntervention):
         n = model.sequence_length
         keep = allowed(n, kernel.mask, kernel.window)
         row_log_length = jnp.log(jnp.sum(keep, axis=1).astype(jnp.result_type(float)))  # ln n_i, (n,)
-        if isinstance(kernel, AlibiKernel):
-            def head_logits(layer):  # (H, n, n) for one layer
-                slopes, diagonal, base = layer
-                return jax.vmap(head_scores, in_axes=(0, 0, 0, None, None))(slopes, diagonal, base,
-                                                                          kernel.temperature, n)
-            arrays = (kernel.alibi_slopes, kernel.diagonal_scores, kernel.base_scores)
-        elif isinstance(kernel, (PowerKernel, TableKernel)):
-            if isinstance(kernel, TableKernel) and is_concrete(kernel.offset_scores):
-                kernel.check_length(n)
-            offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
-
-            def head_logits(scores):  # f_h(i - j) from the (H, n) scores f_h(k)
-                return scores[:, offsets]
-            arrays = jax.vmap(lambda layer: layer.scores(n))(kernel)  # (T, H, n)
-        else:
-            raise ConfigError(f"ssmax_scale: a {type(kernel).__name__} has no logits to scale; allowed: "
-                              "AlibiKernel, PowerKernel or TableKernel")
-        weights = kernel.head_weights / jnp.sum(kernel.head_weights, axis=-1, keepdims=True)
+        stacked, shared = kernel.scan_parts()
 
         def layer_kernel(inputs):  # one layer at a time: O(H n^2) memory, not O(T H n^2)
-            layer, layer_scale, layer_weights = inputs
-            scaled = head_logits(layer) * (layer_scale[:, None, None] * row_log_length[:, None])
+            part, layer_scale = inputs
+            logits, weights = eqx.combine(part, shared).head_logits(n, "ssmax_scale")
+            scaled = logits * (layer_scale[:, None, None] * row_log_length[:, None])
             per_head = jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1)
-            return jnp.einsum("h,hij->ij", layer_weights, per_head)
+            return jnp.einsum("h,hij->ij", weights, per_head)
 
-        kernels = jax.lax.map(layer_kernel, (arrays, scale, weights))
+        kernels = jax.lax.map(layer_kernel, (stacked, scale))
         return _replace_kernel(model, DenseKernel(kernels, kernel.mask == "causal"))
 
 
@@ -162,14 +117,7 @@ class SlopeScale(AbstractIntervention):
         self.scale = checked_parameter("slope_scale", scale, 0.0)
 
     def apply(self, model: RolloutModel) -> RolloutModel:
-        kernel = check_model(model).kernel
-        scale = per_layer_head("slope_scale", self.scale, model)
-        if isinstance(kernel, AlibiKernel):
-            return _replace_kernel(model, dataclasses.replace(kernel, alibi_slopes=kernel.alibi_slopes * scale))
-        if isinstance(kernel, PowerKernel):
-            return _replace_kernel(model, dataclasses.replace(kernel, slopes=kernel.slopes * scale))
-        raise ConfigError(f"slope_scale: a {type(kernel).__name__} has no ALiBi slopes; allowed: an ALiBi model "
-                          "(AlibiKernel) or a PowerKernel")
+        return _replace_kernel(model, check_model(model).kernel.scale_slopes(self.scale, "slope_scale"))
 
 
 def log1p_distance(distance):
@@ -232,35 +180,4 @@ class DistanceBias(AbstractIntervention):
         kernel = check_model(model).kernel
         if kernel.mask != "causal":
             raise ConfigError(f"kappa: a distance bias on a {kernel.mask!r} mask; allowed: causal kernels")
-        if isinstance(kernel, DenseKernel):
-            if jnp.ndim(self.kappa) == 2 and jnp.shape(self.kappa)[1] != 1:
-                raise ConfigError(f"kappa: got shape {jnp.shape(self.kappa)}; allowed for a measured DenseKernel: "
-                                  "a number or one per layer")
-            kappa = per_layer("kappa", jnp.reshape(self.kappa, (-1,)) if jnp.ndim(self.kappa) == 2
-                              else self.kappa, model.num_layers)
-            size = kernel.size
-            distance = jnp.maximum(jnp.arange(size)[:, None] - jnp.arange(size)[None, :], 0)
-            weights = jnp.exp(kappa[:, None, None] * self.bias(distance)[None])
-            biased = _row_renormalised(kernel.kernels * weights)
-            return _replace_kernel(model, dataclasses.replace(kernel, kernels=biased))
-        kappa = per_layer_head("kappa", self.kappa, model)
-        n = model.sequence_length
-        if isinstance(kernel, AlibiKernel):
-            rate = kernel.alibi_slopes / kernel.temperature  # (T, H)
-            offsets = jnp.arange(1, max(n, 2), dtype=jnp.result_type(float))
-            table, diagonal = -rate[..., None] * offsets, kernel.diagonal_scores / kernel.temperature
-            weights = kernel.head_weights
-        elif isinstance(kernel, PowerKernel):
-            scores = jax.vmap(lambda layer: layer.scores(max(n, 2)))(kernel)  # (T, H, n)
-            table, diagonal, weights = scores[..., 1:], scores[..., 0], kernel.head_weights
-        elif isinstance(kernel, TableKernel):
-            table, diagonal, weights = kernel.offset_scores, kernel.diagonal_scores, kernel.head_weights
-        else:
-            raise ConfigError(f"kappa: a {type(kernel).__name__} has no logits to bias; allowed: AlibiKernel, "
-                              "PowerKernel, TableKernel or DenseKernel")
-        offsets = jnp.arange(1, table.shape[-1] + 1)
-        biased = TableKernel(offset_scores=table + kappa[..., None] * self.bias(offsets),
-                             diagonal_scores=diagonal + kappa * self.bias(0), head_weights=weights)
-        if is_concrete(biased.offset_scores):
-            biased.check_length(n)
-        return _replace_kernel(model, biased)
+        return _replace_kernel(model, kernel.add_distance_score(self.kappa, self.bias, model.sequence_length, "kappa"))

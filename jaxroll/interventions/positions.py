@@ -23,42 +23,12 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import check_positive_int, check_range, is_concrete
-from ..engine.alibi import AlibiKernel
-from ..engine.offset import PowerKernel, TableKernel
+from ..engine.offset import table_at_distances
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
-from ._base import AbstractIntervention, checked_parameter, per_layer_head
+from ._base import AbstractIntervention, checked_parameter
 
 __all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "table_at_distances"]
-
-_ROTARY_KERNELS = "a rotary model's measured offset kernel (TableKernel, PowerKernel)"
-
-
-def table_at_distances(offset_scores: Float[Array, "... K"], distances: Float[Array, "... m"]) -> Float[Array, "... m"]:
-    """A score table ``f(k) = offset_scores[k - 1]`` (k = 1..K) read at real distances x >= 0.
-
-    Linear interpolation between the integer distances,
-    ``f(x) = (1 - u) f(floor x) + u f(floor x + 1)`` with ``u = x - floor x``,
-    held at ``f(1)`` below distance 1 and at ``f(K)`` above K (the table says
-    nothing outside ``[1, K]``; distance 0 is a `TableKernel`'s separate
-    diagonal score, never read here). At an integer x in ``[1, K]`` the value
-    is the table's entry exactly. Leading axes broadcast; differentiable in
-    `distances` (piecewise linear: kinks at the integers).
-    """
-    size = offset_scores.shape[-1]
-    position = jnp.clip(distances, 1.0, float(size)) - 1.0  # 0-based, in [0, K - 1]
-    if size == 1:
-        return jnp.broadcast_to(offset_scores, jnp.broadcast_shapes(offset_scores.shape, position.shape))
-    lower = jnp.clip(jnp.floor(position), 0, size - 2)
-    fraction = position - lower
-    shape = jnp.broadcast_shapes(offset_scores.shape[:-1] + (1,), position.shape)
-    table = jnp.broadcast_to(offset_scores, shape[:-1] + (size,))
-    index = jnp.broadcast_to(lower.astype(jnp.int32), shape)
-    below = jnp.take_along_axis(table, index, axis=-1)
-    above = jnp.take_along_axis(table, index + 1, axis=-1)
-    # (1 - u) a + u b, not a + u (b - a): exact at u = 0 and u = 1.
-    return (1.0 - fraction) * below + fraction * above
-
 
 class RotaryRescale(AbstractIntervention):
     """Rotary positions compressed by ``r_{t,h} > 0`` per head: the angle at distance m becomes the angle at m / r.
@@ -105,32 +75,8 @@ class RotaryRescale(AbstractIntervention):
         self.ratio = checked_parameter("rotary_ratio", ratio, 0.0, low_open=True)
 
     def apply(self, model: RolloutModel) -> RolloutModel:
-        kernel = check_model(model).kernel
-        if isinstance(kernel, AlibiKernel):
-            raise ConfigError(f"rotary_ratio: a rotary rescale on an ALiBi model; allowed: {_ROTARY_KERNELS}")
-        if not isinstance(kernel, (PowerKernel, TableKernel)):
-            raise ConfigError(f"rotary_ratio: a {type(kernel).__name__} is not a function of distance; allowed: "
-                              f"{_ROTARY_KERNELS}, e.g. from jaxroll fit-kernel")
-        ratio = per_layer_head("rotary_ratio", self.ratio, model)
-        if isinstance(kernel, PowerKernel):
-            # -m (k / r)^alpha = -(m r^-alpha) k^alpha: the same family, every length.
-            slopes = kernel.slopes * jnp.power(ratio, -kernel.exponents)
-            return dataclasses.replace(model, kernel=dataclasses.replace(kernel, slopes=slopes))
-        _check_table_reach(kernel, ratio, model.sequence_length)
-        distances = jnp.arange(1, kernel.num_offsets + 1, dtype=jnp.result_type(kernel.offset_scores))
-        table = table_at_distances(kernel.offset_scores, distances / ratio[..., None])
-        return dataclasses.replace(model, kernel=dataclasses.replace(kernel, offset_scores=table))
-
-
-def _check_table_reach(kernel: TableKernel, ratio, n: int) -> None:
-    """One line when a stretching ratio reads the table beyond its last offset at length n."""
-    if not is_concrete(ratio) or n < 2:
-        return
-    smallest = float(np.min(np.asarray(ratio)))
-    if (n - 1) / smallest > kernel.num_offsets:
-        raise ConfigError(f"rotary_ratio: ratio {smallest:g} reads distance (n - 1) / r = {(n - 1) / smallest:g} at "
-                          f"length {n}, beyond the table's {kernel.num_offsets} offsets; allowed: ratio >= "
-                          f"{(n - 1) / kernel.num_offsets:g} here")
+        kernel = check_model(model).kernel.read_at_distances(self.ratio, model.sequence_length, "rotary_ratio")
+        return dataclasses.replace(model, kernel=kernel)
 
 
 def ms_poe_ratios(num_heads: int, low: float = 1.2, high: float = 1.8, order=None) -> Float[Array, " heads"]:
@@ -201,10 +147,10 @@ class SinkTokens(AbstractIntervention):
         model = check_model(model)
         n = self.length(model.sequence_length)
         try:
-            model.kernel.check_length(n)
+            kernel = model.kernel.prepend_sinks(self.num_sinks, model.sequence_length)
         except ConfigError as error:
             raise ConfigError(f"sinks: {self.num_sinks} sink tokens make the length {n}; {error}") from None
-        return dataclasses.replace(model, sequence_length=n)
+        return dataclasses.replace(model, kernel=kernel, sequence_length=n)
 
     def split(self, profile: Float[Array, "... length"]) -> tuple[Float[Array, "..."], Float[Array, "... n"]]:
         """``(sink_mass, profile over the n original positions renormalised)`` of a profile at length n + k.

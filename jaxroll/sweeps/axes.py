@@ -6,12 +6,14 @@ Errors are one line naming the axis and the index of the value
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
 from .. import schedules
 from .._checks import as_float_scalar, check_positive_int, check_range, is_concrete
 from ..errors import ConfigError
+from ..kernel_types import kernel_classes
 from ..model import RolloutModel
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
@@ -29,7 +31,8 @@ say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
 ones above, for a `PowerKernel`, ``slopes``,
 ``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
 ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
-``head_weights`` (see `KERNEL_AXES`).
+``head_weights`` (see `KERNEL_AXES`). A registered kernel type adds the
+fields it declares (`AbstractKernel.sweep_fields`).
 
 The `INTERVENTION_AXES` ``tau``, ``kappa`` and ``gamma`` are the parameters of
 `jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
@@ -38,21 +41,34 @@ intervention takes (a number, one per layer, per head, per layer and head), and
 ``slope_scale`` is `SlopeScale`'s factor on the slopes."""
 
 
-KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores", "head_weights", "temperature"),
-               "PowerKernel": ("slopes", "exponents", "slope_scale", "diagonal_scores", "head_weights"),
-               "TableKernel": ("diagonal_scores", "head_weights"),
-               "DenseKernel": ()}
-"""The kernel fields a sweep may vary, by kernel type (besides the lambda axes); a kernel type
-not listed sweeps the lambda axes only."""
+class _KernelAxes(Mapping):
+    """``{type name: its sweep_fields}`` over the registered kernel types, read when asked (a type
+    registered later is in it)."""
+
+    def _table(self) -> dict[str, tuple[str, ...]]:
+        return {kind.__name__: tuple(kind.sweep_fields) for kind in kernel_classes()}
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+
+KERNEL_AXES: Mapping[str, tuple[str, ...]] = _KernelAxes()
+"""The kernel fields a sweep may vary, by kernel type (besides the lambda axes): each type's
+`sweep_fields` (`jaxroll.kernel_types`); a type that declares none sweeps the lambda axes only."""
 
 INTERVENTION_AXES = ("tau", "kappa", "gamma")
 """The axes that are intervention parameters (`jaxroll.interventions`), applied to every point in the
 order `jaxroll.interventions.from_mapping` applies them: ``tau``, then ``kappa``, then ``gamma``
 (``slope_scale``, a factor on the slopes, commutes with ``tau``)."""
-
-SLOPE_FIELDS = ("alibi_slopes", "slopes")
-"""The field a ``slope_scale`` axis multiplies: the first of these the kernel has."""
-
 
 _LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
 
@@ -65,8 +81,9 @@ _SCALAR_AXES = {  # axis -> (lower bound, open at the bound, upper bound or None
 
 
 def _axis_values(name: str, values) -> list:
-    if name not in AXES:
-        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(AXES)}")
+    known = AXES + tuple(sorted({field for fields in KERNEL_AXES.values() for field in fields} - set(AXES)))
+    if name not in known:
+        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(known)}")
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise ConfigError(f"{name}: got {type(values).__name__}; allowed: a non-empty list of values")
     values = list(values)
@@ -131,9 +148,8 @@ def _kernel_fields(kernel) -> dict[str, np.ndarray]:
 
 
 def slope_field(kernel) -> str:
-    """The kernel field a ``slope_scale`` axis multiplies (`SLOPE_FIELDS`)."""
-    names = {field.name for field in dataclasses.fields(kernel)}
-    return next((name for name in SLOPE_FIELDS if name in names), "")
+    """The kernel field a ``slope_scale`` axis multiplies (the kernel's `slope_field`; "" for none)."""
+    return type(kernel).slope_field or ""
 
 
 def _intervention_value(model: RolloutModel, name: str, value) -> np.ndarray:
@@ -162,7 +178,7 @@ def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
             except ConfigError as error:
                 raise _reword(name, k, error) from None
         return np.stack(stacked)
-    allowed = KERNEL_AXES.get(type(kernel).__name__, ())
+    allowed = tuple(type(kernel).sweep_fields)
     if name not in allowed and name not in _LAMBDA_AXES:
         raise ConfigError(f"axis {name!r}: not a field of a {type(kernel).__name__} model; allowed: "
                           + ", ".join(("lambdas", "lambda_0", "beta") + allowed))
@@ -177,9 +193,7 @@ def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
                 checked = RolloutModel.create(kernel=kernel, lambdas=_schedule(model, value),
                                               sequence_length=model.sequence_length)
             else:
-                arguments = {field.name: getattr(kernel, field.name) for field in dataclasses.fields(kernel)}
-                checked = type(kernel).create(num_layers=kernel.num_layers, num_heads=kernel.num_heads,
-                                              **{**arguments, name: value})
+                checked = kernel.replaced(**{name: value})
         except ConfigError as error:
             raise _reword(name, k, error) from None
         stacked.append(np.asarray(getattr(checked, name), np.float64))
