@@ -93,7 +93,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
             "mask_config.window_size: sliding_window needs a window size; allowed: an integer >= 1"
         )
     try:
-        lambdas = _schedule_from_config(config["lambda_schedule_config"], num_layers)
+        lambdas = schedule_from_config(config["lambda_schedule_config"], num_layers)
         return RolloutModel.create(
             num_layers=num_layers,
             num_heads=num_heads,
@@ -159,7 +159,8 @@ def _nested(name: str, value):
     return as_float_array(name, value)
 
 
-def _schedule_from_config(schedule: dict, num_layers: int):
+def schedule_from_config(schedule: dict, num_layers: int):
+    """The ``lambda_t`` of a config's ``lambda_schedule_config`` over `num_layers` layers, checked."""
     field = "lambda_schedule_config"
     if not isinstance(schedule, dict):
         raise ConfigError(f"{field}: got {schedule!r:.60}; allowed: a mapping with schedule_type")
@@ -249,7 +250,7 @@ def _kernel_model_from_config(config, directory):
     _check_keys(section, kernel_config, allowed=_KERNEL_KEYS[kind],
                 required={"file"} if kind == "dense" else {"family", "num_heads"})
     num_layers = check_positive_int("num_layers", config["num_layers"])
-    lambdas = _schedule_from_config(config["lambda_schedule_config"], num_layers)
+    lambdas = schedule_from_config(config["lambda_schedule_config"], num_layers)
     if kind == "dense":
         kernels = _read_kernel_file(kernel_config["file"], "dense", directory)
         kernel = DenseKernel.create(kernels, field=f"{section}.file ({kernel_config['file']})")

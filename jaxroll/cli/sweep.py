@@ -191,11 +191,11 @@ def run(arguments) -> None:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
     from ..sweeps import STATISTICS, sweep
-    from ..sweeps.plan import _plan
+    from ..sweeps.plan import plan_sweep
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.
-    plan = _plan(model, axes, options["lengths"], options["zip"], options["batch_size"], options["mesh"])
+    plan = plan_sweep(model, axes, options["lengths"], options["zip"], options["batch_size"], options["mesh"])
     out = arguments.out
     partial = out / PARTIAL
     main_process = jax.process_index() == 0

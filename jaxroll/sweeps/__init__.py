@@ -55,7 +55,8 @@ from ..model import RolloutModel
 from .axes import AXES, KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
 from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
-from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, _plan, chunk_budget, make_mesh
+from .plan import (DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, chunk_budget, make_mesh,
+                   plan_sweep)
 from .statistics import STATISTICS, _table
 
 __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
@@ -100,7 +101,7 @@ def sweep(
     model: RolloutModel,
     *,
     lengths=None,
-    zip: bool = False,  # noqa: A002  (the issue's name: zip axes instead of a product)
+    zip: bool = False,  # noqa: A002  (zip the axes instead of taking their product)
     batch_size: int | None = None,
     mesh=None,
     progress: bool = True,
@@ -169,7 +170,7 @@ def sweep(
     """
     if not 0 < fraction < 0.5:
         raise ConfigError(f"fraction: got {fraction!r}; allowed: 0 < fraction < 0.5")
-    plan = _plan(model, axes, lengths, bool(zip), batch_size, mesh, stream=stream_to is not None)
+    plan = plan_sweep(model, axes, lengths, bool(zip), batch_size, mesh, stream=stream_to is not None)
     stream = _open_stream(stream_to, plan) if stream_to is not None else None
     directory = _open_checkpoint(checkpoint, plan) if checkpoint is not None else None
     evaluator = _Evaluator(plan, fraction)
