@@ -130,19 +130,19 @@ def test_no_module_is_over_about_600_lines():
 FACE = {"jaxroll", "jaxroll.__main__"}  # the package face re-exports; its own imports are not arrows
 
 # docs/design.md, "Data flows one way", lowest floor first. A folder (or a top-level
-# module) may import from its own floor or any floor below, never from a floor above;
-# two folders on one floor never import each other (the cycle test). The face sits
-# above everything: no module of the package imports it.
+# module) imports from its own floor or the floors below, never from a floor above;
+# on one floor an import goes one way only (the cycle test). The face sits above
+# everything: no module of the package imports it.
 FLOORS = [
-    ("errors", "version", "cache", "progress", "_lazy", "optimisers", "_checks", "_readers", "memory"),
-    ("schedules", "engine"),
-    ("kernel_types", "model"),
-    ("rollout", "presets", "bucket"),
+    ("errors", "version", "cache", "progress", "_lazy", "optimisers", "_checks", "_readers", "memory"),  # helpers
+    ("schedules", "engine"),              # schedules and kernels
+    ("kernel_types", "model"),            # the model type (and the kernels' registry)
+    ("rollout", "presets", "bucket"),     # the rollout, and models built or batched for it
     ("metrics", "theory"),
     ("interventions",),
-    ("fitting", "sweeps", "designs"),
+    ("fitting", "sweeps", "designs"),     # fit and sweep (and design, which fits)
     ("io", "schema", "plot", "published"),
-    ("measure",),
+    ("measure",),                         # the torch side: measure -> task
     ("task",),
     ("cli",),
 ]
@@ -291,8 +291,13 @@ def _named(node: ast.expr) -> set[str]:
 
 
 def type_tests(trees: list[ast.Module]) -> int:
-    """How many ``isinstance(x, T)`` calls name a kernel or an intervention type as T."""
-    types = _subclasses(trees, {"AbstractKernel", "AbstractIntervention"})
+    """How many ``isinstance(x, T)`` calls name a kernel or an intervention type as T.
+
+    The abstract bases themselves do not count: ``isinstance(x, AbstractKernel)``
+    asks whether x is a kernel at all, not which one.
+    """
+    roots = {"AbstractKernel", "AbstractIntervention"}
+    types = _subclasses(trees, roots) - roots
     return sum(1 for tree in trees for node in ast.walk(tree)
                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
                and len(node.args) == 2 and _named(node.args[1]) & types)
@@ -304,7 +309,7 @@ def test_the_type_test_counter_counts_planted_type_tests():
                        "class Temperature(engine.AbstractIntervention): ...\n"),
              ast.parse("isinstance(k, AlibiKernel)\nisinstance(k, (int, kinds.Sinks))\n"
                        "isinstance(i, Temperature | None)\nisinstance(k, int)\nisinstance(k, AbstractKernel)\n")]
-    assert type_tests(trees) == 4
+    assert type_tests(trees) == 3
 
 
 @pytest.mark.xfail(strict=False, reason="until the kernel and intervention declarations land")
