@@ -18,8 +18,9 @@ import numpy as np
 import optax
 from jaxtyping import Array
 
-__all__ = ["PATIENCE", "RUNNING", "GRADIENT", "FLOOR", "STATIONARY", "LIMIT", "NOT_FINITE", "SKIPPED", "CONVERGED",
-           "with_extra_args", "initial_state", "minimise", "checked_tolerances", "describe_stop"]
+# Shared by jaxroll.fitting and jaxroll.designs, not an API of its own: PATIENCE is
+# public as jaxroll.fitting.PATIENCE.
+__all__: list[str] = []
 
 # Steps in a row with a relative change below LOSS_TOLERANCE before a fit is
 # stationary: one quiet step can be a short line-search step; ten in a row
@@ -128,6 +129,7 @@ def checked_tolerances(gradient_tolerance, loss_tolerance, dtype) -> tuple[float
 
 
 def describe_stop(code: int, step: int, gradient_norm: float, change: float, tolerances) -> str:
+    """One line on how a start stopped: its reason `code`, the measured values and the tolerances they met."""
     gradient_tolerance, loss_tolerance, floor = tolerances
     measured = f"gradient norm {gradient_norm:.2g}, relative loss change {change:.2g}"
     return {
