@@ -16,7 +16,7 @@ length, float32, no content (one kernel in every layer) and all content
 (per-layer kernels), against a dense rollout written here in PyTorch
 (float32 and float64; head-mixed kernel built once and reused, or built per
 layer) and against jaxroll's per-layer products (`rollout_row`, the path
-every model took before the shared-kernel path), all in the same run.
+of a model whose layers do not share one kernel), all in the same run.
 
 To time the structured products of commit 9cef2d8 beside today's,
 `git show 9cef2d8:benchmarks/_baseline_structured.py` restores that copy.
@@ -76,7 +76,7 @@ def numpy_dense_rollout(model, n: int) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("n",))
 def per_layer_influence(model, n: int):
-    """The profile by the per-layer O(H N) products only (no shared dense kernel), as before issue 24."""
+    """The profile by the per-layer O(H N) products only (no shared dense kernel)."""
     row = jaxroll.rollout_row(model, jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0))
     return row / jnp.sum(row)
 
