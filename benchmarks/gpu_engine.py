@@ -245,7 +245,7 @@ def vmap_rows(sizes, most_points: int, budget: Budget) -> list[dict]:
     chunk size `jaxroll.sweep` picks for the device (`chunk_budget`), cut to
     what fits, compiled by a first one-chunk call.
     """
-    from jaxroll.sweeps.plan import plan_sweep
+    from jaxroll.sweeps.plan import _plan
 
     rows = []
     for position, n in enumerate(sizes):
@@ -257,7 +257,7 @@ def vmap_rows(sizes, most_points: int, budget: Budget) -> list[dict]:
         started = time.perf_counter()
         model = _model(n)
         values = lambda count, low=0.5: list(np.linspace(low, 2.0, count))  # noqa: E731
-        natural = plan_sweep(model, {"temperature": values(most_points)}, None, False, None, None).batch_size
+        natural = _plan(model, {"temperature": values(most_points)}, None, False, None, None).batch_size
         small = min(natural, 64)
         jaxroll.sweep(model, temperature=values(small), batch_size=small, progress=False)
         start = time.perf_counter()

@@ -55,13 +55,24 @@ from ..model import RolloutModel
 from .axes import AXES, KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
 from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
-from .plan import (DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, chunk_budget, make_mesh,
-                   plan_sweep)
+from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, _plan, chunk_budget, make_mesh
 from .statistics import STATISTICS, _table
 
 __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
-           "DEVICE_FRACTION", "SweepResult", "sweep", "make_mesh", "chunk_budget", "device_coefficients",
+           "DEVICE_FRACTION", "SweepResult", "sweep", "plan_sweep", "make_mesh", "chunk_budget", "device_coefficients",
            "polynomial_coefficients"]
+
+
+def plan_sweep(model: RolloutModel, *, lengths=None, zip: bool = False, batch_size: int | None = None,
+               mesh=None, **axes):
+    """The checked plan of ``sweep(model, **axes, ...)``: every point decided before any compilation.
+
+    The same checks as `sweep` (one-line `ConfigError`), so a caller can refuse
+    bad input before it writes anything. The plan has ``shape`` (the points'
+    grid), ``count`` (S points), ``mesh`` and ``chunk_leaves(indices)``, the
+    model arrays of those points (``lambdas (S, T)`` among them).
+    """
+    return _plan(model, axes, lengths, bool(zip), batch_size, mesh)
 
 
 class SweepResult(NamedTuple):
@@ -170,7 +181,7 @@ def sweep(
     """
     if not 0 < fraction < 0.5:
         raise ConfigError(f"fraction: got {fraction!r}; allowed: 0 < fraction < 0.5")
-    plan = plan_sweep(model, axes, lengths, bool(zip), batch_size, mesh, stream=stream_to is not None)
+    plan = _plan(model, axes, lengths, bool(zip), batch_size, mesh, stream=stream_to is not None)
     stream = _open_stream(stream_to, plan) if stream_to is not None else None
     directory = _open_checkpoint(checkpoint, plan) if checkpoint is not None else None
     evaluator = _Evaluator(plan, fraction)

@@ -162,7 +162,7 @@ class _Plan(NamedTuple):
 
     def total_mixing(self, take: np.ndarray) -> np.ndarray:
         """``sum_t lambda_t`` of the points `take`, float64 ``(len(take),)``, without forming their schedules
-        on a power-decay grid: ``lambda_0 sum_t (t + 1)^-beta``, the sum per beta value computed once (`plan_sweep`)."""
+        on a power-decay grid: ``lambda_0 sum_t (t + 1)^-beta``, the sum per beta value computed once (`_plan`)."""
         if self.harmonic is None:
             return self.chunk_leaves(take)["lambdas"].sum(axis=1)
         return self.columns["lambda_0"][take] * self.harmonic[self.columns["beta_index"][take]]
@@ -224,15 +224,7 @@ def _per_point_bytes(method: str, base: RolloutModel, lengths, n: int) -> int:
     return len(lengths) * base.kernel.row_bytes(n, itemsize) + rows
 
 
-def plan_sweep(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bool = False) -> _Plan:
-    """Check every point of a sweep and plan its evaluation, before anything runs or is written.
-
-    The points are the product of the axes (or their zip, `zipped`):
-    ``prod_a len(axes[a])`` configurations; each varied leaf is checked on the
-    model, the lengths on the kernel, and the batch size is chosen so that
-    ``batch_size * per_point_bytes`` fits the memory budget (an explicit
-    `batch_size` wins). Returns the plan `sweep` evaluates.
-    """
+def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bool = False) -> _Plan:
     check_model(model)
     names = list(axes)
     values = {name: _axis_values(name, axes[name]) for name in names}
