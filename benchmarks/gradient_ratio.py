@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                 if settled == "influence":
                     profile = lambda m: jaxroll.influence(m, n)  # noqa: E731
                 else:
-                    profile = lambda m, s=settled: jaxroll.rollout._influence_with_mass(  # noqa: E731
+                    profile = lambda m, s=settled: jaxroll.rollout.influence_on_path(  # noqa: E731
                         m, n, _with_settled(plan(m, n), s))[0]
                 functions[label, "forward"] = compiled(profile, model)
                 functions[label, "grad"] = compiled(

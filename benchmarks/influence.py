@@ -16,11 +16,10 @@ length, float32, no content (one kernel in every layer) and all content
 (per-layer kernels), against a dense rollout written here in PyTorch
 (float32 and float64; head-mixed kernel built once and reused, or built per
 layer) and against jaxroll's per-layer products (`rollout_row`, the path
-every model took before the shared-kernel path), all in the same run.
+of a model whose layers do not share one kernel), all in the same run.
 
-The structured products before issue 13 used to be timed here from a copy
-(benchmarks/_baseline_structured.py, added in commit 9cef2d8); the copy is
-gone, `git show 9cef2d8:benchmarks/_baseline_structured.py` restores it.
+To time the structured products of commit 9cef2d8 beside today's,
+`git show 9cef2d8:benchmarks/_baseline_structured.py` restores that copy.
 
 Never run in CI. JAX picks the device (a GPU if there is one).
 
@@ -77,7 +76,7 @@ def numpy_dense_rollout(model, n: int) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("n",))
 def per_layer_influence(model, n: int):
-    """The profile by the per-layer O(H N) products only (no shared dense kernel), as before issue 24."""
+    """The profile by the per-layer O(H N) products only (no shared dense kernel)."""
     row = jaxroll.rollout_row(model, jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0))
     return row / jnp.sum(row)
 
@@ -183,16 +182,48 @@ def _compiled(function, *args):
     return jax.jit(function).lower(*args).compile()
 
 
+def _autodiff_product():
+    """The causal product with an autodiff VJP: its backward re-runs the branch under `jax.vjp`.
+
+    The same forward as `structured_adjoint._causal_product` (the stationary
+    split where it is exact, else head chunks); only the reverse mode
+    differs, so the hand-written adjoint is timed against the VJP it replaced.
+    """
+    from jaxroll.engine import structured_adjoint, structured_products
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+    def product(v, a, c, weights, prefix, head_chunk, block, settled=False):
+        return structured_adjoint._causal_product(v, a, c, weights, prefix, head_chunk, block, settled)
+
+    def backward(prefix, head_chunk, block, settled, inputs, cotangent):
+        v, a, c, weights = inputs
+        n = v.shape[-1]
+
+        def pull(function):
+            return lambda: jax.vjp(function, *inputs)[1](cotangent)
+
+        split = pull(lambda *x: structured_products._causal_mixture(*x, min(prefix, n), block))
+        if n <= prefix or settled:
+            return split()
+        exact = pull(lambda *x: structured_products._chunked_product(*x, "causal", None, head_chunk, block))
+        return jax.lax.cond(structured_adjoint._settled(a, weights, prefix), split, exact)
+
+    product.defvjp(structured_adjoint._causal_product_forward, backward)
+    return product
+
+
 def gradient_cases(lengths, presets, repeats: int = 3):
     """grad of W1 / forward, with the hand-written adjoint and with the autodiff VJP before it, interleaved.
 
-    The autodiff VJP (`structured_adjoint._causal_product_autodiff`, re-running the
+    The autodiff VJP (`_autodiff_product`, re-running the
     forward under `jax.vjp`) is put in place of `structured._causal_product`
     while its gradient is traced (the library has no switch for it); both
     gradients are compiled ahead of time, so they are timed round by round
     in one run.
     """
-    from jaxroll.engine import structured, structured_adjoint
+    from jaxroll.engine import structured
+
+    autodiff = _autodiff_product()
 
     rows = []
     for name in presets:
@@ -205,7 +236,7 @@ def gradient_cases(lengths, presets, repeats: int = 3):
 
             functions = {"forward": _compiled(lambda m: jaxroll.influence(m, n, method="structured"), model)}
             adjoint = structured._causal_product
-            for label, product in (("grad W1, autodiff VJP (before)", structured_adjoint._causal_product_autodiff),
+            for label, product in (("grad W1, autodiff VJP (before)", autodiff),
                                    ("grad W1, hand-written adjoint", adjoint)):
                 structured._causal_product = product
                 jax.clear_caches()

@@ -29,9 +29,9 @@ Three tables, each printed and written as CSV into --out:
    medians; target ratio <= 1.5. The peak resident memory growth of one
    sequence at N = 4096, default statistics against the bare pass, each in a
    fresh subprocess (BLOOM: eager, its only path; Llama: sdpa); target
-   <= 1.5. (The overhead table against the loop of commit 0d814fc, kept as
-   ``benchmarks/_baseline_measure.py`` until wave 4, is in docs/cluster.md;
-   ``git show fc8427a:benchmarks/_baseline_measure.py`` restores it.)
+   <= 1.5. (The overhead table against the loop of commit 0d814fc is in
+   docs/cluster.md;
+   ``git show fc8427a:benchmarks/_baseline_measure.py`` restores that loop.)
 5. ``measure_parallel.csv``: one process (``python -m jaxroll measure``)
    against two (``torchrun --nproc-per-node 2 -m jaxroll measure``, gloo on
    the CPU), each with one thread, on a tiny saved BLOOM: seconds per

@@ -12,7 +12,7 @@ Imports are lazy (PEP 562): ``import jaxroll`` loads neither JAX nor any
 submodule; each public name loads its module on first use, so a rollout
 never pays for optax (the fits), matplotlib (the figures), pandas (sweep
 tables) or torch (measurements), and ``jaxroll --help`` answers before JAX
-loads. ``__all__`` and ``dir(jaxroll)`` list every public name as before.
+loads. ``__all__`` and ``dir(jaxroll)`` list every public name, loaded or not.
 """
 
 from __future__ import annotations

@@ -120,13 +120,13 @@ def influence_with_mass(model, n: int | None = None, method: str = "auto"):
         import jax
 
         from .engine.plan import plan
-        from .rollout import _influence_with_mass
+        from .rollout import influence_on_path
 
         path = plan(model, n, method)
         leaves, structure = jax.tree_util.tree_flatten(model)
 
         def flat(*leaves):
-            return _influence_with_mass(jax.tree_util.tree_unflatten(structure, leaves), n, path)
+            return influence_on_path(jax.tree_util.tree_unflatten(structure, leaves), n, path)
 
         return cache.compiled("influence_with_mass", flat, leaves, static=(structure, n, path))(*leaves)
     return unpadded(model, n, method)

@@ -219,9 +219,9 @@ def save_config(model: RolloutModel, path, *, overwrite: bool = False,
     """
     path = Path(path)
     if schedule is not None:
-        from .schema import _schedule_from_config
+        from .schema import schedule_from_config
 
-        if not np.array_equal(np.asarray(_schedule_from_config(schedule, model.num_layers)), model.lambdas):
+        if not np.array_equal(np.asarray(schedule_from_config(schedule, model.num_layers)), model.lambdas):
             raise ConfigError(f"schedule: {schedule!r:.80} does not give the model's lambdas; allowed: "
                               "a schedule that reproduces them exactly")
     arrays = kernel_arrays(model)

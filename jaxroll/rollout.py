@@ -29,7 +29,7 @@ from .errors import ConfigError
 from .model import RolloutModel
 
 __all__ = ["METHODS", "attention_kernel", "transition", "influence",
-           "influence_with_mass", "rollout_matrix", "rollout_row"]
+           "influence_with_mass", "influence_on_path", "rollout_matrix", "rollout_row"]
 
 
 def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
@@ -86,7 +86,14 @@ def _rollout_row(model: RolloutModel, row, path: Path):
 
 
 @functools.partial(jax.jit, static_argnames=("n", "path"))
-def _influence_with_mass(model: RolloutModel, n: int, path: Path):
+def influence_on_path(model: RolloutModel, n: int, path: Path):
+    """``(p, mass)`` of :func:`influence_with_mass` along a path already planned.
+
+    ``mass = sum_j (e_{n-1}^T R_T ... R_1)_j`` and ``p`` that row over
+    ``mass``; `path` is ``engine.plan.plan(model, n, method)``, so a caller
+    that plans once (a bucket of configurations, a benchmark of one rung)
+    skips the planner.
+    """
     last = jnp.zeros(n, dtype=jnp.result_type(float)).at[n - 1].set(1.0)
     row = _rollout_row(model, last, path)
     mass = jnp.sum(row)
@@ -106,7 +113,7 @@ def influence_with_mass(
     # XLA aborts the process on a failed allocation: refuse first, in one line.
     memory.check_fits(memory.model_influence_bytes(model, n, method, jnp.dtype(jnp.result_type(float)).itemsize),
                       f"influence: n = {n}", allowed="a shorter n")
-    return _influence_with_mass(model, n, plan(model, n, method))
+    return influence_on_path(model, n, plan(model, n, method))
 
 
 def influence(model: RolloutModel, n: int | None = None, method: str = "auto") -> Float[Array, " n"]:

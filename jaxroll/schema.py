@@ -64,7 +64,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
                                      num_layers=num_layers, directory=directory)
     if kernel.num_layers != num_layers:
         raise ConfigError.of("num_layers", num_layers, f"the kernel's number of layers ({kernel.num_layers})")
-    lambdas = _schedule_from_config(config["lambda_schedule_config"], num_layers)
+    lambdas = schedule_from_config(config["lambda_schedule_config"], num_layers)
     try:
         return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
     except ConfigError as error:
@@ -113,7 +113,8 @@ def kernel_arrays(model) -> dict[str, np.ndarray]:
     return dict(kernel.file_arrays()) if kernel is not None else {}
 
 
-def _schedule_from_config(schedule: dict, num_layers: int):
+def schedule_from_config(schedule: dict, num_layers: int):
+    """The lambdas of a ``lambda_schedule_config`` mapping (constant, power_decay or explicit) for `num_layers` layers."""
     field = "lambda_schedule_config"
     if not isinstance(schedule, dict):
         raise ConfigError(f"{field}: got {schedule!r:.60}; allowed: a mapping with schedule_type")

@@ -100,10 +100,10 @@ def test_summary_calls_no_parameter_both_determined_and_not():
     is not, so neither a nor b is. The combination lines say "combination", each
     labelled by rho / s_k against the threshold (computed here with NumPy), and
     the warning explains that a determined combination fixes only itself."""
-    from jaxroll.fitting.identification import _identifiability
+    from jaxroll.fitting.identification import identifiability_from_jacobian
 
     jacobian = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-12], [0.0, 0.0]])
-    report = _identifiability(jacobian, ["a", "b"], residual=1e-3, scale=1.0)
+    report = identifiability_from_jacobian(jacobian, ["a", "b"], residual=1e-3, scale=1.0)
     singular = np.linalg.svd(jacobian, compute_uv=False)
     lines = report.summary()
     combinations = [line for line in lines if line.strip().startswith("combination")]
@@ -118,9 +118,9 @@ def test_summary_calls_no_parameter_both_determined_and_not():
 
 
 def test_summary_of_a_well_determined_fit_has_no_warning():
-    from jaxroll.fitting.identification import _identifiability
+    from jaxroll.fitting.identification import identifiability_from_jacobian
 
-    report = _identifiability(np.array([[1.0, 0.0], [0.0, 2.0]]), ["a", "b"], residual=1e-3, scale=1.0)
+    report = identifiability_from_jacobian(np.array([[1.0, 0.0], [0.0, 2.0]]), ["a", "b"], residual=1e-3, scale=1.0)
     lines = report.summary()
     assert not any(line.startswith("warning:") for line in lines)
     assert any("determined parameters (to +-0.1): a +-0.001, b +-0.0005" in line for line in lines)

@@ -622,10 +622,10 @@ def test_identifiability_with_fewer_positions_than_parameters_reports_the_null_d
     """J is 2 x 3: one direction of parameter space cannot move the profile at
     all, so its singular value is 0 and every parameter loading on it is
     undetermined; the report still has one entry per parameter."""
-    from jaxroll.fitting.identification import _identifiability
+    from jaxroll.fitting.identification import identifiability_from_jacobian
 
     jacobian = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 2.0]])
-    report = _identifiability(jacobian, ["a", "b", "c"], residual=1e-3, scale=1.0)
+    report = identifiability_from_jacobian(jacobian, ["a", "b", "c"], residual=1e-3, scale=1.0)
     np.testing.assert_allclose(report.singular_values, [np.sqrt(8.0), 1.0, 0.0], atol=1e-15)
     null = report.directions[2]
     np.testing.assert_allclose(np.abs(null), [0.0, np.sqrt(0.5), np.sqrt(0.5)], atol=1e-15)

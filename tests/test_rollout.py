@@ -261,7 +261,7 @@ def test_one_branch_for_the_whole_rollout_takes_each_layers_product(slopes, rung
         assert abs(profile.sum() - 1.0) < 1e-12
     # The stationary split would be wrong here by far more than the tolerance.
     if not settled:
-        split = jaxroll.rollout._influence_with_mass(model, n, Path(settled=True))[0]
+        split = jaxroll.rollout.influence_on_path(model, n, Path(settled=True))[0]
         assert np.abs(np.asarray(split) - expected).max() > 1e-9
 
     got, want = _traced_gradient(model, n), _row_gradient(model, n)

@@ -59,7 +59,8 @@ def _run_kinetic(arguments) -> None:
         jax.config.update("jax_enable_x64", True)
     import numpy as np
 
-    from .. import influence, io, metrics, plot
+    from .. import io, metrics, plot
+    from ..rollout import influence
     from ..theory import bridge, kinetic
     from ..theory.two_theories import to_distribution
 

@@ -15,13 +15,13 @@ import optax
 from .. import memory, metrics
 from .._checks import check_positive_int
 from ..errors import ConfigError
-from ..fitting.design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _DESIGN_FLOATS, halton
-from ..fitting.identification import IDENTIFIABILITY_MAX_PARAMETERS, _identifiability
-from ..fitting.losses import _loss_function
-from ..fitting.optimise import (_CONVERGED, _SKIPPED, GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LBFGS_RESTARTS,
-                                LOSS_TOLERANCE, _initial_state, _minimise, _stop_reason, _tolerances,
-                                _with_extra_args, default_lbfgs, default_optimizer)
-from ..fitting.problem import _check_non_negative_int, _check_target
+from ..fitting.design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, DESIGN_FLOATS, halton
+from ..fitting.identification import IDENTIFIABILITY_MAX_PARAMETERS, identifiability_from_jacobian
+from ..fitting.losses import resolve_loss
+from ..fitting.loop import (CONVERGED, SKIPPED, checked_tolerances, describe_stop, initial_state, minimise,
+                            with_extra_args)
+from ..fitting.optimise import GRADIENT_TOLERANCE, LOSS_TOLERANCE, choose_optimizer
+from ..fitting.problem import check_non_negative_int, check_target
 from ..progress import Progress
 from ..interventions import apply_all, describe
 from ..model import RolloutModel, check_model, layer_kernels
@@ -57,17 +57,17 @@ _BISECTIONS = 48  # 2^-48 of the step from the start to the design: below float6
 @functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
 def _run_starts(raw, multipliers, penalty, data, tolerances, *, problem: _Problem, max_steps: int):
     """Every start (leading axis of `raw`, with its own multipliers ``(S, T)`` and penalty ``(S,)``)
-    through the fitting package's compiled loop (`jaxroll.fitting.optimise._minimise`), one after the
+    through the fitting package's compiled loop (`jaxroll.fitting.loop.minimise`), one after the
     other under `lax.scan`; a start after one that reached the loss floor is skipped."""
     dtype = jnp.result_type(float)
 
     def one_start(best_so_far, inputs):
         start, start_multipliers, start_penalty = inputs
         local = data | {"multipliers": start_multipliers, "penalty": start_penalty}
-        state = _initial_state(start, problem.optimizer, dtype, max_steps)
+        state = initial_state(start, problem.optimizer, dtype, max_steps)
         skip = best_so_far <= tolerances[2]
-        state = state | dict(reason=jnp.where(skip, _SKIPPED, state["reason"]).astype(jnp.int32))
-        state = _minimise(lambda u: objective(u, local, problem), problem.optimizer, state, tolerances,
+        state = state | dict(reason=jnp.where(skip, SKIPPED, state["reason"]).astype(jnp.int32))
+        state = minimise(lambda u: objective(u, local, problem), problem.optimizer, state, tolerances,
                           max_steps + 1, max_steps)
         return jnp.minimum(best_so_far, state["best_loss"]), state
 
@@ -104,7 +104,7 @@ def _starting_points(problem: _Problem, data, restarts: int, search: int, key):
     if search == 0:
         return candidates, points
     model = data["model"]
-    batch_size = max(1, min(points + 1, _DESIGN_FLOATS // (model.num_layers * model.num_heads * problem.n)))
+    batch_size = max(1, min(points + 1, DESIGN_FLOATS // (model.num_layers * model.num_heads * problem.n)))
     scores = np.asarray(_scores(candidates, data, problem=problem, batch_size=batch_size))
     # A stable sort keeps the identity first among equals; a non-finite score is never chosen.
     order = np.argsort(np.where(np.isfinite(scores), scores, np.inf), kind="stable")[:restarts]
@@ -147,7 +147,8 @@ def _identifiability_report(point: dict, data, problem: _Problem, profile, targe
         return None
     jacobian = _profile_jacobian(parameters.flatten(point), data, problem=problem)
     residual = float(np.linalg.norm(np.asarray(profile, np.float64) - target))
-    return _identifiability(np.asarray(jacobian), parameters.labels(), residual, float(np.linalg.norm(target)))
+    return identifiability_from_jacobian(np.asarray(jacobian), parameters.labels(), residual,
+                                         float(np.linalg.norm(target)))
 
 
 @functools.partial(jax.jit, static_argnames=("n", "factorised"))
@@ -197,8 +198,8 @@ def _setup(model, free, target, goal, loss, kl_budget, bounds, kappa_form, kappa
         if target != "flat":
             raise ConfigError(f"target: got {target!r:.60}; allowed: 'flat' or a profile (n,)")
         target = np.full(n, 1.0 / n)
-    target = None if target is None else _check_target(target, n)
-    loss_function = _loss_function(loss) if goal is None else None
+    target = None if target is None else check_target(target, n)
+    loss_function = resolve_loss(loss) if goal is None else None
     if not isinstance(kappa_form, str):
         raise ConfigError(f"kappa_form: got {kappa_form!r:.60}; allowed: log1p or unsquash")
     parameters = _Parameters(tuple(_Free(name, shape, *boxes[name]) for name, shape in free.items()),
@@ -312,105 +313,141 @@ def design(
         >>> result.at_bounds  # doctest: +SKIP
     """
     steps = check_positive_int("steps", steps)
-    _tolerances(gradient_tolerance, loss_tolerance, float)
+    checked_tolerances(gradient_tolerance, loss_tolerance, float)
     parameters, n, target, loss_function, kl_budget, budgeted = _setup(
         model, free, target, goal, loss, kl_budget, bounds, kappa_form, kappa_k, fraction, n, method)
-    name = "custom"
-    if optimizer is None:
-        name = "lbfgs" if parameters.size <= LBFGS_MAX_PARAMETERS else "adam"
-        optimizer = default_lbfgs() if name == "lbfgs" else default_optimizer(steps)
-    restarts = check_positive_int("restarts", LBFGS_RESTARTS if restarts is None and name == "lbfgs"
-                                  else 1 if restarts is None else restarts)
-    search = _check_non_negative_int("search", (GLOBAL_POINTS if parameters.size <= GLOBAL_DIMENSIONS else 0)
+    name, optimizer, restarts = choose_optimizer(parameters.size, optimizer, steps, restarts)
+    search = check_non_negative_int("search", (GLOBAL_POINTS if parameters.size <= GLOBAL_DIMENSIONS else 0)
                                      if search is None else search)
     dtype = jnp.result_type(float)
     jax_model = jax.tree.map(lambda x: jnp.asarray(x, dtype) if isinstance(x, np.ndarray) else x, model)
     factorised = budgeted and offset_scores(jax_model, n) is not None
     problem = _Problem(parameters, goal, loss_function, n, method, float(fraction), budgeted, factorised,
-                       _with_extra_args(optimizer))
+                       with_extra_args(optimizer))
     data = {"model": jax_model, "target": None if target is None else jnp.asarray(target, dtype),
             "log_reference": _reference(jax_model, n, factorised) if budgeted else None,
             "budget": jnp.asarray(1.0 if kl_budget is None else kl_budget, dtype),
             "multipliers": jnp.zeros(model.num_layers, dtype), "penalty": jnp.asarray(PENALTY, dtype)}
-    tolerances = _tolerances(gradient_tolerance, loss_tolerance, dtype)
-    traced_tolerances = tuple(jnp.asarray(x, dtype) for x in tolerances)
+    tolerances = checked_tolerances(gradient_tolerance, loss_tolerance, dtype)
 
     starts, search_points = _starting_points(problem, data, restarts, search, key)
     start = {name_: jnp.asarray(u, dtype) for name_, u in parameters.initial().items()}
     initial_value = float(_evaluate(start, data, problem=problem)[2])
+    states, run = _augmented_lagrangian(starts, data, problem, tolerances, steps, kl_budget, loss_tolerance, progress)
+    points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(run.count)]
+    warnings = []
+    if budgeted:
+        winner, point, stop_reason, warnings = _budgeted_winner(start, points, data, problem, kl_budget, run)
+    else:
+        winner = int(jnp.argmin(states["best_loss"]))
+        point, stop_reason = points[winner], run.reasons[winner]
+    feasible = bool(run.feasible[winner])
+    return _result(model, point, data, problem, target, kl_budget, initial_value, stop_reason,
+                   int(run.codes[winner]) in CONVERGED and feasible, int(run.steps_taken[winner]), steps, name,
+                   search_points, run.outer, warnings,
+                   _objective_words(goal, loss, target_name, kl_budget))
+
+
+class _Run:
+    """Per-start records of the outer loop (one entry per start)."""
+
+    def __init__(self, count: int, num_layers: int, budgeted: bool):
+        self.count, self.outer = count, 0
+        self.multipliers, self.penalty = np.zeros((count, num_layers)), np.full(count, PENALTY)
+        self.previous_goal, self.previous_violation = np.full(count, np.inf), np.full(count, np.inf)
+        self.done, self.feasible = np.zeros(count, bool), np.full(count, not budgeted)
+        self.steps_taken, self.reasons = np.zeros(count, np.int64), [""] * count
+        self.codes = np.zeros(count, np.int64)
+
+
+def _augmented_lagrangian(starts, data, problem: _Problem, tolerances, steps: int, kl_budget, loss_tolerance,
+                          progress):
+    """Run every start's local stages until each is feasible and settled, or `OUTER_ITERATIONS`.
+
+    Without a budget one local stage. With one, after each stage the
+    multipliers rise by ``rho g_t`` (``g_t = K_t / b - 1``) and ``rho`` grows by
+    `PENALTY_GROWTH` (up to `MAX_PENALTY`) where the violation fell by less
+    than a factor 4. Returns the last stage's states and the `_Run` records.
+    """
+    dtype = jnp.result_type(float)
+    traced_tolerances = tuple(jnp.asarray(x, dtype) for x in tolerances)
     count = next(iter(starts.values())).shape[0]
-    multipliers, penalty = np.zeros((count, model.num_layers)), np.full(count, PENALTY)
-    previous_goal, previous_violation = np.full(count, np.inf), np.full(count, np.inf)
-    done, feasible = np.zeros(count, bool), np.full(count, not budgeted)
-    steps_taken, reasons, outer = np.zeros(count, np.int64), [""] * count, 0
-    codes = np.zeros(count, np.int64)
+    run = _Run(count, data["multipliers"].shape[0], problem.budgeted)
     # Each start runs its own augmented-Lagrangian loop: the goal under a budget is not convex (on MPT-7B a
     # sharper softmax with gamma ~ 1 and a stronger branch with tau at the budget are two basins), so the
     # starts are compared only once each is feasible.
-    bar = Progress(OUTER_ITERATIONS if budgeted else 1, label="jaxroll design", unit="outer iterations",
+    bar = Progress(OUTER_ITERATIONS if problem.budgeted else 1, label="jaxroll design", unit="outer iterations",
                    rate_unit="iteration", delay=2.0) if progress else None
     while True:
-        outer += 1
-        states = _run_starts(starts, jnp.asarray(multipliers, dtype), jnp.asarray(penalty, dtype), data,
+        run.outer += 1
+        states = _run_starts(starts, jnp.asarray(run.multipliers, dtype), jnp.asarray(run.penalty, dtype), data,
                              traced_tolerances, problem=problem, max_steps=steps)
-        for r in range(count):
-            if done[r]:
-                continue
-            taken, codes[r] = int(states["step"][r]), int(states["reason"][r])
-            steps_taken[r] += taken
-            reasons[r] = _stop_reason(int(codes[r]), taken, float(states["gradient_norm"][r]),
-                                      float(states["change"][r]), tolerances)
-        if not budgeted:
+        _record_stops(run, states, tolerances)
+        if not problem.budgeted:
             break
-        for r in range(count):
-            if done[r]:
-                continue
-            point_r = {name_: u[r] for name_, u in states["best_raw"].items()}
-            _, kl, value = (np.asarray(x, np.float64) for x in _evaluate(point_r, data, problem=problem))
-            excess = kl / kl_budget - 1.0
-            violation = max(0.0, float(np.max(excess)))
-            settled = abs(float(value) - previous_goal[r]) <= loss_tolerance * max(abs(float(value)), 1e-300)
-            feasible[r] = violation <= FEASIBILITY
-            done[r] = feasible[r] and settled
-            multipliers[r] = np.maximum(0.0, multipliers[r] + penalty[r] * excess)
-            if violation > 0.25 * previous_violation[r]:
-                penalty[r] = min(penalty[r] * PENALTY_GROWTH, MAX_PENALTY)
-            previous_goal[r], previous_violation[r] = float(value), violation
+        _update_multipliers(run, states, data, problem, kl_budget, loss_tolerance)
         if bar is not None:
-            bar.set_postfix(feasible=f"{int(feasible.sum())}/{count}", settled=f"{int(done.sum())}/{count}")
+            bar.set_postfix(feasible=f"{int(run.feasible.sum())}/{count}", settled=f"{int(run.done.sum())}/{count}")
             bar.update(1)
-        if done.all() or outer >= OUTER_ITERATIONS:
+        if run.done.all() or run.outer >= OUTER_ITERATIONS:
             break
         starts = states["best_raw"]  # each start warm-starts from its own last design
-
     if bar is not None:
-        bar.close(complete=True, stop="converged" if (done.all() or not budgeted) else "outer limit")
-    points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(count)]
+        bar.close(complete=True, stop="converged" if (run.done.all() or not problem.budgeted) else "outer limit")
+    return states, run
+
+
+def _record_stops(run: _Run, states, tolerances) -> None:
+    """Add each running start's steps to its count and keep how its last stage stopped."""
+    for r in range(run.count):
+        if run.done[r]:
+            continue
+        taken, run.codes[r] = int(states["step"][r]), int(states["reason"][r])
+        run.steps_taken[r] += taken
+        run.reasons[r] = describe_stop(int(run.codes[r]), taken, float(states["gradient_norm"][r]),
+                                       float(states["change"][r]), tolerances)
+
+
+def _update_multipliers(run: _Run, states, data, problem: _Problem, kl_budget, loss_tolerance) -> None:
+    """One outer step of each running start: ``mu_t <- max(0, mu_t + rho g_t)``, ``g_t = K_t / b - 1``.
+
+    A start is feasible when ``max_t g_t <= FEASIBILITY`` and done when it is
+    feasible and its goal moved by at most `loss_tolerance` (relative); ``rho``
+    grows by `PENALTY_GROWTH` (to `MAX_PENALTY`) when the violation fell by
+    less than a factor 4.
+    """
+    for r in range(run.count):
+        if run.done[r]:
+            continue
+        point_r = {name_: u[r] for name_, u in states["best_raw"].items()}
+        _, kl, value = (np.asarray(x, np.float64) for x in _evaluate(point_r, data, problem=problem))
+        excess = kl / kl_budget - 1.0
+        violation = max(0.0, float(np.max(excess)))
+        settled = abs(float(value) - run.previous_goal[r]) <= loss_tolerance * max(abs(float(value)), 1e-300)
+        run.feasible[r] = violation <= FEASIBILITY
+        run.done[r] = run.feasible[r] and settled
+        run.multipliers[r] = np.maximum(0.0, run.multipliers[r] + run.penalty[r] * excess)
+        if violation > 0.25 * run.previous_violation[r]:
+            run.penalty[r] = min(run.penalty[r] * PENALTY_GROWTH, MAX_PENALTY)
+        run.previous_goal[r], run.previous_violation[r] = float(value), violation
+
+
+def _budgeted_winner(start, points, data, problem: _Problem, kl_budget, run: _Run):
+    """(winner, its point moved back within the budget, stop reason, warnings): the best goal among the starts."""
     warnings = []
-    if budgeted:
-        restored = [_restore_budget(start, point_r, data, problem, kl_budget) for point_r in points]
-        values = [float(_evaluate(point_r, data, problem=problem)[2]) if kept is not None else math.inf
-                  for point_r, kept in restored]
-        winner = int(np.argmin(values))
-        point, kept = restored[winner]
-        if kept is None:
-            warnings.append(f"warning: the budget KL <= {kl_budget:g} is not met even at the start of the "
-                            "boxes; widen --bounds to hold the identity")
-        stop_reason = reasons[winner]
-        if not feasible[winner]:
-            stop_reason = (f"not converged: {OUTER_ITERATIONS} outer iterations left the budget exceeded "
-                           "(the design was moved back within it)")
-    else:
-        winner = int(jnp.argmin(states["best_loss"]))
-        point, stop_reason = points[winner], reasons[winner]
-    code = int(codes[winner])
-    steps_taken = int(steps_taken[winner])
-    outer_iterations = outer
-    feasible = bool(feasible[winner])
-    return _result(model, point, data, problem, target, kl_budget, initial_value, stop_reason,
-                   code in _CONVERGED and feasible, steps_taken, steps, name, search_points, outer_iterations,
-                   warnings,
-                   _objective_words(goal, loss, target_name, kl_budget))
+    restored = [_restore_budget(start, point_r, data, problem, kl_budget) for point_r in points]
+    values = [float(_evaluate(point_r, data, problem=problem)[2]) if kept is not None else math.inf
+              for point_r, kept in restored]
+    winner = int(np.argmin(values))
+    point, kept = restored[winner]
+    if kept is None:
+        warnings.append(f"warning: the budget KL <= {kl_budget:g} is not met even at the start of the "
+                        "boxes; widen --bounds to hold the identity")
+    stop_reason = run.reasons[winner]
+    if not run.feasible[winner]:
+        stop_reason = (f"not converged: {OUTER_ITERATIONS} outer iterations left the budget exceeded "
+                       "(the design was moved back within it)")
+    return winner, point, stop_reason, warnings
 
 
 def _result(model, point, data, problem: _Problem, target, kl_budget, initial_value, stop_reason, converged,

@@ -1,4 +1,4 @@
-"""The causal structured product with its hand-written adjoint (custom VJP, issue 24).
+"""The causal structured product with its hand-written adjoint (a custom VJP).
 
 `_causal_product` is ``v^T A`` under the causal mask: the stationary split
 (`_causal_mixture`) where it is exact to rounding, else head chunks. Its
@@ -73,32 +73,6 @@ def _causal_product_backward(prefix, head_chunk, block, settled, inputs, cotange
 
 
 _causal_product.defvjp(_causal_product_forward, _causal_product_backward)
-
-
-# The VJP before issue 24 (re-run the branch under autodiff), kept so that
-# benchmarks/influence.py can time both in one run (put in place of `_causal_product` there).
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _causal_product_autodiff(v, a, c, weights, prefix, head_chunk, block, settled=False):
-    return _causal_product(v, a, c, weights, prefix, head_chunk, block, settled)
-
-
-def _autodiff_backward(prefix, head_chunk, block, settled, inputs, cotangent):
-    v, a, c, weights = inputs
-    n = v.shape[-1]
-
-    def pull(function):
-        return lambda: jax.vjp(function, *inputs)[1](cotangent)
-
-    split = pull(lambda *x: _causal_mixture(*x, min(prefix, n), block))
-    if n <= prefix or settled:
-        return split()
-    exact = pull(lambda *x: _chunked_product(*x, "causal", None, head_chunk, block))
-    return jax.lax.cond(_settled(a, weights, prefix), split, exact)
-
-
-_causal_product_autodiff.defvjp(_causal_product_forward, _autodiff_backward)
 
 
 # The adjoint of the causal product, written out.

@@ -38,7 +38,8 @@ GLOBAL_POINTS = 128
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
 # Peak memory of the design evaluation: points go through lax.map in batches
 # of at most this many (layers x heads x positions) floats per batch.
-_DESIGN_FLOATS = 2 ** 26
+DESIGN_FLOATS = 2 ** 26
+"""Floats (layers x heads x positions) per batch of a global design's evaluation, the bound on its peak memory."""
 
 
 def halton(count: int, dimension: int) -> Float[Array, "count dimension"]:
@@ -102,7 +103,7 @@ def _starting_points(problem: _Problem, fixed, target, initial: dict[str, np.nda
     if search == 0:
         return candidates, points
     per_point = parametrisation.num_layers * parametrisation.num_heads * problem.n
-    batch_size = max(1, min(points + 1, _DESIGN_FLOATS // per_point))
+    batch_size = max(1, min(points + 1, DESIGN_FLOATS // per_point))
     losses = np.asarray(_design_losses(candidates, fixed, target, problem=problem, batch_size=batch_size))
     # A non-finite loss (an extreme corner of the box) is never chosen; a
     # stable sort keeps the model's own point first among equals.

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..model import RolloutModel
-from .design import _DESIGN_FLOATS
+from .design import DESIGN_FLOATS
 from .problem import _profile, _Problem, _setup
 
 __all__ = ["DETERMINED_THRESHOLD", "IDENTIFIABILITY_MAX_PARAMETERS", "Identifiability", "identifiability"]
@@ -145,8 +145,8 @@ def _grouped(chosen: Sequence[str], names: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def _identifiability(jacobian: np.ndarray, names: Sequence[str], residual: float, scale: float,
-                     threshold: float = DETERMINED_THRESHOLD) -> Identifiability:
+def identifiability_from_jacobian(jacobian: np.ndarray, names: Sequence[str], residual: float, scale: float,
+                                  threshold: float = DETERMINED_THRESHOLD) -> Identifiability:
     """The report of `Identifiability` from the Jacobian and the fit's residual."""
     jacobian = np.asarray(jacobian, dtype=np.float64)
     n, k = jacobian.shape
@@ -195,7 +195,7 @@ def _report(raw: dict[str, np.ndarray], fixed, target, profile, problem: _Proble
         return None
     flat = parametrisation.flatten({name: jnp.asarray(u) for name, u in raw.items()})
     per_column = parametrisation.num_layers * parametrisation.num_heads * problem.n
-    batch_size = max(1, min(parametrisation.size, _DESIGN_FLOATS // per_column))
+    batch_size = max(1, min(parametrisation.size, DESIGN_FLOATS // per_column))
     try:
         jacobian = _profile_jacobian(flat, fixed, problem=problem, batch_size=batch_size, forward=True)
     except TypeError:  # "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
@@ -206,7 +206,7 @@ def _report(raw: dict[str, np.ndarray], fixed, target, profile, problem: _Proble
     keep = [not label.startswith("head_weights[") or not label.endswith(",0]") for label in labels]
     names = [label.replace("head_weights[", "log_weight_ratio[") for label, kept in zip(labels, keep) if kept]
     residual = float(np.linalg.norm(np.asarray(profile, dtype=np.float64) - np.asarray(target)))
-    return _identifiability(np.asarray(jacobian)[:, keep], names, residual, float(np.linalg.norm(target)))
+    return identifiability_from_jacobian(np.asarray(jacobian)[:, keep], names, residual, float(np.linalg.norm(target)))
 
 
 def identifiability(

@@ -45,8 +45,8 @@ from ..engine.alibi import alibi_slopes
 from ..errors import ConfigError
 from ..kernel_types import PowerKernel, TableKernel
 from ..model import RolloutModel, is_model
-from .optimise import (GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, _CONVERGED, _initial_state, _minimise,
-                       _stop_reason, _tolerances, _with_extra_args, cosine_adam, default_lbfgs)
+from .loop import CONVERGED, checked_tolerances, describe_stop, initial_state, minimise, with_extra_args
+from .optimise import GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, cosine_adam, default_lbfgs
 
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
            "DROPPED_WEIGHT"]
@@ -166,8 +166,8 @@ def _run(target, candidates, tolerances, *, family, optimizer, max_steps, starts
         chosen = jax.tree.map(lambda x: x[jnp.argsort(losses)[:starts]], layer_candidates)
 
         def local(raw):
-            state = _initial_state(raw, optimizer, target.dtype, max_steps)
-            return _minimise(lambda r: _layer_loss(family, r, layer_target), optimizer, state, tolerances,
+            state = initial_state(raw, optimizer, target.dtype, max_steps)
+            return minimise(lambda r: _layer_loss(family, r, layer_target), optimizer, state, tolerances,
                              max_steps + 1, max_steps)
 
         states = jax.vmap(local)(chosen)
@@ -180,7 +180,7 @@ def _run(target, candidates, tolerances, *, family, optimizer, max_steps, starts
 @functools.lru_cache(maxsize=64)
 def _adam(steps: int, learning_rate: float) -> optax.GradientTransformation:
     """`cosine_adam` (to 0 over `steps`) with extra-args support, cached: one object per (steps, rate)."""
-    return _with_extra_args(cosine_adam(steps, learning_rate))
+    return with_extra_args(cosine_adam(steps, learning_rate))
 
 
 def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1, steps: int = 2000,
@@ -242,8 +242,8 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
         name = "lbfgs" if per_layer <= LBFGS_MAX_PARAMETERS else "adam"
         optimizer = default_lbfgs() if name == "lbfgs" else None
     # Cached objects: a repeated fit reuses the compiled loop.
-    optimizer = _adam(steps, float(learning_rate)) if optimizer is None else _with_extra_args(optimizer)
-    tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
+    optimizer = _adam(steps, float(learning_rate)) if optimizer is None else with_extra_args(optimizer)
+    tolerances = checked_tolerances(gradient_tolerance, loss_tolerance, target.dtype)
     candidates = jax.tree.map(lambda x: jnp.asarray(x, target.dtype), candidates)
     run = functools.partial(_run, tolerances=tuple(jnp.asarray(x, target.dtype) for x in tolerances), family=family,
                             optimizer=optimizer, max_steps=steps, starts=starts)
@@ -264,9 +264,9 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
     # A layer that stopped keeps its last loss, so the mean is over all layers.
     history = np.where(np.isnan(history), np.take_along_axis(history, taken[:, None], axis=1), history)
     codes = np.asarray(state["reason"])
-    failed = [t for t in range(num_layers) if codes[t] not in _CONVERGED]
+    failed = [t for t in range(num_layers) if codes[t] not in CONVERGED]
     shown = failed[0] if failed else int(np.argmax(taken))
-    reason = _stop_reason(int(codes[shown]), int(taken[shown]), float(state["gradient_norm"][shown]),
+    reason = describe_stop(int(codes[shown]), int(taken[shown]), float(state["gradient_norm"][shown]),
                           float(state["change"][shown]), tolerances)
     reason = f"layer {shown}: {reason}" + (f" ({len(failed)} of {num_layers} layers not converged)"
                                            if failed else f" (all {num_layers} layers converged)")

@@ -28,7 +28,8 @@ def _kl(p, target):
 _LOSS_FUNCTIONS = {"wasserstein": metrics.wasserstein, "kl": _kl, "l2": _l2}
 
 
-def _loss_function(loss) -> Callable:
+def resolve_loss(loss) -> Callable:
+    """The loss ``L(p, target)`` a fit minimises: a callable as given, or the named one of `LOSSES`."""
     if callable(loss):
         return loss
     if loss not in _LOSS_FUNCTIONS:

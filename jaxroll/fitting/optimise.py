@@ -51,9 +51,11 @@ from ..optimisers import cosine_adam
 from ..rollout import influence
 from .design import GLOBAL_DIMENSIONS, GLOBAL_POINTS, _starting_points
 from .identification import Identifiability, _report
+from .loop import (CONVERGED, FLOOR, PATIENCE, RUNNING, SKIPPED, checked_tolerances, describe_stop, initial_state,
+                   minimise, with_extra_args)
 from .report import BOUND_TOLERANCE
 from .parametrisation import model_array
-from .problem import _as_numpy_model, _check_non_negative_int, _compare, _objective, _Problem, _setup
+from .problem import _as_numpy_model, check_non_negative_int, _compare, _objective, _Problem, _setup
 
 __all__ = ["GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
            "FitResult", "fit", "cosine_adam", "default_optimizer", "default_lbfgs"]
@@ -69,12 +71,6 @@ GRADIENT_TOLERANCE = 1e-8
 # weakest direction seen in the power-decay problems (curvature ratio ~1e-5).
 LOSS_TOLERANCE = 1e-10
 """Default loss tolerance: relative change of the loss per step below which a step counts as quiet."""
-# Steps in a row with a relative change below LOSS_TOLERANCE before a fit is
-# stationary: one quiet step can be a short line-search step; ten in a row
-# are a line search that finds no decrease (L-BFGS) or a learning rate that
-# has decayed to nothing (Adam with the cosine schedule).
-PATIENCE = 10
-"""Quiet steps in a row (relative loss change below `LOSS_TOLERANCE`) after which a fit is stationary and stops."""
 # L-BFGS (optax.lbfgs, zoom line search) is the default local optimiser up
 # to this many free parameters: the power-decay, constant, temperature and
 # slope-scale parametrisations and their combinations, the problems the
@@ -91,9 +87,6 @@ LBFGS_MAX_PARAMETERS = GLOBAL_DIMENSIONS
 LBFGS_RESTARTS = 3
 """Starting points the default L-BFGS refines: the best design points (and the model's own point)."""
 
-# Reason codes of the loop, and their text.
-_RUNNING, _GRADIENT, _FLOOR, _STATIONARY, _LIMIT, _NOT_FINITE, _SKIPPED = range(7)
-_CONVERGED = (_GRADIENT, _FLOOR, _STATIONARY)
 
 
 class FitResult(eqx.Module):
@@ -194,92 +187,9 @@ def default_lbfgs() -> optax.GradientTransformation:
     return optax.lbfgs()
 
 
-@functools.lru_cache(maxsize=64)
-def _with_extra_args(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
-    """`optax.with_extra_args_support`, cached: the wrapper is part of the jit
-    static problem, so the same optimizer object must give the same wrapper
-    for a second fit to reuse the compiled loop (L-BFGS compiles for ~10 s)."""
-    return optax.with_extra_args_support(optimizer)
-
-
-def _has_line_search_state(state) -> bool:
-    """Whether the optimiser keeps the value and gradient at the accepted point
-    (optax's line searches do), so the loop need not evaluate them again."""
-    try:
-        return optax.tree_utils.tree_get(state, "value") is not None and \
-            optax.tree_utils.tree_get(state, "grad") is not None
-    except (KeyError, ValueError):
-        return False
-
-
-def _max_abs(tree) -> Array:
-    return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(tree)]))
-
-
-def _initial_state(raw, optimizer: optax.GradientTransformation, dtype, max_steps: int) -> dict:
-    """The loop state of one start `raw` (unbatched): nothing evaluated yet."""
-    inf = jnp.asarray(jnp.inf, dtype=dtype)
-    zero = jnp.asarray(0, jnp.int32)
-    return dict(raw=raw, opt_state=optimizer.init(raw), best_raw=raw, best_loss=inf, step=zero, previous=inf,
-                quiet=zero, reason=zero, history=jnp.full((max_steps + 1,), jnp.nan, dtype=dtype),
-                gradient_norm=inf, change=inf)
-
-
-def _minimise(objective: Callable, optimizer: optax.GradientTransformation, state: dict, tolerances, limit,
-              max_steps: int) -> dict:
-    """Run one start until the stopping test passes (module docstring), the step
-    count reaches `limit` (traced), or `max_steps`; pure, for use under jit.
-
-    One `lax.while_loop`; each iteration evaluates ``f_k, g_k`` once (taken
-    from a line search's state when the optimiser keeps them), records
-    ``f_k``, tests, and applies one optax update only if the test failed.
-    """
-    gradient_tolerance, loss_tolerance, floor = tolerances
-
-    def running(state):
-        return (state["reason"] == _RUNNING) & (state["step"] < limit)
-
-    def body(state):
-        raw, opt_state, step = state["raw"], state["opt_state"], state["step"]
-        if _has_line_search_state(opt_state):
-            value, grad = optax.value_and_grad_from_state(objective)(raw, state=opt_state)
-        else:
-            value, grad = jax.value_and_grad(objective)(raw)
-        # Keep the best point seen: the loss is not monotone under Adam.
-        better = value < state["best_loss"]
-        best_raw = jax.tree.map(lambda b, r: jnp.where(better, r, b), state["best_raw"], raw)
-        best_loss = jnp.where(better, value, state["best_loss"])
-        previous = state["previous"]
-        scale = jnp.maximum(jnp.abs(previous), jnp.abs(value))
-        change = jnp.where(step == 0, jnp.inf, jnp.abs(previous - value) / jnp.maximum(scale, 1e-300))
-        quiet = jnp.where(change <= loss_tolerance, state["quiet"] + 1, 0).astype(jnp.int32)
-        gradient_norm = _max_abs(grad)
-        reason = jnp.select(
-            [~jnp.isfinite(value), value <= floor,
-             (gradient_norm <= gradient_tolerance) & (change <= loss_tolerance),
-             quiet >= PATIENCE, step >= max_steps],
-            [_NOT_FINITE, _FLOOR, _GRADIENT, _STATIONARY, _LIMIT], _RUNNING).astype(jnp.int32)
-
-        def update(raw, opt_state):
-            # value, grad and value_fn serve optimisers with a line search
-            # (optax.lbfgs); the others ignore them.
-            updates, opt_state = optimizer.update(grad, opt_state, raw, value=value, grad=grad,
-                                                  value_fn=objective)
-            return optax.apply_updates(raw, updates), opt_state
-
-        raw, opt_state = jax.lax.cond(reason == _RUNNING, update, lambda r, s: (r, s), raw, opt_state)
-        return state | dict(
-            raw=raw, opt_state=opt_state, best_raw=best_raw, best_loss=best_loss,
-            step=jnp.where(reason == _RUNNING, step + 1, step).astype(jnp.int32), previous=value, quiet=quiet,
-            reason=reason, history=state["history"].at[step].set(value), gradient_norm=gradient_norm,
-            change=change)
-
-    return jax.lax.while_loop(running, body, state)
-
-
 @functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
 def _run_restarts(carry, fixed, target, tolerances, limit, *, problem: _Problem, max_steps: int):
-    """Advance every restart (leading axis of `carry`) with `_minimise`.
+    """Advance every restart (leading axis of `carry`) with `minimise`.
 
     The restarts follow each other under `lax.scan` (each stops on its own,
     and no work is spent on finished ones, as it would be under vmap),
@@ -290,9 +200,9 @@ def _run_restarts(carry, fixed, target, tolerances, limit, *, problem: _Problem,
         return _objective(raw, fixed, target, problem)
 
     def one_restart(best_so_far, restart):
-        skip = (best_so_far <= tolerances[2]) & (restart["reason"] == _RUNNING)
-        restart = restart | dict(reason=jnp.where(skip, _SKIPPED, restart["reason"]).astype(jnp.int32))
-        restart = _minimise(objective, problem.optimizer, restart, tolerances, limit, max_steps)
+        skip = (best_so_far <= tolerances[2]) & (restart["reason"] == RUNNING)
+        restart = restart | dict(reason=jnp.where(skip, SKIPPED, restart["reason"]).astype(jnp.int32))
+        restart = minimise(objective, problem.optimizer, restart, tolerances, limit, max_steps)
         return jnp.minimum(best_so_far, restart["best_loss"]), restart
 
     # The best loss of earlier rounds too (`_optimise` calls this in rounds): once any restart has
@@ -303,26 +213,18 @@ def _run_restarts(carry, fixed, target, tolerances, limit, *, problem: _Problem,
 
 @functools.partial(jax.jit, static_argnames=("problem", "max_steps"))
 def _initial_carry(raw, target, *, problem: _Problem, max_steps: int):
-    return jax.vmap(lambda r: _initial_state(r, problem.optimizer, target.dtype, max_steps))(raw)
-
-
-def _tolerances(gradient_tolerance, loss_tolerance, dtype) -> tuple[float, float, float]:
-    """(gradient, loss change, loss floor), each at least 10 eps of `dtype`."""
-    gradient_tolerance = _check_tolerance("gradient_tolerance", gradient_tolerance)
-    loss_tolerance = _check_tolerance("loss_tolerance", loss_tolerance)
-    eps = float(jnp.finfo(dtype).eps)
-    return max(gradient_tolerance, 10 * eps), max(loss_tolerance, 10 * eps), 10 * eps
+    return jax.vmap(lambda r: initial_state(r, problem.optimizer, target.dtype, max_steps))(raw)
 
 
 def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, progress):
     """All restarts in rounds of about ``steps / 50`` steps (the same compiled loop,
     bounded by a traced step limit): a restart that stalls away from the optimum
-    no longer runs to the step limit before the next one, which may reach the
+    does not run to the step limit before the next one, which may reach the
     floor in a few steps, starts. `progress` (a `jaxroll.progress.Progress` over
     `steps`, or None) counts the steps of the longest restart; `fit` closes it."""
     chunk = max(1, math.ceil(steps / 50))
     limit = 0
-    while limit <= steps and np.any(np.asarray(carry["reason"]) == _RUNNING):
+    while limit <= steps and np.any(np.asarray(carry["reason"]) == RUNNING):
         limit = min(limit + chunk, steps + 1)
         carry = _run_restarts(carry, fixed, target, tolerances, limit, problem=problem, max_steps=steps)
         if progress is not None:
@@ -330,31 +232,6 @@ def _optimise(carry, fixed, target, tolerances, problem: _Problem, steps: int, p
             progress.set_postfix(loss=f"{float(jnp.min(carry['best_loss'])):.3g}")
             progress.update(done - progress.done)
     return carry
-
-
-def _stop_reason(code: int, step: int, gradient_norm: float, change: float, tolerances) -> str:
-    gradient_tolerance, loss_tolerance, floor = tolerances
-    measured = f"gradient norm {gradient_norm:.2g}, relative loss change {change:.2g}"
-    return {
-        _GRADIENT: f"converged: gradient norm {gradient_norm:.2g} <= {gradient_tolerance:.2g} and relative "
-                   f"loss change {change:.2g} <= {loss_tolerance:.2g} after {step} steps",
-        _FLOOR: f"converged: the loss reached the floor {floor:.2g} (the target is reproduced to rounding) "
-                f"after {step} steps",
-        _STATIONARY: f"converged: the loss changed by less than {loss_tolerance:.2g} (relative) for "
-                     f"{PATIENCE} steps in a row after {step} steps ({measured})",
-        _LIMIT: f"not converged: stopped at the step limit {step} ({measured}; tolerances "
-                f"{gradient_tolerance:.2g} and {loss_tolerance:.2g})",
-        _NOT_FINITE: f"not converged: the loss is not finite after {step} steps",
-    }.get(code, f"not converged: stopped after {step} steps")
-
-
-def _check_tolerance(field: str, value) -> float:
-    from ..errors import ConfigError
-
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not value >= 0 \
-            or not math.isfinite(value):
-        raise ConfigError(f"{field}: got {value!r}; allowed: a finite number >= 0")
-    return float(value)
 
 
 def fit(
@@ -458,36 +335,22 @@ def fit(
         ``method="structured"``.
     """
     steps = check_positive_int("steps", steps)
-    _tolerances(gradient_tolerance, loss_tolerance, float)  # checked before any work
-    size_problem, _, _ = _setup(model, target, fit, schedule, content, loss, n, method, None)
-    size = size_problem.parametrisation.size
-    name = "custom"
-    if optimizer is None:
-        name = "lbfgs" if size <= LBFGS_MAX_PARAMETERS else "adam"
-        optimizer = default_lbfgs() if name == "lbfgs" else default_optimizer(steps)
-    if restarts is None:
-        restarts = LBFGS_RESTARTS if name == "lbfgs" else 1
-    restarts = check_positive_int("restarts", restarts)
+    checked_tolerances(gradient_tolerance, loss_tolerance, float)  # checked before any work
+    size = _setup(model, target, fit, schedule, content, loss, n, method, None)[0].parametrisation.size
+    name, optimizer, restarts = choose_optimizer(size, optimizer, steps, restarts)
     problem, fixed, target = _setup(model, target, fit, schedule, content, loss, n, method,
-                                    _with_extra_args(optimizer))
+                                    with_extra_args(optimizer))
     parametrisation, loss_function, n = problem.parametrisation, problem.loss, problem.n
 
     if search is None:
         search = GLOBAL_POINTS if size <= GLOBAL_DIMENSIONS else 0
-    search = _check_non_negative_int("search", search)
+    search = check_non_negative_int("search", search)
     raw, search_points = _starting_points(problem, fixed, target, parametrisation.initial(model),
                                           restarts, search, key)
     initial_loss = float(loss_function(influence(model, n, method=method), target))
-    tolerances = _tolerances(gradient_tolerance, loss_tolerance, target.dtype)
+    tolerances = checked_tolerances(gradient_tolerance, loss_tolerance, target.dtype)
     carry = _initial_carry(raw, target, problem=problem, max_steps=steps)
-    bar = progress
-    if progress is True:
-        from ..progress import Progress
-
-        # delay: a line or bar only for runs that last more than a couple of seconds.
-        bar = Progress(steps, label="jaxroll fit", unit="steps", delay=2.0)
-    elif progress is False or progress is None:
-        bar = None
+    bar = _progress_bar(progress, steps)
     try:
         carry = _optimise(carry, fixed, target, tuple(jnp.asarray(x, target.dtype) for x in tolerances),
                           problem, steps, bar)
@@ -500,28 +363,12 @@ def fit(
     taken = int(carry["step"][winner])
     code = int(carry["reason"][winner])
     best = {key_: np.asarray(u[winner], dtype=np.float64) for key_, u in carry["best_raw"].items()}
-    values = parametrisation.values({key_: jnp.asarray(u) for key_, u in best.items()})
-    schedule_parameters = parametrisation.schedule_parameters(best)
-    if "beta" in schedule_parameters:
-        # The schedule exactly as `jaxroll.schedules.power_decay` (and so a
-        # saved power_decay config) computes it from the reported parameters.
-        from ..schedules import power_decay
-
-        values["lambdas"] = power_decay(schedule_parameters["lambda_0"], schedule_parameters["beta"],
-                                        model.num_layers)
-    fitted = eqx.tree_at(lambda m: tuple(model_array(m, name_) for name_ in values), model,
-                         tuple(np.asarray(v, dtype=np.float64) for v in values.values()))
-    fitted = _as_numpy_model(fitted, n)
+    fitted, schedule_parameters, lambdas_free = _fitted_model(model, best, parametrisation, n)
     profile = influence(fitted, n, method=method)
     final_loss = float(loss_function(profile, target))
-    stop_reason = _stop_reason(code, taken, float(carry["gradient_norm"][winner]), float(carry["change"][winner]),
-                               tolerances)
-    # At the loss floor the target is reproduced to rounding: not degenerate, wherever the lambdas ended.
-    warnings = () if code == _FLOOR else _degenerate(fitted, "lambdas" in values, initial_loss, final_loss)
-    converged = code in _CONVERGED and not warnings
-    if warnings and code in _CONVERGED:
-        stop_reason = ("not converged: " + "; ".join(w.removeprefix("warning: ").split(";")[0] for w in warnings)
-                       + " (the stopping test passed: " + stop_reason.removeprefix("converged: ") + ")")
+    stop_reason = describe_stop(code, taken, float(carry["gradient_norm"][winner]), float(carry["change"][winner]),
+                                tolerances)
+    converged, stop_reason, warnings = _verdict(code, stop_reason, fitted, lambdas_free, initial_loss, final_loss)
     if bar is not None:
         # A fit that stops early ends its count at 100% of the steps it took (not frozen at
         # "2%| 44/2000"); the last field says how it stopped, as the summary does.
@@ -545,6 +392,62 @@ def fit(
         restart_steps=np.asarray(carry["step"], dtype=np.int64),
         warnings=warnings,
     )
+
+
+def choose_optimizer(size: int, optimizer, steps: int, restarts) -> tuple[str, optax.GradientTransformation, int]:
+    """(name, optimiser, restarts) of a local stage with `size` free parameters (`fit`, `jaxroll.design`).
+
+    By default L-BFGS (`default_lbfgs`) from `LBFGS_RESTARTS` points up to
+    `LBFGS_MAX_PARAMETERS` free parameters, else Adam (`default_optimizer`)
+    from one; a given optimiser is ``"custom"`` and defaults to one restart.
+    """
+    name = "custom"
+    if optimizer is None:
+        name = "lbfgs" if size <= LBFGS_MAX_PARAMETERS else "adam"
+        optimizer = default_lbfgs() if name == "lbfgs" else default_optimizer(steps)
+    if restarts is None:
+        restarts = LBFGS_RESTARTS if name == "lbfgs" else 1
+    return name, optimizer, check_positive_int("restarts", restarts)
+
+
+def _progress_bar(progress, steps: int):
+    """`progress` as a `jaxroll.progress.Progress` over `steps`, or None for no report."""
+    if progress is True:
+        from ..progress import Progress
+
+        # delay: a line or bar only for runs that last more than a couple of seconds.
+        return Progress(steps, label="jaxroll fit", unit="steps", delay=2.0)
+    if progress is False or progress is None:
+        return None
+    return progress
+
+
+def _fitted_model(model: RolloutModel, best: dict, parametrisation, n: int):
+    """(the fitted model, its schedule parameters, whether its lambdas were free) from the best raw point."""
+    values = parametrisation.values({key: jnp.asarray(u) for key, u in best.items()})
+    schedule_parameters = parametrisation.schedule_parameters(best)
+    if "beta" in schedule_parameters:
+        # The schedule exactly as `jaxroll.schedules.power_decay` (and so a
+        # saved power_decay config) computes it from the reported parameters.
+        from ..schedules import power_decay
+
+        values["lambdas"] = power_decay(schedule_parameters["lambda_0"], schedule_parameters["beta"],
+                                        model.num_layers)
+    fitted = eqx.tree_at(lambda m: tuple(model_array(m, name) for name in values), model,
+                         tuple(np.asarray(v, dtype=np.float64) for v in values.values()))
+    return _as_numpy_model(fitted, n), schedule_parameters, "lambdas" in values
+
+
+def _verdict(code: int, stop_reason: str, fitted: RolloutModel, lambdas_free: bool, initial_loss: float,
+             final_loss: float) -> tuple[bool, str, tuple[str, ...]]:
+    """(converged, stop reason, warnings): a stop by a converged test on a degenerate answer is not converged."""
+    # At the loss floor the target is reproduced to rounding: not degenerate, wherever the lambdas ended.
+    warnings = () if code == FLOOR else _degenerate(fitted, lambdas_free, initial_loss, final_loss)
+    converged = code in CONVERGED and not warnings
+    if warnings and code in CONVERGED:
+        stop_reason = ("not converged: " + "; ".join(w.removeprefix("warning: ").split(";")[0] for w in warnings)
+                       + " (the stopping test passed: " + stop_reason.removeprefix("converged: ") + ")")
+    return converged, stop_reason, warnings
 
 
 def _degenerate(model: RolloutModel, lambdas_free: bool, initial_loss: float, final_loss: float) -> tuple[str, ...]:

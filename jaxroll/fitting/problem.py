@@ -19,7 +19,7 @@ from .._checks import check_positive_int
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 from ..rollout import METHODS, influence
-from .losses import _loss_function
+from .losses import resolve_loss
 from .parametrisation import CONTENTS, FIELDS, SCHEDULES, _check_names, _Parametrisation, model_array
 
 __all__ = ["TARGET_SUM_TOLERANCE", "objective"]
@@ -56,7 +56,12 @@ def _objective(raw, fixed: RolloutModel, target, problem: _Problem):
     return problem.loss(_profile(raw, fixed, problem), target)
 
 
-def _check_target(target, n: int) -> np.ndarray:
+def check_target(target, n: int) -> np.ndarray:
+    """`target` as a checked profile of length `n`.
+
+    Finite, ``>= 0``, one dimension of length `n`, and
+    ``|sum_i target_i - 1| <= TARGET_SUM_TOLERANCE``; returned normalised.
+    """
     values = metrics.check_profile("target", target, normalize=True)  # finite, >= 0, mass > 0
     if values.ndim != 1:
         raise ConfigError(f"target: got shape {values.shape}; allowed: one dimension (n,)")
@@ -70,7 +75,8 @@ def _check_target(target, n: int) -> np.ndarray:
     return values
 
 
-def _check_non_negative_int(field: str, value) -> int:
+def check_non_negative_int(field: str, value) -> int:
+    """`value` as an ``int >= 0`` (a bool is refused); a ConfigError naming `field` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(f"{field}: got {value!r}; allowed: an integer >= 0")
     return int(value)
@@ -116,12 +122,12 @@ def _setup(model, target, names, schedule, content, loss, n, method, optimizer):
     if method not in METHODS:
         raise ConfigError(f"method: got {method!r}; allowed: one of {', '.join(METHODS)}")
     n = model.sequence_length if n is None else check_positive_int("n", n)
-    target = jnp.asarray(_check_target(target, n))
+    target = jnp.asarray(check_target(target, n))
     heads = model.num_heads if fittable else 1  # a kernel without fittable fields: lambdas alone
     declared = tuple((name, kind, tuple(np.shape(getattr(model.kernel, name)))) for name, kind in fittable.items()
                      if name in names and name not in FIELDS)
     parametrisation = _Parametrisation(names, schedule, content, model.num_layers, heads, declared)
-    problem = _Problem(parametrisation, _loss_function(loss), n, method, optimizer)
+    problem = _Problem(parametrisation, resolve_loss(loss), n, method, optimizer)
     # The free/fixed split: the free arrays are rebuilt from the
     # unconstrained point at every evaluation, the rest travel as they are.
     spec = eqx.tree_at(lambda m: tuple(model_array(m, name) for name in names),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .identification import Identifiability, _identifiability
+from .identification import Identifiability, identifiability_from_jacobian
 
 __all__ = ["BOUND_TOLERANCE", "at_bounds", "held_at_bounds", "bound_lines"]
 
@@ -72,7 +72,7 @@ def held_at_bounds(report: Identifiability, held) -> Identifiability | None:
     keep = [k for k, name in enumerate(report.names) if name not in set(held)]
     if not keep:
         return None
-    return _identifiability(report.jacobian[:, keep], [report.names[k] for k in keep],
+    return identifiability_from_jacobian(report.jacobian[:, keep], [report.names[k] for k in keep],
                             residual=report.resolution, scale=0.0, threshold=report.threshold)
 
 

@@ -12,9 +12,9 @@ from jaxtyping import Array
 from .._checks import check_positive_int
 from ..model import RolloutModel
 from ..rollout import influence
-from .losses import _loss_function
+from .losses import resolve_loss
 from .optimise import FitResult, fit
-from .problem import _as_numpy_model, _check_target, _compare
+from .problem import _as_numpy_model, check_target, _compare
 
 __all__ = ["VARIANTS", "compare_variants"]
 
@@ -57,8 +57,8 @@ def compare_variants(
         ``{variant: FitResult}`` in the order of `VARIANTS`.
     """
     n = model.sequence_length if n is None else check_positive_int("n", n)
-    checked = _check_target(target, n)
-    loss_function = _loss_function(loss)
+    checked = check_target(target, n)
+    loss_function = resolve_loss(loss)
     common = dict(loss=loss, restarts=restarts, key=key, n=n, method=method, steps=steps)
 
     attention_only = _as_numpy_model(dataclasses.replace(model, lambdas=np.ones(model.num_layers)), n)

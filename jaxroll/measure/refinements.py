@@ -137,136 +137,149 @@ def _attach(resolved, switches, deliver, recording=lambda: True, alpha_hooks: bo
     if refused:
         reason = layer_map.refused.get(_OUTPUT[refused[0]], "its layer map names no value or MLP module")
         raise ConfigError(f"architecture: {layer_map.name!r} cannot give {_OUTPUT[refused[0]]}: {reason}")
-    heads, head_dim = resolved.num_heads, resolved.head_dim
-    config = resolved.config
-    need_a = bool({"position", "mlp"} & set(switches))
+    hooks = _Hooks(resolved, deliver, recording)
     handles = []
-    batch_shape = {"rows": 1}  # sequences in the pass, from the block input (OPT's MLP sees (B N, D))
+    try:
+        for layer, block in enumerate(resolved.blocks):
+            _attach_layer(hooks, resolved, layer, block, set(switches), alpha_hooks, handles)
+    except BaseException:
+        for handle in handles:
+            handle.remove()
+        raise
+    return handles
 
-    def probabilities(layer):
+
+def _attach_layer(hooks: "_Hooks", resolved, layer: int, block, switches: set, alpha_hooks: bool, handles: list):
+    """Register the hooks of one block that `switches` need, appending their handles to `handles`."""
+    layer_map = resolved.layer_map
+    projection = resolved.output_projections[layer]
+    if {"attention", "norm"} & switches and alpha_hooks:
+        handles.append(resolved.attentions[layer].register_forward_hook(hooks.probabilities(layer)))
+    if {"position", "mlp"} & switches:
+        handles.append(block.register_forward_pre_hook(hooks.norms("x", layer, pre=True), with_kwargs=True))
+        handles.append(projection.register_forward_hook(hooks.norms("a", layer)))
+    if "mlp" in switches:
+        handles.append(_module(block, layer_map.mlp_output).register_forward_hook(hooks.norms("m", layer)))
+    if {"norm", "heads", "head_positions"} & switches:
+        w_module = _module(block, layer_map.w_out) if layer_map.w_out else projection
+        w_out = _output_matrix(w_module, hooks.heads, hooks.head_dim)
+        post = None
+        if projection is not w_module:  # a norm after W_O (Gemma 2/3, OLMo 2): an RMSNorm, checked
+            gain, eps = post_norm_gain(projection, w_out.shape[0], layer_map.name)
+            bias = getattr(w_module, "bias", None)
+            post = (gain.to(w_out.device), eps,
+                    0.0 if bias is None else bias.detach().double().to(w_out.device))
+        if "norm" in switches:
+            # n_h(j) = ||g * W_O^h v_h(j)||: the norm's 1 / r_i is one factor per row, gone in K's row sum.
+            w_value = w_out if post is None else post[0][:, None, None] * w_out
+            handles.append(_module(block, layer_map.value).register_forward_hook(hooks.value_norms(layer, w_value)))
+        if {"heads", "head_positions"} & switches:
+            handles.append(w_module.register_forward_pre_hook(hooks.head_outputs(layer, w_out, post)))
+    if "input_norm" in switches:
+        norm = input_norm_module(block, layer_map, resolved.config)
+        hidden = int(getattr(resolved.config, layer_map.hidden_size))
+        kind, eps = (None, 0.0) if norm is None else norm_kind(norm, hidden, layer_map.name)
+        handles.append((norm or block).register_forward_pre_hook(hooks.gains(layer, kind, eps), with_kwargs=True))
+    if "gradient" in switches:
+        handles.append(block.register_forward_pre_hook(hooks.gradient("grad_x", layer, pre=True), with_kwargs=True))
+        handles.append(projection.register_forward_hook(hooks.gradient("grad_a", layer)))
+
+
+def _hooked_tensor(hook_args, pre: bool):
+    """The tensor a hook reads: a pre-hook with kwargs gets (args, kwargs), a forward hook (args, output)."""
+    if pre:
+        args, kwargs = hook_args
+        return args[0] if args else kwargs["hidden_states"]
+    return hook_args[1]
+
+
+class _Hooks:
+    """Factories of the hooks `_attach` registers; each hook calls ``deliver(kind, layer, value, row=b)``
+    per sequence b of the batch, and forward hooks only while ``recording()``."""
+
+    def __init__(self, resolved, deliver, recording):
+        self.deliver, self.recording = deliver, recording
+        self.layer_map, self.config = resolved.layer_map, resolved.config
+        self.heads, self.head_dim = resolved.num_heads, resolved.head_dim
+        self.batch_rows = 1  # sequences in the pass, from the block input (OPT's MLP sees (B N, D))
+
+    def probabilities(self, layer):
         def hook(module, args, output):
-            if not recording():
+            if not self.recording():
                 return
             p = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if p is None:
                 raise ConfigError("attention: no probabilities; allowed: a model loaded with attn_implementation='eager'")
             for row in range(p.shape[0]):
-                deliver("alpha", layer, p[row].detach().double().cpu(), row=row)
+                self.deliver("alpha", layer, p[row].detach().double().cpu(), row=row)
         return hook
 
-    def norms(kind, layer, pre=False):
+    def norms(self, kind, layer, pre=False):
         def hook(module, *hook_args):
-            if not recording():
+            if not self.recording():
                 return
-            if pre:  # forward pre-hook with kwargs: (args, kwargs)
-                args, kwargs = hook_args
-                tensor = args[0] if args else kwargs["hidden_states"]
-            else:  # forward hook: (args, output)
-                tensor = hook_args[1]
+            tensor = _hooked_tensor(hook_args, pre)
             if tensor.dim() == 2:  # OPT's MLP runs on (B N, D): split it by the batch's block input
-                tensor = tensor.reshape(batch_shape["rows"], -1, tensor.shape[-1])
+                tensor = tensor.reshape(self.batch_rows, -1, tensor.shape[-1])
             elif kind == "x":
-                batch_shape["rows"] = tensor.shape[0]
+                self.batch_rows = tensor.shape[0]
             norms = tensor.detach().double().norm(dim=-1).cpu()
             for row in range(norms.shape[0]):
-                deliver(kind, layer, norms[row], row=row)
+                self.deliver(kind, layer, norms[row], row=row)
         return hook
 
-    def value_norms(layer, w_out):
+    def value_norms(self, layer, w_out):
         def hook(module, args, output):
-            if recording():
+            if self.recording():
                 for row in range(output.shape[0]):
-                    values = layer_map.value_split(output[row: row + 1].detach().double(), heads, head_dim, config)[0]
+                    values = self.layer_map.value_split(output[row: row + 1].detach().double(), self.heads,
+                                                        self.head_dim, self.config)[0]
                     # n_h(j) = ||W_O^h v_h(j)||: (N, H, d) x (D, H, d) -> (H, N)
-                    deliver("value_norms", layer, torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu(),
-                            row=row)
+                    self.deliver("value_norms", layer,
+                                 torch.einsum("nhd,ohd->hno", values, w_out).norm(dim=-1).cpu(), row=row)
         return hook
 
-    def head_outputs(layer, w_out, post):
+    def head_outputs(self, layer, w_out, post):
         def hook(module, args):
-            if recording():
+            if self.recording():
                 for row in range(args[0].shape[0]):
                     context = args[0][row].detach().double()
-                    context = context.reshape(context.shape[0], heads, head_dim)
+                    context = context.reshape(context.shape[0], self.heads, self.head_dim)
                     outputs = torch.einsum("nhd,ohd->hno", context, w_out)  # W_O^h context_h(i): (H, N, D)
                     if post is not None:  # g * W_O^h context_h(i) / r_i, r_i = RMS of the whole W_O output
                         gain, eps, bias = post
                         total = outputs.sum(0) + bias
                         scale = torch.sqrt((total * total).mean(-1) + eps)  # (N,)
                         outputs = gain * outputs / scale[None, :, None]
-                    deliver("head_outputs", layer, outputs.norm(dim=-1).cpu(), row=row)
+                    self.deliver("head_outputs", layer, outputs.norm(dim=-1).cpu(), row=row)
         return hook
 
-    def gains(layer, kind, eps):
+    def gains(self, layer, kind, eps):
         def hook(module, *hook_args):
-            if not recording():
+            if not self.recording():
                 return
-            args, kwargs = hook_args
-            tensor = args[0] if args else kwargs["hidden_states"]
+            tensor = _hooked_tensor(hook_args, pre=True)
             # no norm in front of the attention (OLMo 2): it reads x_j as it is, gain 1
             values = torch.ones(tensor.shape[:-1], dtype=torch.float64) if kind is None \
                 else input_gains(tensor, kind, eps).cpu()
             for row in range(values.shape[0]):
-                deliver("input_gain", layer, values[row], row=row)
+                self.deliver("input_gain", layer, values[row], row=row)
         return hook
 
-    def gradient(kind, layer, pre=False):
+    def gradient(self, kind, layer, pre=False):
         def hook(module, *hook_args):
-            if not recording():
+            if not self.recording():
                 return
-            if pre:
-                args, kwargs = hook_args
-                tensor = args[0] if args else kwargs["hidden_states"]
-            else:
-                tensor = hook_args[1]
+            tensor = _hooked_tensor(hook_args, pre)
             if tensor.requires_grad:
-                tensor.register_hook(rows_of(kind, layer))
+                tensor.register_hook(self.rows_of(kind, layer))
         return hook
 
-    def rows_of(kind, layer):
+    def rows_of(self, kind, layer):
         def on_gradient(grad):
             for row in range(grad.shape[0]):
-                deliver(kind, layer, grad[row].detach().double().cpu(), row=row)
+                self.deliver(kind, layer, grad[row].detach().double().cpu(), row=row)
         return on_gradient
-
-    try:
-        for layer, block in enumerate(resolved.blocks):
-            projection = resolved.output_projections[layer]
-            if {"attention", "norm"} & set(switches) and alpha_hooks:
-                handles.append(resolved.attentions[layer].register_forward_hook(probabilities(layer)))
-            if need_a:
-                handles.append(block.register_forward_pre_hook(norms("x", layer, pre=True), with_kwargs=True))
-                handles.append(projection.register_forward_hook(norms("a", layer)))
-            if "mlp" in switches:
-                handles.append(_module(block, layer_map.mlp_output).register_forward_hook(norms("m", layer)))
-            if {"norm", "heads", "head_positions"} & set(switches):
-                w_module = _module(block, layer_map.w_out) if layer_map.w_out else projection
-                w_out = _output_matrix(w_module, heads, head_dim)
-                post = None
-                if projection is not w_module:  # a norm after W_O (Gemma 2/3, OLMo 2): an RMSNorm, checked
-                    gain, eps = post_norm_gain(projection, w_out.shape[0], layer_map.name)
-                    bias = getattr(w_module, "bias", None)
-                    post = (gain.to(w_out.device), eps,
-                            0.0 if bias is None else bias.detach().double().to(w_out.device))
-                if "norm" in switches:
-                    # n_h(j) = ||g * W_O^h v_h(j)||: the norm's 1 / r_i is one factor per row, gone in K's row sum.
-                    w_value = w_out if post is None else post[0][:, None, None] * w_out
-                    handles.append(_module(block, layer_map.value).register_forward_hook(value_norms(layer, w_value)))
-                if {"heads", "head_positions"} & set(switches):
-                    handles.append(w_module.register_forward_pre_hook(head_outputs(layer, w_out, post)))
-            if "input_norm" in switches:
-                norm = input_norm_module(block, layer_map, config)
-                hidden = int(getattr(config, layer_map.hidden_size))
-                kind, eps = (None, 0.0) if norm is None else norm_kind(norm, hidden, layer_map.name)
-                handles.append((norm or block).register_forward_pre_hook(gains(layer, kind, eps), with_kwargs=True))
-            if "gradient" in switches:
-                handles.append(block.register_forward_pre_hook(gradient("grad_x", layer, pre=True), with_kwargs=True))
-                handles.append(projection.register_forward_hook(gradient("grad_a", layer)))
-    except BaseException:
-        for handle in handles:
-            handle.remove()
-        raise
-    return handles
 
 
 def _ratio(numerator, denominator):

@@ -12,7 +12,7 @@ For token ids ``(S, N)`` and query positions ``q_1 < ... < q_K``, two targets:
 with the softmax in float32 (float64 for a float64 model). The last query
 ``N - 1`` gives exactly `jaxroll.measure.measure`'s ``influence_per_sequence``.
 
-``target="hidden"`` (the hidden-state Jacobian, issue 43)::
+``target="hidden"`` (the hidden-state Jacobian)::
 
     g[s, k, j] = || d h_{s,q_k} / d e_{s,j} ||_F    (the D x D Jacobian, D the hidden size),
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# The names jaxroll.plot had before it became a package, all re-exported (no __all__, as then: an
+# Every figure and the canvas's constants, re-exported without an __all__ (an
 # __all__ would ask for an API page of its own, scripts/check_api_docs.py), with the private
 # helpers the tests use; _save is the one writer every plot_* below goes through.
 from ._canvas import FLOOR_DECADES, INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _log_floor, _save

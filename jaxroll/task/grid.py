@@ -120,7 +120,7 @@ def check_settings(out: Path, settings: dict, resume: bool) -> None:
 
         old = read_json(path, "the task.json of jaxroll task")
         for name in ("model", "vocabulary", "seed", "interventions"):
-            default = {} if name == "interventions" else None  # a task.json from before --intervene: none
+            default = {} if name == "interventions" else None  # a task.json written without --intervene: none
             if old.get(name, default) != settings.get(name, default):
                 raise ConfigError(f"--resume: {name} {settings.get(name, default)!r} differs from "
                                   f"{old.get(name, default)!r} in {path}; allowed: the same model, --seed and "

@@ -1,4 +1,4 @@
-"""The mean of per-sequence rollouts, beside the rollout of the mean (arXiv 2602.16837, issue 43).
+"""The mean of per-sequence rollouts, beside the rollout of the mean (arXiv 2602.16837).
 
 The measured half is `jaxroll.measure.sequence_rollout` (torch): it reads
 each sequence's own attention and mixing and gives this module's rows for a
@@ -25,8 +25,8 @@ otherwise they differ by covariances across sequences: within a layer, of
 the mixing and the kernel (``mean_s R_t^s = R_t + cov_s(lambda_t^s, A_t^s)``
 for scalar mixing), and between layers, of the transitions
 (``mean_s R_2^s R_1^s = (mean_s R_2^s)(mean_s R_1^s) + cov_s(R_2^s, R_1^s)``).
-That is one candidate for issue 43: the rows of P_T other than the last
-miss the measured rows by 5-10x their noise.
+These covariances are one candidate for why the rows of P_T other than the
+last miss the measured rows by 5-10x their noise.
 
 Each sequence's rows are those of a one-head `RefinedRollout`
 (`jaxroll.theory.refinements.refined_rows`: T vector-times-matrix products
