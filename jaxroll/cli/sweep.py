@@ -190,12 +190,12 @@ def run(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
-    from ..sweeps import STATISTICS, sweep
-    from ..sweeps.plan import _plan
+    from ..sweeps import STATISTICS, plan_sweep, sweep
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.
-    plan = _plan(model, axes, options["lengths"], options["zip"], options["batch_size"], options["mesh"])
+    plan = plan_sweep(model, **axes, lengths=options["lengths"], zip=options["zip"],
+                      batch_size=options["batch_size"], mesh=options["mesh"])
     out = arguments.out
     partial = out / PARTIAL
     main_process = jax.process_index() == 0

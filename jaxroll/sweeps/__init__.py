@@ -59,8 +59,20 @@ from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKI
 from .statistics import STATISTICS, _table
 
 __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
-           "DEVICE_FRACTION", "SweepResult", "sweep", "make_mesh", "chunk_budget", "device_coefficients",
+           "DEVICE_FRACTION", "SweepResult", "sweep", "plan_sweep", "make_mesh", "chunk_budget", "device_coefficients",
            "polynomial_coefficients"]
+
+
+def plan_sweep(model: RolloutModel, *, lengths=None, zip: bool = False, batch_size: int | None = None,
+               mesh=None, **axes):
+    """The checked plan of ``sweep(model, **axes, ...)``: every point decided before any compilation.
+
+    The same checks as `sweep` (one-line `ConfigError`), so a caller can refuse
+    bad input before it writes anything. The plan has ``shape`` (the points'
+    grid), ``count`` (S points), ``mesh`` and ``chunk_leaves(indices)``, the
+    model arrays of those points (``lambdas (S, T)`` among them).
+    """
+    return _plan(model, axes, lengths, bool(zip), batch_size, mesh)
 
 
 class SweepResult(NamedTuple):
