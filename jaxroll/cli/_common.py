@@ -187,13 +187,20 @@ def add_model_arguments(parser) -> None:
                              "default: the memory available on this machine)")
 
 
-def model_from_arguments(arguments):
-    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it."""
+def model_from_arguments(arguments, *, config=None, length=None):
+    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it.
+
+    `config` and `length`, when given, stand for CONFIG and ``--length`` (a
+    command that derives them, as compare-task from ``--measured``, passes
+    them here instead of changing the parsed arguments).
+    """
+    config = arguments.config if config is None else config
+    length = arguments.length if length is None else length
     import dataclasses
 
     from .. import io, presets, published
 
-    given = [flag for flag, value in (("CONFIG", arguments.config), ("--preset", arguments.preset),
+    given = [flag for flag, value in (("CONFIG", config), ("--preset", arguments.preset),
                                       ("--published", arguments.published)) if value is not None]
     if len(given) > 1:
         raise ConfigError(f"{arguments.command}: give one of CONFIG, --preset, --published; got {' and '.join(given)}")
@@ -202,11 +209,11 @@ def model_from_arguments(arguments):
                                               ("--no-residual", arguments.no_residual)) if used]
     if published_only and arguments.published is None:
         raise ConfigError(f"{published_only[0]}: applies to --published only")
-    if arguments.config is not None:
-        model, source = io.load_config(arguments.config), str(arguments.config)
+    if config is not None:
+        model, source = io.load_config(config), str(config)
     elif arguments.published is not None:
         content = None if arguments.content == "none" else arguments.content
-        measured = 256 if arguments.length is None else published.length_for(arguments.length, content)
+        measured = 256 if length is None else published.length_for(length, content)
         model = published.load(arguments.published, content, arguments.dataset, measured,
                                residual=not arguments.no_residual)
         source = (f"published {arguments.published} ({_content_words(arguments.content)}, {arguments.dataset}"
@@ -214,8 +221,8 @@ def model_from_arguments(arguments):
     else:
         name = arguments.preset or presets.DEFAULT
         model, source = presets.get(name), f"preset {name}"
-    if arguments.length is not None:
-        model = dataclasses.replace(model, sequence_length=arguments.length)
+    if length is not None:
+        model = dataclasses.replace(model, sequence_length=length)
     check_kernel_length(model)
     check_memory(model, arguments)
     return model, source

@@ -20,7 +20,7 @@ from .result import Measurement
 __all__ = ["write_measurement", "read_measurement", "SavedMeasurement", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("measurement.npz", "metadata.json", "config.yaml", "config.kernels.npz", "influence.csv",
-                "lambdas.png", "influence.png")
+                "lambdas.png", "influence.png", "refined.csv")
 """The files `write_measurement` may write into the output directory."""
 
 
@@ -40,7 +40,8 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     without ALiBi measured with attention, a dense-kernel config with its
     kernels in ``config.kernels.npz``),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
-    ``influence.png``.
+    ``influence.png``; ``refined.csv``, the refined rollout's profile, when
+    it was measured with ``refine`` (``metadata["refined"]``).
 
     Raises:
         ConfigError: a file exists and `overwrite` is false.
@@ -74,6 +75,12 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
         write_profile(measurement.influence, directory / "influence.csv", overwrite=True)
         written.append(directory / "influence.csv")
         written.append(_plot_influence(directory / "influence.png", measurement))
+    refined = measurement.metadata.get("refined")
+    if refined:
+        from .refinements import refined_from_arrays
+
+        written.append(write_profile(refined_from_arrays(measurement.arrays(), tuple(refined["switches"])),
+                                     directory / refined["file"], overwrite=True))
     return written
 
 

@@ -74,6 +74,16 @@ class Measurement:
             arrays["interventions"] = np.asarray(json.dumps(record, sort_keys=True))
         return arrays | {name: np.asarray(value) for name, value in self.extra.items()}
 
+    def save(self, directory, *, overwrite: bool = False) -> list:
+        """Write what ``jaxroll measure`` writes into `directory` (which must exist): the written paths.
+
+        `jaxroll.measure.outputs.write_measurement`: measurement.npz,
+        metadata.json, config.yaml, influence.csv, the figures, refined.csv.
+        """
+        from .outputs import write_measurement
+
+        return write_measurement(self, directory, overwrite=overwrite)
+
     def to_rollout_model(self, sequence_length: int | None = None):
         """A `jaxroll.RolloutModel` with the measured parameters, in logit units.
 
