@@ -231,7 +231,7 @@ def _measure_one(arguments, target: Target) -> None:
         _prepare_out(target, world)
         result = _run(arguments, target, request, world, device, tokenizer, token_ids, indices, len(documents))
         if result is not None:
-            written = result.save(target.out, overwrite=True)
+            written = measure.write_measurement(result, target.out, overwrite=True)
             for rank in range(world.size):  # every rank's sums are merged into the outputs
                 (target.out / _checkpoint_name(distributed.World(rank, world.size))).unlink(missing_ok=True)
             _print_measure_summary(result, target.out, written, arguments.json)

@@ -4,9 +4,9 @@
   of every sequence, ``influence_rows_per_sequence (S, K, N)``, and their
   normalised mean ``influence_rows (K, N)`` (`jaxroll.measure.rows`,
   `jaxroll.theory.rows.normalised_rows`), measured on the same sequences;
-- the refined rollout (``refine``): the switches in ``metadata["refined"]``
-  (`write_measurement` writes ``refined.csv``, the refined profile, from
-  them) and, with rows, its rows ``refined_rows (K, N)`` in float64
+- the refined rollout (``refine``): the switches in ``metadata["refined"]``,
+  its profile ``refined_profile`` (`write_measurement` writes it as
+  ``refined.csv``) and, with rows, its rows ``refined_rows (K, N)`` in float64
   (`jaxroll.measure.refinements.refined_rows_from_arrays`).
 """
 
@@ -47,10 +47,11 @@ def add_record(result, record: dict) -> None:
 
 def add_refined(result, switches) -> None:
     """The refined rollout's switches (refined.csv is written from them) and, with rows, its rows."""
+    from .refinements import refined_from_arrays, refined_rows_from_arrays
+
     result.metadata["refined"] = {"switches": list(switches), "file": "refined.csv"}
     if "query_positions" in result.extra:  # the refined rows beside the measured ones, float64
-        from .refinements import refined_rows_from_arrays
-
         result.extra["refined_rows"] = refined_rows_from_arrays(result.arrays(), switches,
                                                                 result.extra["query_positions"])
         result.metadata["refined"]["rows"] = "refined_rows in measurement.npz"
+    result.refined_profile = refined_from_arrays(result.arrays(), switches)

@@ -41,7 +41,7 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     kernels in ``config.kernels.npz``),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
     ``influence.png``; ``refined.csv``, the refined rollout's profile, when
-    it was measured with ``refine`` (``metadata["refined"]``).
+    it was measured with ``refine`` (``measurement.refined_profile``).
 
     Raises:
         ConfigError: a file exists and `overwrite` is false.
@@ -75,12 +75,8 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
         write_profile(measurement.influence, directory / "influence.csv", overwrite=True)
         written.append(directory / "influence.csv")
         written.append(_plot_influence(directory / "influence.png", measurement))
-    refined = measurement.metadata.get("refined")
-    if refined:
-        from .refinements import refined_from_arrays
-
-        written.append(write_profile(refined_from_arrays(measurement.arrays(), tuple(refined["switches"])),
-                                     directory / refined["file"], overwrite=True))
+    if measurement.refined_profile is not None:
+        written.append(write_profile(measurement.refined_profile, directory / "refined.csv", overwrite=True))
     return written
 
 
