@@ -47,6 +47,7 @@ def add_parser(commands) -> None:
     _common.add_output_arguments(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted sweep in --out from its last finished chunk")
+    _common.add_json_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -237,10 +238,25 @@ def run(arguments) -> None:
                               sequence_length=model.sequence_length, base=_base_point(model))
     written += [path.name for path in figures]
     shutil.rmtree(partial, ignore_errors=True)
+    _print_summary(arguments, result, grid, plan.mesh.devices.size, out, written)
+
+
+def _print_summary(arguments, result, grid, devices: int, out: Path, written: list) -> None:
+    """The sweep's size, method and the range of four statistics: a table, or one JSON object (--json)."""
     count = result.table["length"].shape[0]
+    ranges = {name: (float(np.nanmin(np.asarray(result.table[name], np.float64))),
+                     float(np.nanmax(np.asarray(result.table[name], np.float64))))
+              for name in ("first", "last", "center_of_mass", "u_index")}
+    if arguments.json:
+        _common.print_json({"spec": arguments.spec, "profiles": int(count), "grid": list(grid),
+                            "method": result.method, "batch_size": int(result.batch_size), "devices": devices,
+                            "ranges": {name: {"min": low if np.isfinite(low) else None,
+                                              "max": high if np.isfinite(high) else None}
+                                       for name, (low, high) in ranges.items()},
+                            "out": out, "written": written})
+        return
     print(f"jaxroll sweep: {arguments.spec} ({count} profiles, grid {grid}, method {result.method}, "
-          f"{result.batch_size} points per call on {plan.mesh.devices.size} device(s))")
-    for name in ("first", "last", "center_of_mass", "u_index"):
-        column = np.asarray(result.table[name], np.float64)
-        print(f"  {name:15} min {np.nanmin(column):.6g}  max {np.nanmax(column):.6g}")
+          f"{result.batch_size} points per call on {devices} device(s))")
+    for name, (low, high) in ranges.items():
+        print(f"  {name:15} min {low:.6g}  max {high:.6g}")
     print(f"  wrote {out}/" + ", ".join(written))
