@@ -291,8 +291,8 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
     monkeypatch.setattr(jaxroll.plot, "_save", lambda figure, path: figures.append(figure) or save(figure, path))
     reference = write_profile(tmp_path / "predicted-baseline.csv", u_shape())
     out = tmp_path / "out"
-    argv = ["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted), "--predicted-baseline",
-            str(reference), "--out", str(out), "--resamples", str(B), "--seed", "2"]
+    argv = ["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
+            "--predicted-baseline", str(reference), "--out", str(out), "--resamples", str(B), "--seed", "2"]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "intervention: tau=0.7" in table and "paired: the same 48 texts" in table
@@ -324,8 +324,8 @@ def test_command_without_token_ids_is_unpaired_and_says_so(tmp_path, capsys):
     baseline = write_measurement(tmp_path / "b", draw(u_shape(), rng))
     intervened = write_measurement(tmp_path / "i", draw(u_shape(), rng))
     predicted = write_profile(tmp_path / "p.csv", u_shape())
-    assert main(["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted), "--out",
-                 str(tmp_path / "out"), "--resamples", str(B)]) == 0
+    assert main(["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
+                 "--out", str(tmp_path / "out"), "--resamples", str(B)]) == 0
     assert "unpaired: a measurement records no token_ids" in capsys.readouterr().out
     record = json.loads((tmp_path / "out" / "effect.json").read_text())
     assert record["paired"] is False and record["intervention"] == ""

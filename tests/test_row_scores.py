@@ -194,7 +194,8 @@ def test_score_and_compare_score_every_row(measurement, tmp_path, capsys):
     assert [row["query"] for row in document["rows"]] == [8, 16, 23, 31]  # query_positions(32, 4)
     assert document["distance"]["measured"]["interval_kind"] == "bootstrap"
     assert (tmp_path / "rows" / "rows.png").stat().st_size > 0
-    code, out, err = run_cli(["compare", folder / "predicted.csv", folder / "predicted.csv", "--measured", "-", "--measured", folder,
+    code, out, err = run_cli(["compare", folder / "predicted.csv", folder / "predicted.csv", "--measured", "-",
+                              "--measured", folder,
                               "--rows-config", folder / "config.yaml", "--out", tmp_path / "compare",
                               "--resamples", 50], capsys)
     assert code == 0, err

@@ -36,7 +36,8 @@ def add_parser(commands) -> None:
                               "none: --measured - --measured DIR measures B only). A.csv (B.csv) must be the "
                               "influence.csv of that measurement (the --out of jaxroll measure, with "
                               "influence_per_sequence): with --out its pointwise 95%% bootstrap band over the "
-                              "sequences is drawn; with --rows-config: the measurement whose rows are scored (then no band)")
+                              "sequences is drawn; with --rows-config: the measurement whose rows are scored "
+                              "(then no band)")
     _common.add_json_argument(compare)
     compare.add_argument("--resamples", type=_common.positive_int, default=1000,
                          help="bootstrap resamples B of a band, and of the rows with --rows-config "

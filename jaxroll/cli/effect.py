@@ -18,7 +18,8 @@ def add_parser(commands) -> None:
         "effect", help="score a predicted change: baseline and intervened measurements against the rollout's "
                        "prediction of the intervened model",
         description="Compare the per-sequence influence of --measured BASELINE --measured INTERVENED (in this "
-                    "order; each the --out of jaxroll measure, with influence_per_sequence in measurement.npz) and score the rollout's "
+                    "order; each the --out of jaxroll measure, with influence_per_sequence in measurement.npz) "
+                    "and score the rollout's "
                     "predicted profile of the intervened model (--predicted, as jaxroll rollout --intervene "
                     "writes profile.csv). Reports the measured effect W1(m_I, m_B) over the noise of the "
                     "difference with a permutation p-value (paired when both measurements read the same "

@@ -436,7 +436,8 @@ def _predicted_rows(saved, label, rows_config, rows, queries) -> tuple[np.ndarra
         return predicted_rows(model, queries.tolist(), n=rows.shape[2]), str(rows_config)
 
 
-def score_measured_rows(saved, directory, label: str, rows_config, outputs, *, B: int = 1000, seed: int = 0, level: float = 0.95,
+def score_measured_rows(saved, directory, label: str, rows_config, outputs, *, B: int = 1000, seed: int = 0,
+                        level: float = 0.95,
                         buffer: int = 0, statistic: str = "median"):
     """Every measured row of `saved` (a `jaxroll.measure.outputs.SavedMeasurement` with ``--queries`` rows)
     against the rows of `rows_config` (a rollout YAML, or `REFINED`); writes rows.json and rows.png.
@@ -491,6 +492,7 @@ def rows_lines(scores: RowScores, distance: dict, outputs) -> list[str]:
         low, high = fitted["p_interval"]
         kind = "bootstrap over sequences" if fitted["interval_kind"] == "bootstrap" else "the fit's interval"
         lines.append(f"  by distance, {name}: p = {fitted['p']:.3g} [{low:.3g}, {high:.3g}] "
-                     f"({100 * fitted['level']:g}%, {kind})" + (" at a bound of the search" if fitted["at_bound"] else ""))
+                     f"({100 * fitted['level']:g}%, {kind})"
+                     + (" at a bound of the search" if fitted["at_bound"] else ""))
     lines.append(f"  wrote {outputs[0]} and {outputs[1]}")
     return lines

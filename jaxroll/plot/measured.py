@@ -1,5 +1,5 @@
 """Measurements of real models: lambdas by layer, the measured influence, two profiles side by side
-(`jaxroll measure`, `jaxroll compare --plot`, `jaxroll score --plot`)."""
+(`jaxroll measure`, `jaxroll compare --out DIR`, `jaxroll score --out DIR`)."""
 
 from __future__ import annotations
 
