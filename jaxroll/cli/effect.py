@@ -54,10 +54,6 @@ def _run_effect(arguments) -> None:
     from ..measure.effect import effect, pairing
 
     baseline_dir, intervened_dir = _folders(arguments)
-    if not 0 < arguments.level < 1:
-        raise ConfigError(f"--level: got {arguments.level}; allowed: 0 < level < 1")
-    if arguments.resamples < 2:
-        raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
     io.check_output_dir(arguments.out, force=arguments.force)
     predicted = _profile(io, arguments.predicted, "--predicted")
     reference = None
@@ -74,6 +70,9 @@ def _run_effect(arguments) -> None:
     try:
         result = effect(baseline_rows, intervened_rows, predicted, predicted_baseline=reference, paired=paired,
                         pairing_note=why, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
+    except ConfigError as error:  # checked once, by effect: the field named as the user typed it
+        flag = {"B": "--resamples", "level": "--level"}.get(error.field)
+        raise (error.renamed(flag) if flag else ConfigError(f"effect: {error}")) from None
     except ValueError as error:
         raise ConfigError(f"effect: {error}") from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)

@@ -83,6 +83,7 @@ import math
 
 import numpy as np
 
+from ..errors import ConfigError
 from .uncertainty import (Score, bootstrap_interval, check_rows, profile_from_rows, resample_counts, score,
                           wasserstein)
 
@@ -313,7 +314,9 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
 
     Raises:
         ValueError: shapes that do not match, negative or non-finite values,
-            a profile that does not sum to 1, ``paired`` with S_B != S_I.
+            a profile that does not sum to 1, ``paired`` with S_B != S_I;
+            a `ConfigError` (field, value, allowed) for `B`, `level` or
+            `fraction` out of range.
     """
     baseline_rows, intervened_rows = check_rows(baseline_per_sequence), check_rows(intervened_per_sequence)
     size = baseline_rows.shape[1]
@@ -323,9 +326,12 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
     predicted = _check_profile("predicted", predicted, size)
     reference_profile = None if predicted_baseline is None else _check_profile(
         "predicted_baseline", predicted_baseline, size)
-    if not (isinstance(B, int) and B >= 2 and 0 < level < 1 and 0 < fraction < 0.5):
-        raise ValueError(f"B = {B!r}, level = {level!r}, fraction = {fraction!r}; allowed: B >= 2, "
-                         "0 < level < 1, 0 < fraction < 0.5")
+    if not (isinstance(B, int) and B >= 2):
+        raise ConfigError.of("B", B, "an integer >= 2")
+    if not 0 < level < 1:
+        raise ConfigError.of("level", level, "0 < level < 1")
+    if not 0 < fraction < 0.5:
+        raise ConfigError.of("fraction", fraction, "0 < fraction < 0.5")
     if paired and baseline_rows.shape[0] != intervened_rows.shape[0]:
         raise ValueError(f"paired: S = {baseline_rows.shape[0]} and {intervened_rows.shape[0]} sequences; "
                          "allowed: as many intervened as baseline sequences")
