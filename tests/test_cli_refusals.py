@@ -78,7 +78,7 @@ def cases(files, out):
         "design": [["design", "--preset", "mpt-7b", "--free", "bogus=global", "--goal", "middle_mass", "--out", out],
                    ["design", "--preset", "mpt-7b", "--free", "tau=global", "--goal", "middle_mass",
                     "--kl-budget", -1, "--out", out]],
-        "series": [["series", missing], ["series", p.parent]],
+        "series": [["series", "--measured", missing], ["series", "--measured", p.parent]],
         "measure": [["measure", missing, "--texts", p, "--length", 8, "--samples", 2, "--out", out],
                     ["measure", p.parent, "--texts", p, "--length", 8, "--samples", 2, "--out", out]],
     }
