@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -51,7 +50,7 @@ def add_parser(commands) -> None:
 
 def _run_effect(arguments) -> None:
     from .. import io
-    from ..measure.effect import effect, pairing
+    from ..measure.effect import effect, pairing, write_effect
 
     baseline_dir, intervened_dir = _folders(arguments)
     io.check_output_dir(arguments.out, force=arguments.force)
@@ -80,13 +79,12 @@ def _run_effect(arguments) -> None:
               "predicted": str(arguments.predicted),
               "predicted_baseline": None if reference is None else str(arguments.predicted_baseline),
               "intervention": intervention} | result.as_dict()
-    (out / "effect.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     labels = (f"baseline, measured: {baseline_dir} ({result.sequences_baseline} sequences)",
               f"intervened, measured: {intervened_dir} ({result.sequences_intervened} sequences)",
               f"intervened, predicted: {arguments.predicted}",
               f"baseline, predicted: {arguments.predicted_baseline}")
-    _figure(out / "effect.png", arguments, result, baseline_rows, intervened_rows, predicted, reference,
-            intervention, labels)
+    write_effect(out, result, record, baseline_rows, intervened_rows, predicted, predicted_baseline=reference,
+                 labels=labels, intervention=intervention)
     if arguments.json:
         _common.print_json(record)
     else:
@@ -132,26 +130,6 @@ def _intervention(metadata) -> str:
     if isinstance(record, dict):
         return ", ".join(f"{name}={value}" for name, value in record.items())
     return "" if not record else str(record)
-
-
-def _figure(path, arguments, result, baseline_rows, intervened_rows, predicted, reference, intervention,
-            labels) -> None:
-    from ..measure.uncertainty import profile_band
-    from ..plot import plot_effect
-
-    bands = tuple(profile_band(rows, level=arguments.level, resamples=arguments.resamples, seed=arguments.seed)
-                  for rows in (baseline_rows, intervened_rows))
-    score = result.prediction
-    title = "\n".join([*([f"intervention: {intervention}"] if intervention else []),
-                       f"measured effect: W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of "
-                       f"the difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
-                       f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, "
-                       f"p = {score.p_value:.2g}; "
-                       f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' "
-                       f"(W1/(N-1) = {result.effect_w1:.3g})"])
-    baseline, intervened = (rows.sum(axis=0) / rows.sum() for rows in (baseline_rows, intervened_rows))  # m_B, m_I
-    plot_effect(path, baseline, intervened, predicted, bands=bands, labels=labels, predicted_baseline=reference, level=arguments.level,
-                title=title)
 
 
 def _print_table(arguments, folders, result, intervention: str, out: Path) -> None:
