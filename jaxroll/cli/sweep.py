@@ -19,8 +19,6 @@ line_<statistic>.png for one axis).
 
 from __future__ import annotations
 
-import csv
-import os
 import shutil
 from pathlib import Path
 
@@ -105,50 +103,6 @@ def read_spec(path: Path) -> tuple:
     return model, dict(axes), options
 
 
-def _atomic(path: Path):
-    return path.with_name(path.name + ".tmp")
-
-
-def _write_csv(table: dict, path: Path) -> None:
-    temporary = _atomic(path)
-    names = list(table)
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(names)
-        for row in zip(*(table[name] for name in names)):
-            writer.writerow([repr(float(x)) if isinstance(x, (float, np.floating)) else int(x) for x in row])
-    os.replace(temporary, path)
-
-
-def _write_parquet(table: dict, path: Path) -> bool:
-    try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError:
-        return False
-    temporary = _atomic(path)
-    pyarrow.parquet.write_table(pyarrow.Table.from_pydict({k: np.asarray(v) for k, v in table.items()}),
-                                temporary)
-    os.replace(temporary, path)
-    return True
-
-
-def _write_npz(result, lambdas: np.ndarray, path: Path) -> None:
-    arrays = {"profiles": result.profiles, "axis_names": np.asarray(list(result.axes), dtype=str),
-              "lambdas": lambdas}
-    if result.lengths is not None:
-        arrays["lengths"] = np.asarray(result.lengths)
-    for name, values in result.axes.items():
-        try:
-            arrays[f"axis_{name}"] = np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):  # mixed schedules: the per-point lambdas say it all
-            pass
-    temporary = _atomic(path)
-    with open(temporary, "wb") as handle:
-        np.savez(handle, **arrays)
-    os.replace(temporary, path)
-
-
 def _figure_axes(result, options) -> list[tuple[str, list]]:
     """The plotted axes: the sweep's (one "point" axis when zipped), then the lengths."""
     if options["zip"] and result.axes:
@@ -191,7 +145,7 @@ def run(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
-    from ..sweeps import STATISTICS, plan_sweep, sweep
+    from ..sweeps import STATISTICS, plan_sweep, sweep, write_tables
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.
@@ -222,13 +176,7 @@ def run(arguments) -> None:
                                 "with --resume to continue") from None
     if not main_process:
         return
-    written = ["sweep.csv"]
-    _write_csv(result.table, out / "sweep.csv")
-    if _write_parquet(result.table, out / "sweep.parquet"):
-        written.append("sweep.parquet")
-    lambdas = plan.chunk_leaves(np.arange(plan.count))["lambdas"].reshape(plan.shape + (model.num_layers,))
-    _write_npz(result, lambdas, out / "profiles.npz")
-    written.append("profiles.npz")
+    written = write_tables(result, plan, out)
     figure_axes = _figure_axes(result, options)
     grid = tuple(len(values) for _, values in figure_axes)
     statistics = {name: np.asarray(result.table[name], np.float64).reshape(grid)
