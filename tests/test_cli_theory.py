@@ -2,6 +2,8 @@
 
 import csv
 
+import json
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -38,6 +40,12 @@ def test_compare_prints_scipy_values(tmp_path, capsys):
     assert float(values["kl(A"]) == pytest.approx(scipy.stats.entropy(p, q), rel=1e-8)
     assert float(values["spearman"]) == pytest.approx(scipy.stats.spearmanr(p, q).statistic, rel=1e-8)
     assert f"argmin" in out and str(int(np.argmin(p))) in out
+    assert cli.main(["compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)  # one object, the same numbers unrounded
+    assert record["wasserstein"] == pytest.approx(
+        scipy.stats.wasserstein_distance(positions, positions, p, q) / 39, rel=1e-12)
+    assert record["kl"] == pytest.approx(scipy.stats.entropy(p, q), rel=1e-12)
+    assert record["shape"]["A"]["argmin"] == int(np.argmin(p)) and record["N"] == 40
 
 
 @pytest.mark.parametrize("values, other, message", [
@@ -102,16 +110,16 @@ def test_compare_plot_draws_each_measured_profile_with_its_bootstrap_band(tmp_pa
     rows_a = rng.gamma(1.5, size=(30, 1)) * rng.dirichlet(40 * (1 + 3 * x ** 2), size=30)
     rows_b = rng.gamma(1.5, size=(12, 1)) * rng.dirichlet(40 * (1 + 3 * x ** 2) * np.exp(x), size=12)
     a, b = _measurement(tmp_path / "ma", rows_a), _measurement(tmp_path / "mb", rows_b)
-    figure_path = tmp_path / "compare.png"
-    argv = ["compare", a, b, "--plot", str(figure_path), "--measured-a", str(tmp_path / "ma"),
-            "--measured-b", str(tmp_path / "mb"), "--resamples", "300", "--seed", "4"]
+    figure_path = tmp_path / "fig" / "compare.png"
+    argv = ["compare", a, b, "--out", str(figure_path.parent), "--measured", str(tmp_path / "ma"),
+            "--measured", str(tmp_path / "mb"), "--resamples", "300", "--seed", "4"]
     assert cli.main(argv) == 0
     assert figure_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"wrote {figure_path}" in capsys.readouterr().out
 
     figures = []
     monkeypatch.setattr(plot, "_save", lambda figure, path: figures.append(figure) or path)
-    assert cli.main([*argv, "--overwrite"]) == 0
+    assert cli.main([*argv, "--force"]) == 0
     axes = figures[0].axes[0]
     bands = {c.get_label()[0]: c for c in axes.collections if isinstance(c, PolyCollection) and "band" in c.get_label()}
     assert sorted(bands) == ["A", "B"]
@@ -133,9 +141,9 @@ def test_compare_plot_draws_each_measured_profile_with_its_bootstrap_band(tmp_pa
 
     # One measured profile: one band; none: no band, both curves drawn as read.
     figures.clear()
-    assert cli.main(["compare", a, b, "--plot", str(figure_path), "--overwrite", "--measured-b",
+    assert cli.main(["compare", a, b, "--out", str(figure_path.parent), "--force", "--measured", "-", "--measured",
                      str(tmp_path / "mb")]) == 0
-    assert cli.main(["compare", a, b, "--plot", str(figure_path), "--overwrite"]) == 0
+    assert cli.main(["compare", a, b, "--out", str(figure_path.parent), "--force"]) == 0
     for figure, expected in zip(figures, (["B"], [])):
         labels = [c.get_label()[0] for c in figure.axes[0].collections
                   if isinstance(c, PolyCollection) and "band" in c.get_label()]
@@ -154,26 +162,32 @@ def test_compare_plot_refusals_create_nothing(tmp_path, capsys):
     np.savez(tmp_path / "old" / "measurement.npz", influence=rows[0])
     (tmp_path / "nan").mkdir()
     np.savez(tmp_path / "nan" / "measurement.npz", influence_per_sequence=np.where(rows > 1, np.nan, rows))
-    figure = tmp_path / "f.png"
+    out = tmp_path / "fig"
+    figure = out / "compare.png"
+    (tmp_path / "file.txt").write_text("not a folder")
     for extra, message in (
-            (["--measured-a", str(tmp_path / "ma")], "--measured-a " + str(tmp_path / "ma") + ": draws a band"),
-            (["--plot", str(figure), "--measured-b", str(tmp_path / "long")], "--measured-b"),
-            (["--plot", str(figure), "--measured-b", str(tmp_path / "ma")], "differs from"),
-            (["--plot", str(figure), "--measured-a", str(tmp_path / "old")], "no influence_per_sequence"),
-            (["--plot", str(figure), "--measured-a", str(tmp_path / "nan")], "not finite"),
-            (["--plot", str(figure), "--measured-a", str(tmp_path / "none")], "no measurement.npz"),
-            (["--plot", str(tmp_path / "no" / "f.png")], "no folder"),
-            (["--plot", str(figure), "--resamples", "1"], "--resamples")):
+            (["--measured", str(tmp_path / "ma")], "--measured " + str(tmp_path / "ma") + ": draws a band"),
+            (["--out", str(out), "--measured", "-", "--measured", str(tmp_path / "long")], "--measured"),
+            (["--out", str(out), "--measured", "-", "--measured", str(tmp_path / "ma")], "differs from"),
+            (["--out", str(out), "--measured", str(tmp_path / "old")], "no influence_per_sequence"),
+            (["--out", str(out), "--measured", str(tmp_path / "nan")], "not finite"),
+            (["--out", str(out), "--measured", str(tmp_path / "none")], "no measurement.npz"),
+            (["--out", str(tmp_path / "file.txt")], "not a folder"),
+            (["--out", str(out), "--measured", "-", "--measured", "-", "--measured", "-"], "at most twice"),
+            (["--plot", str(figure)], "--plot: retired; use --out DIR"),
+            (["--measured-a", str(tmp_path / "ma")], "--measured-a: retired; use --measured DIR"),
+            (["--out", str(out), "--resamples", "1"], "--resamples")):
         assert cli.main(["compare", a, other, *extra]) == 2, extra
         assert message in _error_line(capsys), extra
-        assert not figure.exists() and not (tmp_path / "no").exists()
-    assert cli.main(["compare", a, other, "--plot", str(figure), "--measured-b", str(tmp_path / "long")]) == 2
+        assert not out.exists()
+    assert cli.main(["compare", a, other, "--out", str(out), "--measured", "-", "--measured",
+                     str(tmp_path / "long")]) == 2
     assert "N = 9 positions per sequence; allowed: N = 8" in _error_line(capsys)
-    assert cli.main(["compare", a, other, "--plot", str(figure)]) == 0
+    assert cli.main(["compare", a, other, "--out", str(out)]) == 0
     capsys.readouterr()
     before = figure.read_bytes()
-    assert cli.main(["compare", a, other, "--plot", str(figure)]) == 2
-    assert "--overwrite" in _error_line(capsys) and figure.read_bytes() == before
+    assert cli.main(["compare", a, other, "--out", str(out)]) == 2
+    assert "--force" in _error_line(capsys) and figure.read_bytes() == before
 
 
 def test_forces_writes_csv_png_and_table(tmp_path, capsys):

@@ -291,8 +291,8 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
     monkeypatch.setattr(jaxroll.plot, "_save", lambda figure, path: figures.append(figure) or save(figure, path))
     reference = write_profile(tmp_path / "predicted-baseline.csv", u_shape())
     out = tmp_path / "out"
-    argv = ["effect", str(baseline), str(intervened), "--predicted", str(predicted), "--predicted-baseline",
-            str(reference), "--out", str(out), "--resamples", str(B), "--seed", "2"]
+    argv = ["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
+            "--predicted-baseline", str(reference), "--out", str(out), "--resamples", str(B), "--seed", "2"]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "intervention: tau=0.7" in table and "paired: the same 48 texts" in table
@@ -315,6 +315,8 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
                  "95% pointwise bootstrap band"):
         assert any(name in entry for entry in legend), name
     assert figure.axes[0].get_title().startswith("intervention: tau=0.7\nmeasured effect")
+    assert main([*argv, "--force", "--json"]) == 0  # --json: the effect.json record, one object on stdout
+    assert json.loads(capsys.readouterr().out) == record
 
 
 def test_command_without_token_ids_is_unpaired_and_says_so(tmp_path, capsys):
@@ -322,8 +324,8 @@ def test_command_without_token_ids_is_unpaired_and_says_so(tmp_path, capsys):
     baseline = write_measurement(tmp_path / "b", draw(u_shape(), rng))
     intervened = write_measurement(tmp_path / "i", draw(u_shape(), rng))
     predicted = write_profile(tmp_path / "p.csv", u_shape())
-    assert main(["effect", str(baseline), str(intervened), "--predicted", str(predicted), "--out",
-                 str(tmp_path / "out"), "--resamples", str(B)]) == 0
+    assert main(["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
+                 "--out", str(tmp_path / "out"), "--resamples", str(B)]) == 0
     assert "unpaired: a measurement records no token_ids" in capsys.readouterr().out
     record = json.loads((tmp_path / "out" / "effect.json").read_text())
     assert record["paired"] is False and record["intervention"] == ""
@@ -341,10 +343,15 @@ def _bad_inputs(tmp_path, baseline, intervened, predicted):
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("x")
-    args = lambda b, i, p, *more: ["effect", str(b), str(i), "--predicted", str(p), *more]  # noqa: E731
+    args = lambda b, i, p, *more: ["effect", "--measured", str(b), "--measured", str(i),  # noqa: E731
+                                   "--predicted", str(p), *more]
     return [
-        ("missing baseline", args(tmp_path / "nowhere", intervened, predicted), "BASELINE_DIR"),
-        ("mismatched N", args(baseline, short, predicted), "INTERVENED_DIR"),
+        ("missing baseline", args(tmp_path / "nowhere", intervened, predicted), f"--measured {tmp_path / 'nowhere'}"),
+        ("mismatched N", args(baseline, short, predicted), f"--measured {short}"),
+        ("positional folders", ["effect", str(baseline), str(intervened), "--predicted", str(predicted)],
+         "positional measurement folders are retired; use --measured BASELINE --measured INTERVENED"),
+        ("one measurement", ["effect", "--measured", str(baseline), "--predicted", str(predicted)],
+         "--measured: given 1 times; allowed: twice"),
         ("corrupt npz", args(baseline, corrupt, predicted), "measurement.npz: not a readable .npz"),
         ("wrong length", args(baseline, intervened, wrong_length), "N = 24 positions per sequence"),
         ("not summing to 1", args(baseline, intervened, unnormalised), "probabilities sum to 2"),

@@ -322,7 +322,8 @@ def test_lambdas_figure_has_integer_layer_ticks(tmp_path, figures, layers):
     low, high = axes.get_xlim()
     ticks = [t for t in axes.get_xticks() if low <= t <= high]
     assert len(ticks) >= 2
-    assert all(float(t).is_integer() and 1 <= t <= layers for t in ticks), ticks
+    assert all(float(t).is_integer() and 0 <= t <= layers - 1 for t in ticks), ticks  # layers from 0
+    np.testing.assert_array_equal(axes.lines[0].get_xdata(), np.arange(layers))
 
 
 # ------------------------------------------------- issue 46: peaked profiles, the sweep's N and base point

@@ -110,6 +110,42 @@ def test_measure_end_to_end(family, saved, texts, tmp_path, capsys):
     assert "jaxroll measure" in stdout
 
 
+def test_the_library_call_writes_what_the_command_writes(saved, texts, tmp_path, capsys):
+    """`jaxroll.measure.measure` (rows and refinement included) and `write_measurement` give the command's files:
+    every array of measurement.npz, refined.csv and metadata.json (but for its timing) equal, and `--json`
+    prints that metadata."""
+    from jaxroll.measure import load_model, load_tokenizer, measure, read_texts, select_sequences, write_measurement
+    from jaxroll.theory.rows import query_positions
+
+    folder, out = saved["llama"], tmp_path / "command"
+    code, stdout, stderr = _run(["measure", folder, "--texts", texts, "--length", 16, "--samples", 3, "--dtype",
+                                 "float64", "--quiet", "--out", out, "--queries", 2, "--refine", "heads",
+                                 "--json"], capsys)
+    assert code == 0, stderr
+    printed = json.loads(stdout)
+    documents = read_texts(texts)
+    token_ids, indices = select_sequences(documents, load_tokenizer(folder), 16, 3)
+    model = load_model(folder, dtype="float64", attn_implementation=printed["metadata"]["attn_implementation"])
+    stats = tuple(printed["metadata"]["stats"])
+    result = measure(model, token_ids, stats=stats, source=str(folder), queries=query_positions(16, 2),
+                     batch_size=printed["metadata"]["batch_size"],
+                     refine=("heads",), document_indices=indices,
+                     record={key: printed["metadata"][key] for key in ("processes", "device", "protocol")})
+    library = tmp_path / "library"
+    library.mkdir()
+    written = write_measurement(result, library)
+    assert sorted(path.name for path in written) == sorted(printed["written"])
+    with np.load(out / "measurement.npz") as a, np.load(library / "measurement.npz") as b:
+        assert sorted(a.files) == sorted(b.files) and "refined_rows" in a.files
+        for name in a.files:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert (out / "refined.csv").read_text() == (library / "refined.csv").read_text()
+    ours, theirs = (json.loads((folder / "metadata.json").read_text()) for folder in (out, library))
+    for record in (ours, theirs, printed["metadata"]):
+        record.pop("timing")
+    assert list(ours) == list(theirs) and ours == theirs == printed["metadata"]
+
+
 def test_falcon_doubled_option_is_recorded(saved, texts, tmp_path, capsys):
     code, _, stderr = _run(["measure", saved["falcon"], "--texts", texts, "--length", 16, "--samples", 2,
                             "--out", tmp_path, "--falcon-alibi", "doubled", "--stats", "lambda"], capsys)

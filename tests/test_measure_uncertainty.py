@@ -345,14 +345,20 @@ def test_score_command_plot_and_refusals(tmp_path, capsys):
     from jaxroll.cli import main
 
     rows, measured, predicted, profile = _inputs(tmp_path)
-    figure = tmp_path / "score.png"
-    argv = ["score", str(predicted), "--measured", str(measured), "--resamples", "50", "--plot", str(figure)]
+    figure = tmp_path / "figure" / "score.png"
+    argv = ["score", str(predicted), "--measured", str(measured), "--resamples", "50", "--out", str(figure.parent)]
     assert main(argv) == 0 and figure.stat().st_size > 0
     capsys.readouterr()
     before = figure.read_bytes()
-    assert main(argv) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main(argv) == 2 and "--force" in capsys.readouterr().err
     assert figure.read_bytes() == before
-    assert main([*argv, "--overwrite"]) == 0
+    assert main([*argv, "--force"]) == 0
+    for retired, new in (("--plot", "--out DIR"), ("--rows-out", "--out DIR")):
+        assert main(["score", str(predicted), "--measured", str(measured), retired, "x"]) == 2
+        err = capsys.readouterr().err
+        assert f"{retired}: retired; use {new}" in err and err.count("\n") == 1
+    assert main(["score", str(predicted), "--measured", str(measured), "--overwrite"]) == 2
+    assert "--overwrite: retired; use --force" in capsys.readouterr().err
     short = tmp_path / "short.csv"
     short.write_text("token_position,probability\n0,0.5\n1,0.5\n")
     old = tmp_path / "old"

@@ -187,15 +187,16 @@ def measurement(tmp_path_factory):
 def test_score_and_compare_score_every_row(measurement, tmp_path, capsys):
     folder, _ = measurement
     code, out, err = run_cli(["score", folder / "predicted.csv", "--measured", folder, "--rows-config",
-                              folder / "config.yaml", "--rows-out", tmp_path / "rows", "--resamples", 50], capsys)
+                              folder / "config.yaml", "--out", tmp_path / "rows", "--resamples", 50], capsys)
     assert code == 0, err
     assert "W1/noise over rows" in out and "Holm" in out and "by distance, measured" in out
     document = json.loads((tmp_path / "rows" / "rows.json").read_text())
     assert [row["query"] for row in document["rows"]] == [8, 16, 23, 31]  # query_positions(32, 4)
     assert document["distance"]["measured"]["interval_kind"] == "bootstrap"
     assert (tmp_path / "rows" / "rows.png").stat().st_size > 0
-    code, out, err = run_cli(["compare", folder / "predicted.csv", folder / "predicted.csv", "--measured-b", folder,
-                              "--rows-config", folder / "config.yaml", "--rows-out", tmp_path / "compare",
+    code, out, err = run_cli(["compare", folder / "predicted.csv", folder / "predicted.csv", "--measured", "-",
+                              "--measured", folder,
+                              "--rows-config", folder / "config.yaml", "--out", tmp_path / "compare",
                               "--resamples", 50], capsys)
     assert code == 0, err
     assert json.loads((tmp_path / "compare" / "rows.json").read_text())["rows"] == document["rows"]
@@ -207,14 +208,14 @@ def test_row_options_refused_in_one_line(measurement, tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "rows.json").write_text("{}")
     for argv, message in (
-            (["score", csv, "--measured", old, "--rows-config", config, "--rows-out", tmp_path / "a"],
+            (["score", csv, "--measured", old, "--rows-config", config, "--out", tmp_path / "a"],
              "influence_rows_per_sequence"),
             (["score", "--measured", folder, "--rows-config", tmp_path / "none.yaml"], "no such file"),
             (["score", "--measured", folder], "give PREDICTED.csv"),
             (["score", csv, "--measured", folder, "--buffer", "2"], "applies to --rows-config only"),
-            (["score", csv, "--measured", folder, "--rows-config", config, "--rows-out", tmp_path / "taken"],
+            (["score", csv, "--measured", folder, "--rows-config", config, "--out", tmp_path / "taken"],
              "rows.json exists"),
-            (["compare", csv, csv, "--rows-config", config], "exactly one of --measured-a")):
+            (["compare", csv, csv, "--rows-config", config], "exactly one --measured DIR")):
         code, _, err = run_cli(argv, capsys)
         assert code == 2, argv
         assert message in err and len(err.strip().splitlines()) == 1, err
@@ -234,7 +235,7 @@ def test_score_rows_config_refined_scores_the_measurements_own_refined_rows(meas
     refined /= refined.sum(-1, keepdims=True)
     np.savez(folder / "measurement.npz", **arrays, refined_rows=refined)
     (folder / "metadata.json").write_text(json.dumps({"refined": {"switches": ["heads"]}}))
-    code, out, err = run_cli(["score", "--measured", folder, "--rows-config", "refined", "--rows-out",
+    code, out, err = run_cli(["score", "--measured", folder, "--rows-config", "refined", "--out",
                               tmp_path / "out", "--resamples", 50], capsys)
     assert code == 0, err
     document = json.loads((tmp_path / "out" / "rows.json").read_text())
@@ -244,6 +245,6 @@ def test_score_rows_config_refined_scores_the_measurements_own_refined_rows(meas
         expected = np.abs(np.cumsum(p - m))[:-1].sum() / q
         assert abs(document["rows"][k]["w1"] - expected) < 1e-12
     # Without refined rows in the measurement: one line, exit 2.
-    code, _, err = run_cli(["score", "--measured", source, "--rows-config", "refined", "--rows-out",
+    code, _, err = run_cli(["score", "--measured", source, "--rows-config", "refined", "--out",
                             tmp_path / "none"], capsys)
     assert code == 2 and "no refined_rows" in err and len(err.strip().splitlines()) == 1

@@ -10,6 +10,7 @@ written out here in NumPy from their definitions.
 """
 
 import csv
+import json
 import shutil
 
 import numpy as np
@@ -220,10 +221,19 @@ def test_jaxroll_series_redraws_the_figure_from_the_files(series_out, tmp_path, 
     out = tmp_path / "out"
     shutil.copytree(series_out, out)
     (out / "series" / "series.png").unlink()
-    assert main(["series", str(out)]) == 0
+    assert main(["series", "--measured", str(out)]) == 0
     assert (out / "series" / "series.png").read_bytes().startswith(b"\x89PNG")
     assert "2 steps (0 .. 5)" in capsys.readouterr().out
-    _refused(capsys, main(["series", str(tmp_path / "nowhere")]))
+    before = (out / "series" / "series.png").read_bytes()
+    _refused(capsys, main(["series", "--measured", str(out)]))  # series.png exists: --force replaces it
+    assert (out / "series" / "series.png").read_bytes() == before
+    assert main(["series", "--measured", str(out), "--force", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == [0, 5]
+    assert main(["series", "--measured", str(out), "--out", str(tmp_path / "figures")]) == 0
+    assert (tmp_path / "figures" / "series.png").read_bytes().startswith(b"\x89PNG")
+    capsys.readouterr()
+    _refused(capsys, main(["series", "--measured", str(tmp_path / "nowhere")]))
+    _refused(capsys, main(["series", str(out)]))  # the positional folder is retired, in one line
 
 
 def test_the_series_figure_has_its_three_panels():
@@ -237,4 +247,5 @@ def test_the_series_figure_has_its_three_panels():
     assert heat.get_ylabel().startswith("input position") and "step" in heat.get_xlabel()
     assert [tick.get_text() for tick in heat.get_xticklabels()] == ["0", "1", "2", "4", "8"]
     assert len(lines.get_lines()) == 3 and lines.get_legend() is not None
+    assert [text.get_text() for text in lines.get_legend().get_texts()] == ["layer 0", "layer 1", "layer 2"]
     assert agreement.get_yscale() == "log" and agreement.get_legend() is not None

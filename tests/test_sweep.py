@@ -107,6 +107,11 @@ def test_mapping_schedules_in_a_spec_run_from_the_cli(tmp_path, capsys):
     model = dataclasses.replace(jaxroll.presets.get("mpt-7b"), sequence_length=16)
     want = expected(model, 16, lambdas=power_decay(0.8, 1.0, model.num_layers))
     np.testing.assert_allclose(np.load(tmp_path / "out" / "profiles.npz")["profiles"][1], want, rtol=0, atol=1e-12)
+    status, output = run(["sweep", spec_file(tmp_path, text), "--out", tmp_path / "out", "--force", "--json"], capsys)
+    assert status == 0, output.err
+    record = json.loads(output.out)  # one object: the table's numbers, not its rounding
+    assert record["profiles"] == 2 and record["grid"] == [2]
+    assert record["ranges"]["last"]["max"] == pytest.approx(max(float(rows["last"].max()), want[-1]), rel=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -88,6 +88,10 @@ def test_task_and_compare_task_end_to_end(family, saved, tmp_path, capsys):
     report = json.loads((out / "summary.json").read_text())
     assert set(report["tasks"]) == {"kv", "passkey", "copy"}
     assert "effective length" in stdout
+    code, printed, stderr = _run(["task", saved[family], "--out", out, *GRID, "--dtype", "float64", "--resume",
+                                  "--json"], capsys)  # every case scored: the summary again, as one object
+    assert code == 0, stderr
+    assert {key: value for key, value in json.loads(printed).items() if key not in ("cases", "out")} == report
     compare = tmp_path / "compare"
     code, stdout, stderr = _run(["compare-task", out, "--task", "copy", "--length", 72, "--preset", "mpt-7b",
                                  "--score", "logprob", "--out", compare], capsys)
@@ -97,6 +101,12 @@ def test_task_and_compare_task_end_to_end(family, saved, tmp_path, capsys):
     result = json.loads((compare / "compare.json").read_text())
     assert result["length"] == 72 and len(result["cells"]) == 3
     assert "Cannot conclude" in stdout
+    code, stdout, stderr = _run(["compare-task", out, "--task", "copy", "--length", 72, "--preset", "mpt-7b",
+                                 "--score", "logprob", "--out", compare, "--force", "--json"], capsys)
+    assert code == 0, stderr
+    printed = json.loads(stdout)  # compare.json's object, with null where the file has NaN
+    assert printed["length"] == 72 and printed["cells"] == json.loads(json.dumps(result["cells"]).replace(
+        "NaN", "null"))
 
 
 def test_compare_task_with_a_measured_configuration(saved, tmp_path, capsys):

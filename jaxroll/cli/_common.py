@@ -200,13 +200,20 @@ def add_model_arguments(parser) -> None:
                              "default: the memory available on this machine)")
 
 
-def model_from_arguments(arguments):
-    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it."""
+def model_from_arguments(arguments, *, config=None, length=None):
+    """The model of ``[CONFIG] [--preset NAME] [--length N]`` and a name for it.
+
+    `config` and `length`, when given, stand for CONFIG and ``--length`` (a
+    command that derives them, as compare-task from ``--measured``, passes
+    them here instead of changing the parsed arguments).
+    """
+    config = arguments.config if config is None else config
+    length = arguments.length if length is None else length
     import dataclasses
 
     from .. import io, presets, published
 
-    given = [flag for flag, value in (("CONFIG", arguments.config), ("--preset", arguments.preset),
+    given = [flag for flag, value in (("CONFIG", config), ("--preset", arguments.preset),
                                       ("--published", arguments.published)) if value is not None]
     if len(given) > 1:
         raise ConfigError(f"{arguments.command}: give one of CONFIG, --preset, --published; got {' and '.join(given)}")
@@ -215,11 +222,11 @@ def model_from_arguments(arguments):
                                               ("--no-residual", arguments.no_residual)) if used]
     if published_only and arguments.published is None:
         raise ConfigError(f"{published_only[0]}: applies to --published only")
-    if arguments.config is not None:
-        model, source = io.load_config(arguments.config), str(arguments.config)
+    if config is not None:
+        model, source = io.load_config(config), str(config)
     elif arguments.published is not None:
         content = None if arguments.content == "none" else arguments.content
-        measured = 256 if arguments.length is None else published.length_for(arguments.length, content)
+        measured = 256 if length is None else published.length_for(length, content)
         model = published.load(arguments.published, content, arguments.dataset, measured,
                                residual=not arguments.no_residual)
         source = (f"published {arguments.published} ({_content_words(arguments.content)}, {arguments.dataset}"
@@ -227,8 +234,8 @@ def model_from_arguments(arguments):
     else:
         name = arguments.preset or presets.DEFAULT
         model, source = presets.get(name), f"preset {name}"
-    if arguments.length is not None:
-        model = dataclasses.replace(model, sequence_length=arguments.length)
+    if length is not None:
+        model = dataclasses.replace(model, sequence_length=length)
     check_kernel_length(model)
     check_memory(model, arguments)
     return model, source
@@ -255,7 +262,8 @@ def check_kernel_length(model) -> None:
     try:
         model.kernel.check_length(model.sequence_length)
     except ConfigError as error:
-        raise ConfigError(f"--length {model.sequence_length}: {str(error).partition(': ')[2]}") from None
+        raise ConfigError(f"--length {model.sequence_length}: {error.detail}", field="--length",
+                          value=model.sequence_length, allowed=error.allowed) from None
 
 
 def require_alibi_model(model, command: str) -> None:
@@ -265,49 +273,50 @@ def require_alibi_model(model, command: str) -> None:
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))
 
 
-def check_figure_path(path, overwrite: bool, flag: str = "--plot") -> None:
-    """Refuse, before anything is computed, a figure `path` that exists (without --overwrite) or has no folder."""
-    if path is None:
-        return
-    if path.exists() and not overwrite:
-        raise ConfigError(f"{flag} {path}: exists; pass --overwrite to replace it")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{flag} {path}: no folder {path.parent}; allowed: a file in an existing folder")
+def free_output_path(path: Path, force: bool) -> Path:
+    """`path`, refused before any work when it exists and `force` (``--force``) is not given."""
+    if path.exists() and not force:
+        raise ConfigError(f"--out {path.parent}: {path.name} exists; pass --force to replace it",
+                          field="--out", value=str(path.parent), allowed="a folder without it, or --force")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ConfigError(f"--out {path.parent}: not a folder", field="--out", value=str(path.parent),
+                          allowed="a folder (created when missing)")
+    return path
 
 
-def measured_rows(directory: Path, flag: str, size: int, profile_path: Path):
-    """``influence_per_sequence (S, N)`` of ``DIR/measurement.npz`` (the ``--out`` of ``jaxroll measure``).
+def add_rows_arguments(parser, measured: str) -> None:
+    """``--rows-config CONFIG.yaml``, ``--buffer B``, ``--statistic``: every measured row scored."""
+    parser.add_argument("--rows-config", type=Path, metavar="CONFIG.yaml",
+                        help=f"score every row of the measurement in {measured} (made with jaxroll measure "
+                             "--queries K: influence_rows_per_sequence, query_positions) against the rows "
+                             "P_T[q_k, :] that this rollout configuration predicts (e.g. the config.yaml that "
+                             "jaxroll measure wrote), or, with the word 'refined', against the refined rollout's rows "
+                             "that jaxroll measure --refine SWITCHES --queries K wrote beside them (refined_rows): "
+                             "per-row W1/noise, p-values with Holm's correction, the "
+                             "power law by distance with a bootstrap interval over sequences; writes rows.json and "
+                             "rows.png into --out (docs/rows.md)")
+    parser.add_argument("--buffer", type=non_negative_int, default=0,
+                        help="with --rows-config: leave source positions j < BUFFER out of the curve by "
+                             "distance (Brändel et al.'s --source-min-index; default 0)")
+    parser.add_argument("--statistic", choices=("median", "mean"), default="median",
+                        help="with --rows-config: the statistic over query positions by distance (default median)")
 
-    Checked, one line naming `flag` on failure: the file and the array
-    exist, S >= 2 finite non-negative rows (at least 2 with gradient mass),
-    and N = `size`, the length of the profile read from `profile_path`.
-    """
-    return measured_arrays(directory, flag, size, profile_path)[0]
 
+def check_rows_arguments(arguments, folder: Path) -> tuple | None:
+    """The paths rows.json and rows.png in `folder`, refused before any work when they exist without
+    --force (None without --rows-config); the row options without --rows-config are refused."""
+    from ..measure.row_scores import REFINED
 
-def measured_arrays(directory: Path, flag: str, size: int, profile_path: Path):
-    """`measured_rows` and every array of the ``measurement.npz`` it was read from (one read of the file)."""
-    from ..measure.uncertainty import check_rows
-
-    path = directory / "measurement.npz"
-    if not path.is_file():
-        raise ConfigError(f"{flag} {directory}: no measurement.npz; allowed: the --out of jaxroll measure")
-    from .._readers import read_npz
-
-    data = read_npz(path, "the measurement.npz that jaxroll measure writes into its --out",
-                    label=f"{flag} {directory}: measurement.npz")
-    if "influence_per_sequence" not in data:
-        raise ConfigError(f"{flag} {directory}: no influence_per_sequence in measurement.npz; "
-                          "allowed: a measurement with --stats ...,influence by this version")
-    rows = data["influence_per_sequence"]
-    try:
-        rows = check_rows(rows)
-    except ValueError as error:
-        raise ConfigError(f"{flag} {directory}: influence_per_sequence {str(error).partition(': ')[2]}") from None
-    if rows.shape[1] != size:
-        raise ConfigError(f"{flag} {directory}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
-                          f"the length of {profile_path}")
-    return rows, data
+    if arguments.rows_config is None:
+        used = [flag for flag, value, default in (("--buffer", arguments.buffer, 0),
+                                                  ("--statistic", arguments.statistic, "median")) if value != default]
+        if used:
+            raise ConfigError(f"{used[0]}: applies to --rows-config only")
+        return None
+    if not (arguments.rows_config.is_file() or str(arguments.rows_config) == REFINED):
+        raise ConfigError(f"--rows-config {arguments.rows_config}: no such file; allowed: a rollout YAML file or "
+                          f"'{REFINED}' (the measurement's refined_rows)")
+    return tuple(free_output_path(folder / name, arguments.force) for name in ("rows.json", "rows.png"))
 
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")

@@ -28,6 +28,7 @@ def add_parser(commands) -> None:
                          help="exact match (default), gold log-probability, or fraction of answer tokens right")
     compare.add_argument("--resamples", type=_common.positive_int, default=2000, help="bootstrap resamples")
     _common.add_output_arguments(compare)
+    _common.add_json_argument(compare)
     compare.set_defaults(run=_run_compare)
 
 
@@ -49,15 +50,15 @@ def _run_compare(arguments) -> None:
         raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
                           "--out of jaxroll task")
     task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
+    config = arguments.config
     if arguments.measured is not None:
         if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
             raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
-        arguments.config = arguments.measured / "config.yaml"
-        if not arguments.config.is_file():
+        config = arguments.measured / "config.yaml"
+        if not config.is_file():
             raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
                               "measure with lambda measured")
-    arguments.length = length
-    model, source = _common.model_from_arguments(arguments)
+    model, source = _common.model_from_arguments(arguments, config=config, length=length)
     model = dataclasses.replace(model, sequence_length=length)
     if arguments.measured is not None:
         source = f"measured {arguments.measured}"
@@ -65,10 +66,10 @@ def _run_compare(arguments) -> None:
     profile = np.asarray(influence(model, length), dtype=np.float64)
     result = versus_influence.compare_task(rows, profile, task=task, length=length, score=arguments.score,
                                            resamples=arguments.resamples, source=source)
-    _write_compare(result, arguments.out)
+    _write_compare(result, arguments.out, arguments.json)
 
 
-def _write_compare(result, out: Path) -> None:
+def _write_compare(result, out: Path, as_json: bool = False) -> None:
     import csv
 
     from ..task import versus_influence
@@ -86,8 +87,24 @@ def _write_compare(result, out: Path) -> None:
     lines = result.statement()
     (out / "compare.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     versus_influence.plot_comparison(result, out / "compare.png")
+    if as_json:
+        _common.print_json(_finite(summary))
+        return
     print("jaxroll compare-task:")
     for line in lines:
         print(f"  {line}")
     print(f"  wrote {out}/compare.csv, compare.json, compare.txt, compare.png")
     sys.stdout.flush()
+
+
+def _finite(value):
+    """`value` with every non-finite float as None: JSON has no NaN."""
+    import math
+
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

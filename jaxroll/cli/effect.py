@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -16,8 +16,9 @@ def add_parser(commands) -> None:
     effect = commands.add_parser(
         "effect", help="score a predicted change: baseline and intervened measurements against the rollout's "
                        "prediction of the intervened model",
-        description="Compare the per-sequence influence of BASELINE_DIR and INTERVENED_DIR (each the --out of "
-                    "jaxroll measure, with influence_per_sequence in measurement.npz) and score the rollout's "
+        description="Compare the per-sequence influence of --measured BASELINE --measured INTERVENED (in this "
+                    "order; each the --out of jaxroll measure, with influence_per_sequence in measurement.npz) "
+                    "and score the rollout's "
                     "predicted profile of the intervened model (--predicted, as jaxroll rollout --intervene "
                     "writes profile.csv). Reports the measured effect W1(m_I, m_B) over the noise of the "
                     "difference with a permutation p-value (paired when both measurements read the same "
@@ -26,9 +27,10 @@ def add_parser(commands) -> None:
                     "measured changes of middle mass and center of mass with bootstrap intervals, and whether "
                     "the prediction beats 'no change'. Writes effect.json (every number) and effect.png into "
                     "--out. Pure NumPy; seeded (docs/interventions.md, 'Scoring a predicted change').")
-    effect.add_argument("baseline", type=Path, metavar="BASELINE_DIR", help="the measurement of the baseline model")
-    effect.add_argument("intervened", type=Path, metavar="INTERVENED_DIR",
-                        help="the measurement of the intervened model")
+    effect.add_argument("--measured", type=Path, action="append", default=[], metavar="DIR",
+                        help="twice, in this order: the measurement of the baseline model, then of the intervened "
+                             "model (--measured BASELINE --measured INTERVENED)")
+    effect.add_argument("retired_folders", nargs="*", metavar="", help=argparse.SUPPRESS)
     effect.add_argument("--predicted", type=Path, required=True, metavar="PROFILE.csv",
                         help="the rollout's profile of the intervened model (token_position,probability; sums to 1)")
     effect.add_argument("--predicted-baseline", type=Path, metavar="PROFILE.csv",
@@ -42,17 +44,15 @@ def add_parser(commands) -> None:
     effect.add_argument("--out", type=Path, default=Path("results") / "effect",
                         help="output directory (default results/effect)")
     effect.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _common.add_json_argument(effect)
     effect.set_defaults(run=_run_effect, uses_jax=False)
 
 
 def _run_effect(arguments) -> None:
     from .. import io
-    from ..measure.effect import effect, pairing
+    from ..measure.effect import effect, pairing, write_effect
 
-    if not 0 < arguments.level < 1:
-        raise ConfigError(f"--level: got {arguments.level}; allowed: 0 < level < 1")
-    if arguments.resamples < 2:
-        raise ConfigError(f"--resamples: got {arguments.resamples}; allowed: >= 2")
+    baseline_dir, intervened_dir = _folders(arguments)
     io.check_output_dir(arguments.out, force=arguments.force)
     predicted = _profile(io, arguments.predicted, "--predicted")
     reference = None
@@ -61,28 +61,58 @@ def _run_effect(arguments) -> None:
         if reference.size != predicted.size:
             raise ConfigError(f"--predicted-baseline {arguments.predicted_baseline}: N = {reference.size}; "
                               f"allowed: N = {predicted.size}, the length of {arguments.predicted}")
-    measurements = []
-    for directory, flag in ((arguments.baseline, "BASELINE_DIR"), (arguments.intervened, "INTERVENED_DIR")):
-        if not directory.is_dir():
-            raise ConfigError(f"{flag} {directory}: no such directory; allowed: the --out of jaxroll measure")
-        measurements.append(_common.measured_arrays(directory, flag, predicted.size, arguments.predicted))
-    (baseline_rows, baseline_arrays), (intervened_rows, intervened_arrays) = measurements
-    paired, why = pairing(baseline_arrays.get("token_ids"), intervened_arrays.get("token_ids"))
-    intervention = _intervention(arguments.intervened)
+    baseline, intervened = (_measurement(directory, predicted.size, arguments.predicted)
+                            for directory in (baseline_dir, intervened_dir))
+    (baseline_rows, baseline_saved), (intervened_rows, intervened_saved) = baseline, intervened
+    paired, why = pairing(baseline_saved.arrays.get("token_ids"), intervened_saved.arrays.get("token_ids"))
+    intervention = _intervention(intervened_saved.metadata)
     try:
         result = effect(baseline_rows, intervened_rows, predicted, predicted_baseline=reference, paired=paired,
                         pairing_note=why, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
+    except ConfigError as error:  # checked once, by effect: the field named as the user typed it
+        flag = {"B": "--resamples", "level": "--level"}.get(error.field)
+        raise (error.renamed(flag) if flag else ConfigError(f"effect: {error}")) from None
     except ValueError as error:
         raise ConfigError(f"effect: {error}") from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    record = {"baseline": str(arguments.baseline), "intervened": str(arguments.intervened),
+    record = {"baseline": str(baseline_dir), "intervened": str(intervened_dir),
               "predicted": str(arguments.predicted),
               "predicted_baseline": None if reference is None else str(arguments.predicted_baseline),
               "intervention": intervention} | result.as_dict()
-    (out / "effect.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    _figure(out / "effect.png", arguments, result, baseline_rows, intervened_rows, predicted, reference,
-            intervention)
-    _print_table(arguments, result, intervention, out)
+    labels = (f"baseline, measured: {baseline_dir} ({result.sequences_baseline} sequences)",
+              f"intervened, measured: {intervened_dir} ({result.sequences_intervened} sequences)",
+              f"intervened, predicted: {arguments.predicted}",
+              f"baseline, predicted: {arguments.predicted_baseline}")
+    write_effect(out, result, record, baseline_rows, intervened_rows, predicted, predicted_baseline=reference,
+                 labels=labels, intervention=intervention)
+    if arguments.json:
+        _common.print_json(record)
+    else:
+        _print_table(arguments, (baseline_dir, intervened_dir), result, intervention, out)
+
+
+def _folders(arguments) -> tuple[Path, Path]:
+    """``--measured BASELINE --measured INTERVENED``: exactly two folders, in that order."""
+    if arguments.retired_folders:
+        raise ConfigError(f"{' '.join(arguments.retired_folders)}: positional measurement folders are retired; use "
+                          "--measured BASELINE --measured INTERVENED (docs/changelog.md lists the renames)",
+                          field="BASELINE_DIR INTERVENED_DIR", value=arguments.retired_folders,
+                          allowed="--measured BASELINE --measured INTERVENED")
+    if len(arguments.measured) != 2:
+        raise ConfigError(f"--measured: given {len(arguments.measured)} times; allowed: twice, --measured BASELINE "
+                          "--measured INTERVENED", field="--measured", value=[str(path) for path in arguments.measured],
+                          allowed="twice")
+    return tuple(arguments.measured)
+
+
+def _measurement(directory: Path, size: int, profile_path: Path):
+    """``(influence_per_sequence (S, N), SavedMeasurement)`` of one ``--measured DIR``, checked."""
+    from ..measure.outputs import read_measurement
+
+    if not directory.is_dir():
+        raise ConfigError(f"--measured {directory}: no such directory; allowed: the --out of jaxroll measure")
+    saved = read_measurement(directory, flag="--measured", need_metadata=False)
+    return saved.influence_rows(f"--measured {directory}", size, profile_path), saved
 
 
 def _profile(io, path: Path, flag: str):
@@ -93,47 +123,19 @@ def _profile(io, path: Path, flag: str):
     return profile
 
 
-def _intervention(directory: Path) -> str:
+def _intervention(metadata) -> str:
     """The interventions a measurement was made under (``interventions`` of its metadata.json, as `jaxroll
     measure --intervene` records them) as ``name=value, ...``; "" when it records none."""
-    from .._readers import read_json
-
-    if not (directory / "metadata.json").is_file():
-        return ""
-    record = read_json(directory / "metadata.json", "the metadata.json of jaxroll measure",
-                       label=f"INTERVENED_DIR {directory}: metadata.json").get("interventions")
+    record = None if metadata is None else metadata.get("interventions")
     if isinstance(record, dict):
         return ", ".join(f"{name}={value}" for name, value in record.items())
     return "" if not record else str(record)
 
 
-def _figure(path, arguments, result, baseline_rows, intervened_rows, predicted, reference, intervention) -> None:
-    from ..measure.uncertainty import profile_band
-    from ..plot import plot_effect
-
-    bands = tuple(profile_band(rows, level=arguments.level, resamples=arguments.resamples, seed=arguments.seed)
-                  for rows in (baseline_rows, intervened_rows))
-    score = result.prediction
-    title = "\n".join([*([f"intervention: {intervention}"] if intervention else []),
-                       f"measured effect: W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of "
-                       f"the difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
-                       f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, "
-                       f"p = {score.p_value:.2g}; "
-                       f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' "
-                       f"(W1/(N-1) = {result.effect_w1:.3g})"])
-    labels = (f"baseline, measured: {arguments.baseline} ({result.sequences_baseline} sequences)",
-              f"intervened, measured: {arguments.intervened} ({result.sequences_intervened} sequences)",
-              f"intervened, predicted: {arguments.predicted}",
-              f"baseline, predicted: {arguments.predicted_baseline}")
-    baseline, intervened = (rows.sum(axis=0) / rows.sum() for rows in (baseline_rows, intervened_rows))  # m_B, m_I
-    plot_effect(path, baseline, intervened, predicted, bands=bands, labels=labels, predicted_baseline=reference, level=arguments.level,
-                title=title)
-
-
-def _print_table(arguments, result, intervention: str, out: Path) -> None:
+def _print_table(arguments, folders, result, intervention: str, out: Path) -> None:
     percent = f"{100 * result.level:g}%"
     score = result.prediction
-    print(f"jaxroll effect: baseline {arguments.baseline}, intervened {arguments.intervened}, predicted "
+    print(f"jaxroll effect: baseline {folders[0]}, intervened {folders[1]}, predicted "
           f"{arguments.predicted} (N = {result.positions}; S = {result.sequences_baseline} and "
           f"{result.sequences_intervened}; {result.resamples} resamples, seed {result.seed})")
     if intervention:

@@ -11,6 +11,7 @@ rank 0 merges the partial sums and writes the outputs
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def add_parser(commands) -> None:
                               "otherwise; nothing in the first 2 s but a closing line)")
     measure.add_argument("--resume", action="store_true", help="continue from the checkpoint(s) in --out")
     measure.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _common.add_json_argument(measure)
     measure.set_defaults(run=_run_measure)
 
 
@@ -101,40 +103,48 @@ def _run_measure(arguments) -> None:
                           "python3 -m pip install 'jaxroll[measure]'") from None
     models = arguments.model
     if len(models) == 1 and not (models[0].is_dir() and not (models[0] / "config.json").exists()):
-        arguments.model = models[0]
-        _measure_one(arguments)
+        _measure_one(arguments, Target(models[0], arguments.out, arguments.resume, arguments.force))
     else:  # several folders, or a training output folder: a series (jaxroll.measure.series)
-        from .series import measure_series
-
-        measure_series(arguments, _measure_one)
+        _measure_series(arguments)
 
 
-def _measure_one(arguments) -> None:
-    """One model folder into one --out: the whole of ``jaxroll measure MODEL_DIR``."""
-    from .. import io, measure
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One model folder measured into one output folder (a step of a series, or the whole command)."""
+
+    model: Path
+    out: Path
+    resume: bool
+    force: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the arguments ask of one measurement, checked before the weights load."""
+
+    plan: object              # jaxroll.measure.ModelPlan of config.json
+    changes: tuple            # the interventions
+    sinks: int                # k sink tokens in front (0 without)
+    stats: tuple
+    refine: tuple | None      # --refine switches
+    queries: object           # the query positions (K,) of --queries, or None
+
+
+def _request(arguments, target: Target, world) -> Request:
+    """Everything read and checked before the weights load and --out is touched."""
+    from .. import measure
+    from ..measure.additions import sink_count
     from ..measure.torch_plan import parse_for
-    from ..measure import distributed, loading
 
-    world = distributed.from_environment()
-    checkpoint = arguments.out / distributed.checkpoint_name(world)
+    checkpoint = target.out / _checkpoint_name(world)
     given = None if arguments.stats is None else measure.parse_stats(arguments.stats)
-    if arguments.resume and not checkpoint.is_file():
-        raise ConfigError(f"--resume: no {checkpoint.name} in {arguments.out}; allowed: the --out of an "
+    if target.resume and not checkpoint.is_file():
+        raise ConfigError(f"--resume: no {checkpoint.name} in {target.out}; allowed: the --out of an "
                           "interrupted run (with the same number of processes)")
-    # Everything is read and checked before the weights load and --out is touched.
-    plan = measure.inspect_model(arguments.model)
-    changes = parse_for(arguments.intervene, plan.config)
+    plan = measure.inspect_model(target.model)
+    changes = tuple(parse_for(arguments.intervene, plan.config))
     sinks = sink_count(changes)
-    stats = given or plan.default
-    refine = None
-    if arguments.refine is not None:
-        refine, needed = refine_switches(arguments.refine)
-        missing = [name for name in needed if name not in stats]
-        if missing and given is not None:
-            raise ConfigError(f"--refine {arguments.refine}: needs --stats {missing[0]}; allowed: --stats "
-                              f"including {','.join(needed)}, or no --stats")
-        stats = tuple(dict.fromkeys((*stats, *missing)))
-    arguments.refine_switches = refine
+    stats, refine = _stats_and_refine(arguments, given or plan.default, given is not None)
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
     if sinks:
         from ..measure.torch_plan import check_sink_length
@@ -149,18 +159,47 @@ def _measure_one(arguments) -> None:
                           f"({plan.max_length})")
     if "content" in stats and arguments.length < 2:
         raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
+    return Request(plan, changes, sinks, stats, refine, _queries(arguments, world))
+
+
+def _stats_and_refine(arguments, stats, given: bool) -> tuple:
+    """The statistics to measure (those --refine needs added to the default) and the --refine switches."""
+    if arguments.refine is None:
+        return stats, None
+    refine, needed = refine_switches(arguments.refine)
+    missing = [name for name in needed if name not in stats]
+    if missing and given:
+        raise ConfigError(f"--refine {arguments.refine}: needs --stats {missing[0]}; allowed: --stats "
+                          f"including {','.join(needed)}, or no --stats")
+    return tuple(dict.fromkeys((*stats, *missing))), refine
+
+
+def _queries(arguments, world):
+    """The query positions of --queries (None without); --row-target needs them, torchrun refuses them."""
     if arguments.row_target is not None and arguments.queries is None:
         raise ConfigError(f"--row-target {arguments.row_target}: without --queries; allowed: --queries K|i,j,... "
                           "with it (the rows it measures)")
-    if arguments.queries is not None:
-        from ..theory.rows import query_positions
+    if arguments.queries is None:
+        return None
+    from ..theory.rows import query_positions
 
-        arguments.query_positions = query_positions(arguments.length, arguments.queries)
-        if world.distributed:
-            raise ConfigError("--queries: under torchrun; allowed: a single process (the rows are "
-                              "measured after the merge, on one process)")
-    arguments.sinks = sinks
-    _check_measure_memory(plan, stats, arguments)
+    positions = query_positions(arguments.length, arguments.queries)
+    if world.distributed:
+        raise ConfigError("--queries: under torchrun; allowed: a single process (the rows are "
+                          "measured after the merge, on one process)")
+    return positions
+
+
+def _checkpoint_name(world) -> str:
+    from ..measure.distributed import checkpoint_name
+
+    return checkpoint_name(world)
+
+
+def _device(arguments, world) -> str:
+    """--device resolved (under torchrun each rank its cuda:LOCAL_RANK); --device-map needs accelerate."""
+    from ..measure import loading
+
     device = loading.resolve_device(arguments.device)
     if world.distributed and device == "cuda" and arguments.device_map is None:
         device = f"cuda:{world.local_rank}"
@@ -169,81 +208,90 @@ def _measure_one(arguments) -> None:
             import accelerate  # noqa: F401
         except ImportError:
             raise ConfigError("--device-map auto: needs accelerate; pip install accelerate") from None
+    return device
+
+
+def _measure_one(arguments, target: Target) -> None:
+    """One model folder into one output folder: the whole of ``jaxroll measure MODEL_DIR``."""
+    from .. import measure
+    from ..measure import distributed
+
+    world = distributed.from_environment()
+    request = _request(arguments, target, world)
+    _check_measure_memory(request.plan, request.stats, arguments, request.sinks, request.queries)
+    device = _device(arguments, world)
     documents = measure.read_texts(arguments.texts)
-    tokenizer = measure.load_tokenizer(arguments.model)
+    tokenizer = measure.load_tokenizer(target.model)
     token_ids, indices = measure.select_sequences(documents, tokenizer, arguments.length, arguments.samples)
     if world.distributed and arguments.samples < world.size:
         raise ConfigError(f"--samples: {arguments.samples}; allowed: at least one sequence per process "
                           f"({world.size})")
-
     distributed.init(world, device)
     try:
-        error = None
-        if world.is_main and not arguments.resume:
-            try:
-                io.prepare_output_dir(arguments.out, force=arguments.force)
-            except ConfigError as refused:
-                error = str(refused)
-        error = distributed.broadcast_error(world, error)
-        if error is not None:
-            raise ConfigError(error)
-        out = arguments.out
-        model = measure.load_model(arguments.model, dtype=arguments.dtype, device=device,
-                                   device_map=arguments.device_map,
-                                   attn_implementation=loading.attention_implementation(
-                                       plan.config, stats, arguments.falcon_alibi))
-        progress = False
-        if not arguments.quiet and world.is_main:
-            from ..measure.progress import Progress
-
-            label = "jaxroll measure" + (f" (rank 0 of {world.size})" if world.distributed else "")
-            # delay: a job shorter than 2 s prints its closing line only (not 20 lines).
-            progress = Progress(len(_shard(arguments.samples, world)), label=label,
-                                initial=_done(checkpoint) if arguments.resume else 0, delay=PROGRESS_DELAY)
-        try:
-            result = measure.measure(
-                model, token_ids, stats=stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
-                checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
-                resume=arguments.resume, source=str(arguments.model), batch_size=arguments.batch_size,
-                interventions=changes, tokenizer=tokenizer,
-                shard=(world.rank, world.size) if world.distributed else None,
-                reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None)
-        except KeyboardInterrupt:
-            print(f"jaxroll measure: interrupted; the completed sequences are in {checkpoint}; rerun the same "
-                  "command with --resume to continue", file=sys.stderr)
-            raise
+        _prepare_out(target, world)
+        result = _run(arguments, target, request, world, device, tokenizer, token_ids, indices, len(documents))
         if result is not None:
-            if arguments.queries is not None:
-                _add_rows(result, model, token_ids, arguments.query_positions, progress=not arguments.quiet,
-                          target=arguments.row_target or "probability")
-            _write(result, indices, documents, arguments, out, world, measure)
+            written = measure.write_measurement(result, target.out, overwrite=True)
+            for rank in range(world.size):  # every rank's sums are merged into the outputs
+                (target.out / _checkpoint_name(distributed.World(rank, world.size))).unlink(missing_ok=True)
+            _print_measure_summary(result, target.out, written, arguments.json)
     finally:
         distributed.finalize(world)
 
 
-def sink_count(changes) -> int:
-    """k of a `SinkTokens` among `changes` (0 without one): the model runs at ``--length + k``."""
-    from ..interventions import SinkTokens
+def _prepare_out(target: Target, world) -> None:
+    """--out prepared on rank 0 (unless resuming); its refusal reaches every rank."""
+    from .. import io
+    from ..measure import distributed
 
-    return next((change.num_sinks for change in changes if isinstance(change, SinkTokens)), 0)
+    error = None
+    if world.is_main and not target.resume:
+        try:
+            io.prepare_output_dir(target.out, force=target.force)
+        except ConfigError as refused:
+            error = str(refused)
+    error = distributed.broadcast_error(world, error)
+    if error is not None:
+        raise ConfigError(error)
 
 
-def _add_rows(result, model, token_ids, positions, progress, target="probability") -> None:
-    """Rows of P_T measured on the same sequences (`target`: ``--row-target``), into `result.extra`."""
-    from ..measure.progress import Progress
-    from ..measure.rows import influence_rows
-    from ..theory.rows import normalised_rows
+def _run(arguments, target: Target, request: Request, world, device, tokenizer, token_ids, indices, documents):
+    """Load the weights and measure (`jaxroll.measure.measure`, rows and refinement included); None off rank 0."""
+    from .. import measure
+    from ..measure import distributed, loading
 
-    bar = Progress(len(token_ids), label="jaxroll measure --queries") if progress else None
+    checkpoint = target.out / _checkpoint_name(world)
+    model = measure.load_model(target.model, dtype=arguments.dtype, device=device, device_map=arguments.device_map,
+                               attn_implementation=loading.attention_implementation(
+                                   request.plan.config, request.stats, arguments.falcon_alibi))
+    progress = False
+    if not arguments.quiet and world.is_main:
+        from ..measure.progress import Progress
+
+        label = "jaxroll measure" + (f" (rank 0 of {world.size})" if world.distributed else "")
+        # delay: a job shorter than 2 s prints its closing line only (not 20 lines).
+        progress = Progress(len(_shard(arguments.samples, world)), label=label,
+                            initial=_done(checkpoint) if target.resume else 0, delay=PROGRESS_DELAY)
+    record = {"processes": world.size,
+              "device": arguments.device if arguments.device_map is None else "device_map=auto",
+              "protocol": {"texts": str(arguments.texts), "documents": documents,
+                           "rule": "documents in order, keep those with >= N tokens, take the first N, no padding",
+                           "tokenizer_defaults": "add_special_tokens as the tokenizer's default",
+                           "length": arguments.length, "samples": arguments.samples}}
     try:
-        rows, positions = influence_rows(model, token_ids, positions, progress=bar, target=target)
-    finally:
-        if bar is not None:
-            bar.close()
-    result.extra.update(influence_rows_per_sequence=rows, influence_rows=normalised_rows(rows),
-                        query_positions=positions)
-    result.metadata["queries"] = [int(q) for q in positions]
-    result.metadata["row_target"] = target
+        return measure.measure(
+            model, token_ids, stats=request.stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
+            checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
+            resume=target.resume, source=str(target.model), batch_size=arguments.batch_size,
+            interventions=request.changes, tokenizer=tokenizer,
+            shard=(world.rank, world.size) if world.distributed else None,
+            reduce=(lambda sums: distributed.gather_to_rank0(world, sums)) if world.distributed else None,
+            queries=request.queries, row_target=arguments.row_target, refine=request.refine,
+            document_indices=indices, record=record)
+    except KeyboardInterrupt:
+        print(f"jaxroll measure: interrupted; the completed sequences are in {checkpoint}; rerun the same "
+              "command with --resume to continue", file=sys.stderr)
+        raise
 
 
 def refine_switches(text: str) -> tuple[tuple, tuple]:
@@ -299,39 +347,7 @@ def _done(checkpoint) -> int:
         return 0
 
 
-def _write(result, indices, documents, arguments, out, world, measure) -> None:
-    result.document_indices = indices
-    result.metadata["processes"] = world.size
-    result.metadata["device"] = arguments.device if arguments.device_map is None else "device_map=auto"
-    result.metadata["protocol"] = {
-        "texts": str(arguments.texts), "documents": len(documents),
-        "rule": "documents in order, keep those with >= N tokens, take the first N, no padding",
-        "tokenizer_defaults": "add_special_tokens as the tokenizer's default", "length": arguments.length,
-        "samples": arguments.samples}
-    refine = getattr(arguments, "refine_switches", None)
-    if refine is not None:
-        result.metadata["refined"] = {"switches": list(refine), "file": "refined.csv"}
-        if "query_positions" in result.extra:  # --queries: the refined rows beside the measured ones, float64
-            from ..measure.refinements import refined_rows_from_arrays
-
-            result.extra["refined_rows"] = refined_rows_from_arrays(result.arrays(), refine,
-                                                                    result.extra["query_positions"])
-            result.metadata["refined"]["rows"] = "refined_rows in measurement.npz"
-    written = measure.write_measurement(result, out, overwrite=True)
-    if refine is not None:
-        from ..io import write_profile
-        from ..measure.refinements import refined_from_arrays
-
-        written.append(write_profile(refined_from_arrays(result.arrays(), refine), out / "refined.csv",
-                                     overwrite=True))
-    for rank in range(world.size):  # every rank's sums are merged into the outputs
-        from ..measure.distributed import World, checkpoint_name
-
-        (out / checkpoint_name(World(rank, world.size))).unlink(missing_ok=True)
-    _print_measure_summary(result, out, written)
-
-
-def _check_measure_memory(plan, stats, arguments) -> None:
+def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     """Refuse, before loading, a run whose statistics, weights or passes cannot fit.
 
     Three checks, all from ``config.json``: the float64 sums of `stats` in
@@ -347,10 +363,9 @@ def _check_measure_memory(plan, stats, arguments) -> None:
     from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
-    length = arguments.length + getattr(arguments, "sinks", 0)  # the model runs at N + k with sinks in front
+    length = arguments.length + sinks  # the model runs at N + k with sinks in front
     shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, length)
     needed = stats_bytes(stats, shape, arguments.positions)
-    queries = getattr(arguments, "query_positions", None)
     if queries is not None:  # the per-sequence rows (S, K, N) and their mean, float64
         needed += 8 * (arguments.samples + 1) * len(queries) * length
     memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {length}",
@@ -394,12 +409,15 @@ def _check_measure_memory(plan, stats, arguments) -> None:
     raise ConfigError(f"{what}; allowed: {allowed}")
 
 
-def _print_measure_summary(result, out, written) -> None:
+def _print_measure_summary(result, out, written, as_json: bool = False) -> None:
     import numpy as np
 
     from ..measure.registry import summary_lines
 
     meta = result.metadata
+    if as_json:
+        _common.print_json({"out": out, "written": [path.name for path in written], "metadata": meta})
+        return
     print(f"jaxroll measure: {meta['model']} ({meta['model_type']}, {meta['num_layers']} layers, "
           f"{meta['num_heads']} heads, {meta['dtype']})")
     print(f"  S = {meta['num_sequences']} sequences of N = {result.sequence_length} tokens; "
@@ -420,3 +438,77 @@ def _print_measure_summary(result, out, written) -> None:
     for line in summary_lines(result):
         print(f"  {line}")
     print(f"  wrote {out}/" + ", ".join(path.name for path in written))
+
+
+def _measure_series(arguments) -> None:
+    """``jaxroll measure`` over the checkpoints of MODEL_DIR... (`jaxroll.measure.series`).
+
+    Checks first: the checkpoints (`find_checkpoints`), one architecture
+    (`check_same_architecture`), the statistics a series needs, one
+    tokenizer's token ids for every checkpoint, ``--out`` (empty, or
+    ``--resume``, or ``--force``): a refusal creates nothing. Then each step
+    not yet finished is measured (a partial one resumed from its partial
+    sums), and ``OUT/series/`` updated after each.
+    """
+    from .. import io
+    from ..measure import series
+
+    checkpoints = _series_checkpoints(arguments)
+    out = arguments.out
+    for number, (step, folder) in enumerate(checkpoints, start=1):
+        target = series.checkpoint_folder(out, step)
+        if arguments.resume and series.is_finished(target):
+            print(f"jaxroll measure: step {step} ({number} of {len(checkpoints)}) already in {target}; skipped")
+            continue
+        print(f"jaxroll measure: step {step} ({number} of {len(checkpoints)}), {folder}")
+        # --out as a whole was checked above: each step's folder is forced.
+        one = Target(folder, target, arguments.resume and (target / "checkpoint.npz").is_file(), True)
+        try:
+            _measure_one(arguments, one)
+        except KeyboardInterrupt:
+            print(f"jaxroll measure: interrupted at step {step}; the finished steps are in {out}; rerun the same "
+                  "command with --resume to continue", file=sys.stderr)
+            raise
+        series.update_series(out, [step])
+        io.CREATED.clear()  # a later refusal keeps the finished steps
+    folder = series.update_series(out)
+    path = series.plot_series(folder, series.read_series(out))
+    print(f"jaxroll measure: series of {len(checkpoints)} steps in {folder}/series.csv, series.npz; figure {path}")
+
+
+def _series_checkpoints(arguments) -> list:
+    """The series' ``(step, folder)`` pairs, every refusal of a series made before anything is created."""
+    from .. import io
+    from ..measure import inspect_model, load_tokenizer, parse_stats, read_texts, select_sequences, series
+    from ..measure.distributed import from_environment
+
+    if from_environment().distributed:
+        raise ConfigError("measure: a series of checkpoints under torchrun; allowed: a single process (measure a "
+                          "checkpoint under torchrun by its own folder)")
+    checkpoints = series.find_checkpoints(arguments.model)
+    plans = {folder: inspect_model(folder) for _, folder in checkpoints}
+    series.check_same_architecture(plans)
+    first = next(iter(plans.values()))
+    stats = parse_stats(arguments.stats) if arguments.stats is not None else first.default
+    missing = [name for name in ("lambda", "influence") if name not in stats]
+    if missing:
+        raise ConfigError(f"--stats {arguments.stats}: no {missing[0]}; allowed: --stats including lambda and "
+                          "influence for a series (its summary compares the rollout with the measured profile)")
+    if arguments.samples < 2:
+        raise ConfigError(f"--samples: {arguments.samples}; allowed: >= 2 for a series (its summary judges the "
+                          "prediction against the noise of the mean over sequences)")
+    if arguments.resume:
+        if not arguments.out.is_dir():
+            raise ConfigError(f"--resume: no series in {arguments.out}; allowed: the --out of an interrupted series")
+    else:
+        io.check_output_dir(arguments.out, force=arguments.force)
+    documents = read_texts(arguments.texts)
+    reference = None
+    for step, folder in checkpoints:  # the same sequences at every step
+        token_ids, _ = select_sequences(documents, load_tokenizer(folder), arguments.length, arguments.samples)
+        if reference is None:
+            reference = (folder, token_ids)
+        elif token_ids.shape != reference[1].shape or (token_ids != reference[1]).any():
+            raise ConfigError(f"model {folder}: its tokenizer gives other token ids than {reference[0]}'s; allowed: "
+                              "checkpoints with one tokenizer (the same sequences at every step)")
+    return checkpoints

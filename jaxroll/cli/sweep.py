@@ -19,8 +19,6 @@ line_<statistic>.png for one axis).
 
 from __future__ import annotations
 
-import csv
-import os
 import shutil
 from pathlib import Path
 
@@ -47,6 +45,7 @@ def add_parser(commands) -> None:
     _common.add_output_arguments(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted sweep in --out from its last finished chunk")
+    _common.add_json_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -104,50 +103,6 @@ def read_spec(path: Path) -> tuple:
     return model, dict(axes), options
 
 
-def _atomic(path: Path):
-    return path.with_name(path.name + ".tmp")
-
-
-def _write_csv(table: dict, path: Path) -> None:
-    temporary = _atomic(path)
-    names = list(table)
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(names)
-        for row in zip(*(table[name] for name in names)):
-            writer.writerow([repr(float(x)) if isinstance(x, (float, np.floating)) else int(x) for x in row])
-    os.replace(temporary, path)
-
-
-def _write_parquet(table: dict, path: Path) -> bool:
-    try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError:
-        return False
-    temporary = _atomic(path)
-    pyarrow.parquet.write_table(pyarrow.Table.from_pydict({k: np.asarray(v) for k, v in table.items()}),
-                                temporary)
-    os.replace(temporary, path)
-    return True
-
-
-def _write_npz(result, lambdas: np.ndarray, path: Path) -> None:
-    arrays = {"profiles": result.profiles, "axis_names": np.asarray(list(result.axes), dtype=str),
-              "lambdas": lambdas}
-    if result.lengths is not None:
-        arrays["lengths"] = np.asarray(result.lengths)
-    for name, values in result.axes.items():
-        try:
-            arrays[f"axis_{name}"] = np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):  # mixed schedules: the per-point lambdas say it all
-            pass
-    temporary = _atomic(path)
-    with open(temporary, "wb") as handle:
-        np.savez(handle, **arrays)
-    os.replace(temporary, path)
-
-
 def _figure_axes(result, options) -> list[tuple[str, list]]:
     """The plotted axes: the sweep's (one "point" axis when zipped), then the lengths."""
     if options["zip"] and result.axes:
@@ -190,7 +145,7 @@ def run(arguments) -> None:
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
     from .. import io, plot
-    from ..sweeps import STATISTICS, plan_sweep, sweep
+    from ..sweeps import STATISTICS, plan_sweep, sweep, write_tables
 
     model, axes, options = read_spec(arguments.spec)
     # Check every point before --out is touched: nothing is written on bad input.
@@ -221,13 +176,7 @@ def run(arguments) -> None:
                                 "with --resume to continue") from None
     if not main_process:
         return
-    written = ["sweep.csv"]
-    _write_csv(result.table, out / "sweep.csv")
-    if _write_parquet(result.table, out / "sweep.parquet"):
-        written.append("sweep.parquet")
-    lambdas = plan.chunk_leaves(np.arange(plan.count))["lambdas"].reshape(plan.shape + (model.num_layers,))
-    _write_npz(result, lambdas, out / "profiles.npz")
-    written.append("profiles.npz")
+    written = write_tables(result, plan, out)
     figure_axes = _figure_axes(result, options)
     grid = tuple(len(values) for _, values in figure_axes)
     statistics = {name: np.asarray(result.table[name], np.float64).reshape(grid)
@@ -237,10 +186,25 @@ def run(arguments) -> None:
                               sequence_length=model.sequence_length, base=_base_point(model))
     written += [path.name for path in figures]
     shutil.rmtree(partial, ignore_errors=True)
+    _print_summary(arguments, result, grid, plan.mesh.devices.size, out, written)
+
+
+def _print_summary(arguments, result, grid, devices: int, out: Path, written: list) -> None:
+    """The sweep's size, method and the range of four statistics: a table, or one JSON object (--json)."""
     count = result.table["length"].shape[0]
+    ranges = {name: (float(np.nanmin(np.asarray(result.table[name], np.float64))),
+                     float(np.nanmax(np.asarray(result.table[name], np.float64))))
+              for name in ("first", "last", "center_of_mass", "u_index")}
+    if arguments.json:
+        _common.print_json({"spec": arguments.spec, "profiles": int(count), "grid": list(grid),
+                            "method": result.method, "batch_size": int(result.batch_size), "devices": devices,
+                            "ranges": {name: {"min": low if np.isfinite(low) else None,
+                                              "max": high if np.isfinite(high) else None}
+                                       for name, (low, high) in ranges.items()},
+                            "out": out, "written": written})
+        return
     print(f"jaxroll sweep: {arguments.spec} ({count} profiles, grid {grid}, method {result.method}, "
-          f"{result.batch_size} points per call on {plan.mesh.devices.size} device(s))")
-    for name in ("first", "last", "center_of_mass", "u_index"):
-        column = np.asarray(result.table[name], np.float64)
-        print(f"  {name:15} min {np.nanmin(column):.6g}  max {np.nanmax(column):.6g}")
+          f"{result.batch_size} points per call on {devices} device(s))")
+    for name, (low, high) in ranges.items():
+        print(f"  {name:15} min {low:.6g}  max {high:.6g}")
     print(f"  wrote {out}/" + ", ".join(written))

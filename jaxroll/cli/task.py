@@ -47,6 +47,7 @@ def add_parser(commands) -> None:
     task.add_argument("--quiet", action="store_true", help="no progress (default: a bar on a terminal, else a line at most every 5 s on stderr)")
     task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
     task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")
+    _common.add_json_argument(task)
     task.set_defaults(run=_run_task, uses_jax=False)
 
 
@@ -83,7 +84,6 @@ def _run_task(arguments) -> None:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("task: needs torch and transformers; install jaxroll[measure]") from None
-    from .. import io
     from ..measure import distributed, loading, texts
     from ..task import grid, summary
     from ..task.cases import Builder
@@ -92,19 +92,10 @@ def _run_task(arguments) -> None:
     tasks, lengths, depths = _grid(arguments)
     plan = loading.inspect_model(arguments.model)
     changes, record = _interventions(arguments.intervene, plan.config)
-    from .measure import sink_count
+    from ..measure.additions import sink_count
 
     sinks = sink_count(changes)
-    if sinks:
-        from ..measure.torch_plan import position_limit
-
-        limit, field = position_limit(plan.config)
-        if limit is not None and max(lengths) + 8 + sinks > limit:
-            raise ConfigError(f"--lengths: {max(lengths)} with sinks={sinks} and 8 answer tokens runs "
-                              f"{max(lengths) + 8 + sinks} positions; allowed: at most the model's {field} ({limit})")
-    if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
-        raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
-                          "minus 8 answer tokens")
+    _check_lengths(plan, lengths, sinks)
     builder = Builder(texts.load_tokenizer(arguments.model))
     prefix, sink_tokens = (), None
     if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
@@ -129,21 +120,7 @@ def _run_task(arguments) -> None:
                 "threshold": summary.THRESHOLD, "interventions": record, "sink_tokens": sink_tokens}
     distributed.init(world, device)
     try:
-        error = None
-        if world.is_main:
-            try:
-                if not arguments.resume:
-                    io.prepare_output_dir(arguments.out, force=arguments.force)
-                    for name in (grid.CASES_FILE, *(p.name for p in arguments.out.glob("cases.rank*.jsonl"))):
-                        (arguments.out / name).unlink(missing_ok=True)  # --force restarts the grid
-                else:
-                    grid.fold_rank_files(arguments.out)
-                grid.check_settings(arguments.out, settings, arguments.resume)
-            except ConfigError as refused:
-                error = str(refused)
-        error = distributed.broadcast_error(world, error)  # also a barrier: rank 0 has folded and written
-        if error is not None:
-            raise ConfigError(error)
+        _prepare_out(arguments, world, settings)
         # The architecture's default attention (sdpa where it has one): the path a user's generation takes;
         # eager Falcon would add its ALiBi twice (jaxroll.measure's falcon_alibi).
         model = loading.load_model(arguments.model, dtype=arguments.dtype, device=device, attn_implementation=None)
@@ -162,9 +139,47 @@ def _run_task(arguments) -> None:
                 # A resumed grid scores fewer cases than the whole grid: the count ends at what was done.
                 progress.close(complete=True)
         if rows is not None:
-            _write_summary(rows, arguments.out, tasks)
+            _write_summary(rows, arguments.out, tasks, arguments.json)
     finally:
         distributed.finalize(world)
+
+
+def _check_lengths(plan, lengths, sinks: int) -> None:
+    """The longest prompt, its 8 answer tokens and the sinks within the model's positions."""
+    if sinks:
+        from ..measure.torch_plan import position_limit
+
+        limit, field = position_limit(plan.config)
+        if limit is not None and max(lengths) + 8 + sinks > limit:
+            raise ConfigError(f"--lengths: {max(lengths)} with sinks={sinks} and 8 answer tokens runs "
+                              f"{max(lengths) + 8 + sinks} positions; allowed: at most the model's {field} ({limit})")
+    if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
+        raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
+                          "minus 8 answer tokens")
+
+
+def _prepare_out(arguments, world, settings) -> None:
+    """--out on rank 0: prepared (--force restarts the grid) or its rank files folded (--resume), its settings
+    checked; a refusal reaches every rank (the broadcast is also a barrier)."""
+    from .. import io
+    from ..measure import distributed
+    from ..task import grid
+
+    error = None
+    if world.is_main:
+        try:
+            if not arguments.resume:
+                io.prepare_output_dir(arguments.out, force=arguments.force)
+                for name in (grid.CASES_FILE, *(p.name for p in arguments.out.glob("cases.rank*.jsonl"))):
+                    (arguments.out / name).unlink(missing_ok=True)  # --force restarts the grid
+            else:
+                grid.fold_rank_files(arguments.out)
+            grid.check_settings(arguments.out, settings, arguments.resume)
+        except ConfigError as refused:
+            error = str(refused)
+    error = distributed.broadcast_error(world, error)  # also a barrier: rank 0 has folded and written
+    if error is not None:
+        raise ConfigError(error)
 
 
 def _interventions(text, config):
@@ -202,13 +217,13 @@ def _progress(arguments, world, tasks, lengths, depths):
     return Progress(total, label="jaxroll task", unit="cases", delay=2.0)
 
 
-def _write_summary(rows, out: Path, tasks) -> None:
+def _write_summary(rows, out: Path, tasks, as_json: bool = False) -> None:
     from ..task import summary
 
     table = summary.cells(rows)
     summary.write_summary(table, out / "summary.csv")
     report = {"threshold": summary.THRESHOLD, "tasks": {}}
-    print(f"jaxroll task: {len(rows)} cases in {out}/cases.jsonl")
+    lines = [f"jaxroll task: {len(rows)} cases in {out}/cases.jsonl"]
     for task in tasks:
         averages = summary.depth_average(table, task)
         effective = summary.effective_length(table, task)
@@ -216,7 +231,11 @@ def _write_summary(rows, out: Path, tasks) -> None:
                                  "effective_length": effective}
         summary.plot_task(table, task, out / f"{task}.png", title=f"jaxroll task {task}: exact match by depth")
         shown = ", ".join(f"L={length}: {value:.2f}" for length, value in averages.items())
-        print(f"  {task}: depth-averaged exact match {shown}; effective length "
-              f"{effective if effective is not None else 'none'} (>= {summary.THRESHOLD})")
+        lines.append(f"  {task}: depth-averaged exact match {shown}; effective length "
+                     f"{effective if effective is not None else 'none'} (>= {summary.THRESHOLD})")
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"  wrote {out}/summary.csv, summary.json, " + ", ".join(f"{task}.png" for task in tasks))
+    lines.append(f"  wrote {out}/summary.csv, summary.json, " + ", ".join(f"{task}.png" for task in tasks))
+    if as_json:
+        _common.print_json({"cases": len(rows), "out": out, **report})
+    else:
+        print("\n".join(lines))

@@ -83,10 +83,11 @@ import math
 
 import numpy as np
 
-from .uncertainty import (Score, bootstrap_interval, check_rows, profile_from_rows, resample_counts, score,
-                          wasserstein)
+from ..errors import ConfigError
+from .uncertainty import (Score, bootstrap_interval, check_rows, profile_band, profile_from_rows, resample_counts,
+                          score, wasserstein)
 
-__all__ = ["Effect", "Change", "effect", "pairing", "anchored_profile", "middle_mass", "center_of_mass",
+__all__ = ["Effect", "Change", "effect", "write_effect", "pairing", "anchored_profile", "middle_mass", "center_of_mass",
            "CHANGE_METRICS"]
 
 CHANGE_METRICS = ("middle_mass", "center_of_mass")
@@ -313,7 +314,9 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
 
     Raises:
         ValueError: shapes that do not match, negative or non-finite values,
-            a profile that does not sum to 1, ``paired`` with S_B != S_I.
+            a profile that does not sum to 1, ``paired`` with S_B != S_I;
+            a `ConfigError` (field, value, allowed) for `B`, `level` or
+            `fraction` out of range.
     """
     baseline_rows, intervened_rows = check_rows(baseline_per_sequence), check_rows(intervened_per_sequence)
     size = baseline_rows.shape[1]
@@ -323,9 +326,12 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
     predicted = _check_profile("predicted", predicted, size)
     reference_profile = None if predicted_baseline is None else _check_profile(
         "predicted_baseline", predicted_baseline, size)
-    if not (isinstance(B, int) and B >= 2 and 0 < level < 1 and 0 < fraction < 0.5):
-        raise ValueError(f"B = {B!r}, level = {level!r}, fraction = {fraction!r}; allowed: B >= 2, "
-                         "0 < level < 1, 0 < fraction < 0.5")
+    if not (isinstance(B, int) and B >= 2):
+        raise ConfigError.of("B", B, "an integer >= 2")
+    if not 0 < level < 1:
+        raise ConfigError.of("level", level, "0 < level < 1")
+    if not 0 < fraction < 0.5:
+        raise ConfigError.of("fraction", fraction, "0 < fraction < 0.5")
     if paired and baseline_rows.shape[0] != intervened_rows.shape[0]:
         raise ValueError(f"paired: S = {baseline_rows.shape[0]} and {intervened_rows.shape[0]} sequences; "
                          "allowed: as many intervened as baseline sequences")
@@ -380,3 +386,36 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
                   prediction=prediction, anchored=anchored, changes=changes, advantage=float(advantage),
                   advantage_interval=advantage_interval, beats_no_change=bool(advantage_interval[0] > 0),
                   level=level, resamples=B, seed=seed, fraction=fraction)
+
+
+def write_effect(directory, result: Effect, record: dict, baseline_per_sequence, intervened_per_sequence, predicted,
+                 *, predicted_baseline=None, labels: tuple, intervention: str = "") -> list:
+    """``effect.json`` (`record`: the inputs' names and ``result.as_dict()``) and ``effect.png`` into `directory`.
+
+    The figure draws the measured means ``m_B``, ``m_I`` over their pointwise
+    bootstrap bands (`jaxroll.measure.uncertainty.profile_band` at the
+    result's level, resamples and seed), the predicted profile(s) and a title
+    with the measured effect and the prediction's score (`jaxroll.plot.plot_effect`).
+    Returns the two paths.
+    """
+    import json
+    from pathlib import Path
+
+    from ..plot import plot_effect
+
+    directory = Path(directory)
+    (directory / "effect.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    rows = (np.asarray(baseline_per_sequence, np.float64), np.asarray(intervened_per_sequence, np.float64))
+    bands = tuple(profile_band(one, level=result.level, resamples=result.resamples, seed=result.seed) for one in rows)
+    score = result.prediction
+    title = "\n".join([*([f"intervention: {intervention}"] if intervention else []),
+                       f"measured effect: W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of "
+                       f"the difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
+                       f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, "
+                       f"p = {score.p_value:.2g}; "
+                       f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' "
+                       f"(W1/(N-1) = {result.effect_w1:.3g})"])
+    baseline, intervened = (one.sum(axis=0) / one.sum() for one in rows)  # m_B, m_I
+    figure = plot_effect(directory / "effect.png", baseline, intervened, predicted, bands=bands, labels=labels,
+                         predicted_baseline=predicted_baseline, level=result.level, title=title)
+    return [directory / "effect.json", figure]

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import ConfigError
 from .result import Measurement
 
-__all__ = ["write_measurement", "read_measurement", "OUTPUT_FILES"]
+__all__ = ["write_measurement", "read_measurement", "SavedMeasurement", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("measurement.npz", "metadata.json", "config.yaml", "config.kernels.npz", "influence.csv",
-                "lambdas.png", "influence.png")
+                "lambdas.png", "influence.png", "refined.csv")
 """The files `write_measurement` may write into the output directory."""
 
 
@@ -39,7 +40,8 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     without ALiBi measured with attention, a dense-kernel config with its
     kernels in ``config.kernels.npz``),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
-    ``influence.png``.
+    ``influence.png``; ``refined.csv``, the refined rollout's profile, when
+    it was measured with ``refine`` (``measurement.refined_profile``).
 
     Raises:
         ConfigError: a file exists and `overwrite` is false.
@@ -73,6 +75,8 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
         write_profile(measurement.influence, directory / "influence.csv", overwrite=True)
         written.append(directory / "influence.csv")
         written.append(_plot_influence(directory / "influence.png", measurement))
+    if measurement.refined_profile is not None:
+        written.append(write_profile(measurement.refined_profile, directory / "refined.csv", overwrite=True))
     return written
 
 
@@ -83,14 +87,81 @@ def _note_interventions(path: Path, record) -> None:
         path.write_text(note + path.read_text(encoding="utf-8"), encoding="utf-8")
 
 
-def read_measurement(directory) -> tuple[dict[str, np.ndarray], dict]:
-    """The arrays of ``measurement.npz`` and the dict of ``metadata.json``."""
+class SavedMeasurement(NamedTuple):
+    """What `read_measurement` returns: the arrays of ``measurement.npz`` and the dict of ``metadata.json``.
+
+    A tuple, so ``arrays, metadata = read_measurement(directory)`` reads it.
+    `metadata` is None when it was read with ``need_metadata=False`` and the
+    folder has no ``metadata.json``. The checks below take `label`, the
+    folder as the user named it (``--measured DIR``), for their refusals.
+    """
+
+    arrays: dict[str, np.ndarray]
+    metadata: dict | None
+
+    def influence_rows(self, label: str, size: int | None = None, profile_path=None) -> np.ndarray:
+        """``influence_per_sequence (S, N)``, checked (`jaxroll.measure.uncertainty.check_rows`).
+
+        S >= 2 finite non-negative rows (at least 2 with gradient mass) and,
+        with `size`, N = `size` (the length of the profile in `profile_path`).
+        """
+        from .uncertainty import check_rows
+
+        if "influence_per_sequence" not in self.arrays:
+            raise ConfigError(f"{label}: no influence_per_sequence in measurement.npz; "
+                              "allowed: a measurement with --stats ...,influence by this version")
+        try:
+            rows = check_rows(self.arrays["influence_per_sequence"])
+        except ConfigError as error:
+            raise ConfigError(f"{label}: influence_per_sequence {error.detail}", field=label,
+                              allowed=error.allowed) from None
+        if size is not None and rows.shape[1] != size:
+            raise ConfigError(f"{label}: N = {rows.shape[1]} positions per sequence; allowed: N = {size}, "
+                              f"the length of {profile_path}")
+        return rows
+
+    def query_rows(self, label: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(influence_rows_per_sequence (S, K, N), query_positions (K,), refined_rows (K, N) or None)``.
+
+        The rows of ``jaxroll measure --queries K`` (``refined_rows`` with
+        ``--refine``), their shapes checked (``refined_rows`` where it is used).
+        """
+        data = self.arrays
+        if "influence_rows_per_sequence" not in data or "query_positions" not in data:
+            raise ConfigError(f"{label}: no influence_rows_per_sequence and query_positions in "
+                              "measurement.npz; allowed: a measurement made with jaxroll measure --queries K")
+        rows, queries = data["influence_rows_per_sequence"], data["query_positions"]
+        if rows.ndim != 3 or queries.shape != (rows.shape[1],) or not np.issubdtype(queries.dtype, np.integer):
+            raise ConfigError(f"{label}: influence_rows_per_sequence {rows.shape} and query_positions "
+                              f"{queries.shape}; allowed: (S, K, N) and (K,) integer positions")
+        return rows, queries, data.get("refined_rows")
+
+
+def read_measurement(directory, *, flag: str | None = None, need_metadata: bool = True) -> SavedMeasurement:
+    """The one reader of a measurement folder (the ``--out`` of ``jaxroll measure``): a `SavedMeasurement`.
+
+    `flag` (``--measured``) names the folder in every refusal, as the user
+    typed it; without ``need_metadata`` a folder without ``metadata.json``
+    reads with ``metadata=None``. Pure NumPy (no torch, no JAX).
+    """
     from .._readers import read_json, read_npz
 
     directory = Path(directory)
-    arrays = read_npz(directory / "measurement.npz", "the measurement.npz that jaxroll measure writes")
-    metadata = read_json(directory / "metadata.json", "the metadata.json that jaxroll measure writes")
-    return arrays, metadata
+    label = str(directory) if flag is None else f"{flag} {directory}"
+    path = directory / "measurement.npz"
+    if flag is not None and not path.is_file():
+        raise ConfigError(f"{label}: no measurement.npz; allowed: the --out of jaxroll measure",
+                          field=flag, value=str(directory), allowed="the --out of jaxroll measure")
+    if flag is None:
+        arrays = read_npz(path, "the measurement.npz that jaxroll measure writes")
+    else:
+        arrays = read_npz(path, "the measurement.npz that jaxroll measure writes into its --out",
+                          label=f"{label}: measurement.npz")
+    metadata = None
+    if need_metadata or (directory / "metadata.json").is_file():
+        metadata = read_json(directory / "metadata.json", "the metadata.json that jaxroll measure writes",
+                             label=None if flag is None else f"{label}: metadata.json")
+    return SavedMeasurement(arrays, metadata)
 
 
 def _title(measurement: Measurement) -> str:

@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -67,42 +66,16 @@ import torch
 
 from ..errors import ConfigError
 from .hooks import Hooks
-from .layer_maps import FALCON_VARIANTS, LayerMap, resolve
+from . import pass_setup as setup
+from .layer_maps import LayerMap, resolve
 from .partial_sums import PartialSums
 from .precision import full_precision
-from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, check_stats_allowed, parse_stats, registered
+from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, parse_stats, registered
 from .result import Measurement, measurement_from_sums
 
 __all__ = ["measure", "influence_gradients"]
 
 
-def _as_token_ids(sequences, length, vocab_size):
-    if isinstance(sequences, torch.Tensor):
-        sequences = sequences.cpu().numpy()
-    if isinstance(sequences, np.ndarray):
-        rows = sequences
-        if rows.ndim != 2:
-            raise ConfigError(f"sequences: got shape {rows.shape}; allowed: (S, N) token ids")
-        if not np.issubdtype(rows.dtype, np.integer):
-            raise ConfigError(f"sequences: got dtype {rows.dtype}; allowed: integer token ids")
-    else:
-        rows = list(sequences)
-        if not rows:
-            raise ConfigError("sequences: got none; allowed: at least one sequence")
-        wanted = length if length is not None else len(rows[0])
-        for index, row in enumerate(rows):
-            if len(row) != wanted:
-                raise ConfigError(
-                    f"sequences: sequence {index} has {len(row)} tokens; allowed: exactly N = {wanted}"
-                )
-        rows = np.asarray(rows, dtype=np.int64)
-    if length is not None and rows.shape[1] != length:
-        raise ConfigError(f"sequences: sequences have {rows.shape[1]} tokens; allowed: exactly N = {length}")
-    if rows.shape[0] < 1 or rows.shape[1] < 1:
-        raise ConfigError(f"sequences: got shape {rows.shape}; allowed: at least one sequence of >= 1 token")
-    if rows.min() < 0 or (vocab_size is not None and rows.max() >= vocab_size):
-        raise ConfigError(f"sequences: token ids in [{rows.min()}, {rows.max()}]; allowed: 0 .. {vocab_size - 1}")
-    return rows.astype(np.int64)
 # Per-sequence sums (first axis S): merged across ranks by row, never added.
 def measure(
     model,
@@ -124,6 +97,11 @@ def measure(
     reduce: Callable | None = None,
     batch_size: int | None = None,
     interventions=(),
+    queries=None,
+    row_target: str | None = None,
+    refine=None,
+    document_indices=None,
+    record: dict | None = None,
 ) -> Measurement | None:
     """Measure lambda_t, content scores, attention and gradient influence.
 
@@ -169,6 +147,19 @@ def measure(
             `SinkTokens` prepends its ids (module docstring; `tokenizer`, if
             given, chooses them) and ``metadata["sink_tokens"]`` records
             them.
+        queries: query positions ``(K,)`` (`jaxroll.theory.rows.query_positions`):
+            also the rows of P_T on them, measured after the pass on the same
+            sequences (`jaxroll.measure.additions.add_rows`; single process).
+        row_target: with `queries`, what the rows differentiate:
+            ``"probability"`` (default) or ``"hidden"`` (`jaxroll.measure.rows`).
+        refine: refinement switches (`jaxroll.theory.refinements.SWITCHES`):
+            recorded in ``metadata["refined"]`` (so `Measurement.save` writes
+            ``refined.csv``) and, with `queries`, the refined rows
+            ``refined_rows (K, N)``; `stats` must hold what they need.
+        document_indices: ``(S,)`` which documents token ids were cut from
+            (default ``0..S-1``).
+        record: further metadata.json entries of the caller (e.g. the texts'
+            protocol), recorded after the measured ones.
 
     Returns:
         A `Measurement` (None on a rank whose `reduce` returned None).
@@ -178,206 +169,41 @@ def measure(
             the architecture cannot give; one line.
     """
     stats = parse_stats(stats)
-    if falcon_alibi not in FALCON_VARIANTS:
-        raise ConfigError(f"falcon_alibi: got {falcon_alibi!r}; allowed: one of {', '.join(FALCON_VARIANTS)}")
-    if not isinstance(positions, int) or positions < 1:
-        raise ConfigError(f"positions: got {positions!r}; allowed: an integer >= 1")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ConfigError(f"batch_size: got {batch_size!r}; allowed: an integer >= 1 (or None: from free memory)")
+    setup.check_options(falcon_alibi, positions, batch_size)
     resolved = resolve(model, layer_map)
-    layer_map = resolved.layer_map
-    config = model.config
-    interventions = list(interventions)
-    patching, record, sinks = None, {}, 0
-    if interventions:  # checked (one line) before anything runs
-        from ..interventions import describe
-        from .patching import patch
-
-        patching, record = patch(model, interventions, resolved), describe(interventions)
-        sinks = patching.plan.sinks
-    num_layers, num_heads, head_dim = len(resolved.blocks), resolved.num_heads, resolved.head_dim
-
-    if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], str):
-        if tokenizer is None or length is None:
-            raise ConfigError("sequences: texts need a tokenizer and a length; allowed: token ids (S, N) or both")
-        token_ids, document_indices = _select(sequences, tokenizer, length, samples)
-    else:
-        token_ids = _as_token_ids(sequences, length, getattr(config, "vocab_size", None))
-        if samples is not None:
-            token_ids = token_ids[:samples]
-        document_indices = np.arange(token_ids.shape[0])
+    patching, described, sinks = _patch(model, interventions, resolved)
+    token_ids, indices = setup.token_ids_of(sequences, tokenizer, length, samples, model.config, document_indices)
     num_sequences, length = token_ids.shape
     # SinkTokens: k ids in front of every sequence; the model runs at N + k (module docstring).
-    run_length = length + sinks
-    sink_tokens, model_ids = None, token_ids
-    if sinks:
-        from .torch_plan import check_sink_length, sink_token
-
-        check_sink_length(config, length, sinks, flag="length")
-        sink_id, origin = sink_token(tokenizer, config)
-        sink_tokens = {"count": sinks, "token_id": sink_id, "token": origin, "run_length": run_length}
-        model_ids = np.concatenate([np.full((num_sequences, sinks), sink_id, dtype=np.int64), token_ids], axis=1)
-
-    if layer_map.name == "mpt" and run_length > config.max_seq_len:
-        raise ConfigError(f"length: {run_length}; allowed: at most the model's max_seq_len ({config.max_seq_len})")
-    check_stats_allowed(stats, layer_map.name, layer_map.position)
-    if "content" in stats and length < 2:
-        raise ConfigError("length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
-    indices = np.arange(num_sequences)
-    if shard is not None:
-        rank, world = shard
-        if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
-            raise ConfigError(f"shard: got {shard!r}; allowed: (rank, world) with 0 <= rank < world")
-        indices = np.array_split(indices, world)[rank]
-
-    implementation = getattr(config, "_attn_implementation", "eager")
-    extra = {name: statistic for name, statistic in registered().items() if name in stats}
-    reading = [name for name in stats if name == "attention" or (
-        name in extra and (extra[name].needs_eager or "probabilities" in extra[name].hooks))]
-    # Under an efficient attention, attention and statistics with observe_rows get
-    # their rows recomputed in chunks from q and k (attention_rows); the rest need eager.
-    recompute = bool(reading) and implementation != "eager"
-    if recompute:
-        reading = [name for name in reading if name != "attention" and extra[name].observe_rows is None]
-    if reading and implementation != "eager":
-        raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
-                          f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
-    variant, zero_falcon_alibi, bias_multiplier = None, False, 1.0
-    if layer_map.name == "falcon" and layer_map.position == "alibi":
-        variant = falcon_alibi
-        if falcon_alibi == "doubled":
-            if implementation != "eager":
-                raise ConfigError(
-                    f"falcon_alibi: 'doubled' is Falcon's eager path; the model uses {implementation!r}; "
-                    "allowed: a model loaded with attn_implementation='eager'"
-                )
-            bias_multiplier = 2.0
-        else:
-            zero_falcon_alibi = implementation == "eager"
-    logit_scale = float(layer_map.logit_scale(config, head_dim))
-    if layer_map.slopes is not None:
-        slopes = layer_map.slopes(model, num_heads).cpu().numpy().astype(np.float64)
-        # BLOOM and MPT add m j to the scaled logit; Falcon adds it before the scale.
-        bias_scale = bias_multiplier * (logit_scale if layer_map.name == "falcon" else 1.0)
-    else:
-        slopes, bias_scale = np.zeros(num_heads), 0.0
-
-    metadata = {
-        "model": source or str(getattr(config, "_name_or_path", "") or type(model).__name__),
-        "model_class": type(model).__name__,
-        "model_type": getattr(config, "model_type", None),
-        "layer_map": layer_map.name,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "head_dim": head_dim,
-        "position_encoding": layer_map.position,
-        "attention_windows": resolved.windows,
-        "parallel_block": resolved.parallel,
-        "attn_implementation": implementation,
-        "logit_formula": layer_map.formula + (f",  c = {int(bias_multiplier)}" if variant else ""),
-        "falcon_alibi": variant,
-        "logit_scale": logit_scale,
-        "bias_scale": bias_scale,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "stats": list(stats),
-        "sequence_length": int(length),
-        "num_sequences": int(num_sequences),
-        "qk_position_stride": positions if "qk" in stats else None,
-        "activation_checkpointing": bool(checkpointing and "influence" in stats),
-        "units": {
-            "config.yaml": "content and slopes in softmax-logit units (content * logit_scale, slopes * bias_scale)",
-            "measurement.npz": "content_diagonal/content_base raw q.k; alibi_slopes as the model builds them",
-        },
-        "versions": _versions(),
-        "interventions": record,
-        "sink_tokens": sink_tokens,
-    }
-    fingerprint = json.dumps({key: metadata[key] for key in (
-        "model_class", "num_layers", "num_heads", "stats", "falcon_alibi", "dtype", "qk_position_stride",
-        "interventions", "sink_tokens")}
-        | {"tokens": int(np.asarray(token_ids, dtype=np.int64).sum() % 1_000_000_007),
-           "shape": list(token_ids.shape)}
-        | ({"shard": list(shard)} if shard is not None and shard[1] > 1 else {}), sort_keys=True)
-
-    # The sums run at the model's N + k positions; `_finish` splits the influence at the sinks.
-    shape = Shapes(num_sequences, num_layers, num_heads, run_length)
-    sums = PartialSums(shape, stats, positions, indices)
+    prepended = setup.prepend_sinks(token_ids, sinks, tokenizer, model.config)
+    setup.check_lengths(resolved.layer_map, model.config, stats, length, prepended.run_length)
+    own = setup.shard_indices(num_sequences, shard)
+    mode = setup.attention_mode(model.config, resolved.layer_map, stats, falcon_alibi)
+    slopes = setup.slopes_of(model, resolved.layer_map, model.config, resolved.num_heads, resolved.head_dim,
+                             mode.bias_multiplier)
+    metadata = setup.run_metadata(model, resolved, mode, slopes, source=source, stats=stats, length=length,
+                                  num_sequences=num_sequences, positions=positions, checkpointing=checkpointing,
+                                  record=described, sink_tokens=prepended.record)
+    fingerprint = setup.fingerprint(metadata, token_ids, shard)
+    # The sums run at the model's N + k positions; `measurement_from_sums` splits the influence at the sinks.
+    shape = Shapes(num_sequences, len(resolved.blocks), resolved.num_heads, prepended.run_length)
+    sums = PartialSums(shape, stats, positions, own)
     if resume and checkpoint_path is not None and Path(checkpoint_path).is_file():
         sums.load(Path(checkpoint_path), fingerprint)
-
-    grid = np.arange(0, run_length, positions)
-    step = _Step(stats, num_layers, run_length, grid, skip=sinks)
-    rotary = None
-    if recompute:
-        from .attention_rows import RotaryCapture, key_bias, sliding_window
-
-        rotary = RotaryCapture(model, resolved) if layer_map.position == "rope" else None
-        step.rows = {"scale": logit_scale, "bias": key_bias(model, resolved, run_length, falcon_alibi),
-                     "window": sliding_window(config, layer_map.name), "rotary": rotary,
-                     "change": patching.plan.change if patching is not None else None}
-    metadata["attention_rows"] = "recomputed from q, k in chunks" if recompute else None
-    wants = {kind: any(kind in statistic.hooks for statistic in extra.values()) for kind in HOOK_KINDS}
-    hooks = Hooks(
-        resolved, config,
-        on_block_input=step.block_input if ("lambda" in stats or wants["block_input"]) else None,
-        on_attention_output=step.attention_output if ("lambda" in stats or wants["attention_output"]) else None,
-        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]
-                                        or recompute) else None,
-        on_probabilities=step.probabilities if not recompute and ("attention" in stats or wants["probabilities"])
-        else None,
-        zero_falcon_alibi=zero_falcon_alibi,
-        checkpointing=checkpointing and "influence" in stats,
-    )
-    was_training = model.training
-    grad_flags = [parameter.requires_grad for parameter in model.parameters()]
-    device = model.get_input_embeddings().weight.device
-    own = len(sums.indices)
+    grid = np.arange(0, prepended.run_length, positions)
+    step = _Step(stats, shape.layers, prepended.run_length, grid, skip=sinks)
+    rotary = _recompute_rows(step, model, resolved, mode, slopes, falcon_alibi, patching, prepended.run_length)
+    metadata["attention_rows"] = "recomputed from q, k in chunks" if mode.recompute else None
+    hooks = _hooks(step, resolved, model.config, stats, mode, checkpointing)
     if batch_size is None:
         from .batching import choose_batch_size
 
-        batch_size = choose_batch_size(model, run_length, stats, own - sums.count, checkpointing=checkpointing)
+        batch_size = choose_batch_size(model, prepended.run_length, stats, len(sums.indices) - sums.count,
+                                       checkpointing=checkpointing)
     metadata["batch_size"] = int(batch_size)
-    bar = _progress(progress, own, sums.count)
-    started = time.perf_counter()
-    model.eval()
-    attached = []
-    try:
-        # Only the embeddings need gradients: weights that do not require
-        # them save no activations for their own gradients.
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        # A float64 model in float64 end to end: no float32 norms, rotary tables or softmax (precision.py).
-        # The patch after the hooks: a hook on the q/k projection reads the model's own q, k (the rows
-        # apply the change), and the branch scale runs before the hook that reads a (it is prepended).
-        with full_precision(model), hooks, (patching or contextlib.nullcontext()), \
-                (rotary if rotary is not None else contextlib.nullcontext()):
-            for statistic in step.registered:
-                if statistic.attach is not None:
-                    # Under recomputed rows its alpha comes from observe_rows, not from a hook.
-                    keywords = {"recomputed": True} if recompute and statistic.observe_rows is not None else {}
-                    attached += statistic.attach(resolved, _deliver(step, statistic), lambda: hooks.recording,
-                                                 **keywords)
-            for first in range(sums.count, own, batch_size):
-                rows = [int(index) for index in sums.indices[first:first + batch_size]]
-                step.reset(len(rows))
-                hooks.recording = True
-                ids = torch.as_tensor(model_ids[rows], dtype=torch.long, device=device)
-                result = _forward_backward(model, ids, "influence" in stats, hooks)
-                _accumulate(sums, step, result, rows, stats)
-                sums.count = first + len(rows)
-                if checkpoint_path is not None:
-                    sums.save(Path(checkpoint_path), fingerprint)
-                if bar is not None:
-                    bar.update(len(rows))
-    finally:
-        for handle in attached:
-            handle.remove()
-        if bar is not None:
-            bar.close()
-        for parameter, flag in zip(model.parameters(), grad_flags):
-            parameter.requires_grad_(flag)
-        model.train(was_training)
-    sums.seconds = time.perf_counter() - started
+    passes = _Passes(model, resolved, hooks, patching, rotary, step, stats, mode.recompute)
+    sums.seconds = passes.run(sums, prepended.model_ids, batch_size, checkpoint_path, fingerprint,
+                              _progress(progress, len(sums.indices), sums.count))
     if reduce is not None:
         sums = reduce(sums)
         if sums is None:
@@ -386,8 +212,132 @@ def measure(
     # Seconds of the measuring loop (no loading) and sequences, per process.
     metadata["timing"] = {"sequences_per_process": [int(count) for count, _ in timing],
                           "loop_seconds_per_process": [float(seconds) for _, seconds in timing]}
-    return measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata, shape,
-                   sinks)
+    result = measurement_from_sums(sums, stats, token_ids, indices, slopes.slopes, slopes.bias_scale,
+                                   slopes.logit_scale, grid, metadata, shape, sinks)
+    _add(result, model, token_ids, queries=queries, row_target=row_target, refine=refine, record=record,
+         progress=progress is not False and progress is not None)
+    return result
+
+
+def _add(result, model, token_ids, *, queries, row_target, refine, record, progress) -> None:
+    """Rows (`queries`), the caller's `record` and the refinement (`refine`), in this order in metadata.json."""
+    from . import additions
+
+    if queries is not None:
+        additions.add_rows(result, model, token_ids, queries, progress=progress, target=row_target or "probability")
+    elif row_target is not None:
+        raise ConfigError(f"row_target: {row_target!r} without queries; allowed: queries with it (the rows it "
+                          "measures)")
+    if record:
+        additions.add_record(result, record)
+    if refine is not None:
+        additions.add_refined(result, refine)
+
+
+def _patch(model, interventions, resolved):
+    """``(patch or None, the record of the interventions, k sinks)``: checked (one line) before anything runs."""
+    interventions = list(interventions)
+    if not interventions:
+        return None, {}, 0
+    from ..interventions import describe
+    from .patching import patch
+
+    patching = patch(model, interventions, resolved)
+    return patching, describe(interventions), patching.plan.sinks
+
+
+def _recompute_rows(step, model, resolved, mode, slopes, falcon_alibi, patching, run_length):
+    """Under recomputed rows, what `_Step` needs to form them from q and k; the rotary capture (or None)."""
+    if not mode.recompute:
+        return None
+    from .attention_rows import RotaryCapture, key_bias, sliding_window
+
+    rotary = RotaryCapture(model, resolved) if resolved.layer_map.position == "rope" else None
+    step.rows = {"scale": slopes.logit_scale, "bias": key_bias(model, resolved, run_length, falcon_alibi),
+                 "window": sliding_window(model.config, resolved.layer_map.name), "rotary": rotary,
+                 "change": patching.plan.change if patching is not None else None}
+    return rotary
+
+
+def _hooks(step, resolved, config, stats, mode, checkpointing) -> Hooks:
+    """The hooks the stats need: block input and attention output (lambda), q and k (content, qk, rows),
+    probabilities (attention, unless recomputed), and each registered statistic's kinds."""
+    wants = {kind: any(kind in statistic.hooks for statistic in mode.extra.values()) for kind in HOOK_KINDS}
+    return Hooks(
+        resolved, config,
+        on_block_input=step.block_input if ("lambda" in stats or wants["block_input"]) else None,
+        on_attention_output=step.attention_output if ("lambda" in stats or wants["attention_output"]) else None,
+        on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]
+                                        or mode.recompute) else None,
+        on_probabilities=step.probabilities if not mode.recompute and ("attention" in stats
+                                                                       or wants["probabilities"]) else None,
+        zero_falcon_alibi=mode.zero_falcon_alibi,
+        checkpointing=checkpointing and "influence" in stats,
+    )
+
+
+class _Passes:
+    """The loop over micro-batches: one forward and one backward pass each, under the hooks and the patch."""
+
+    def __init__(self, model, resolved, hooks, patching, rotary, step, stats, recompute):
+        self.model, self.resolved, self.hooks, self.patching = model, resolved, hooks, patching
+        self.rotary, self.step, self.stats, self.recompute = rotary, step, stats, recompute
+
+    def run(self, sums, model_ids, batch_size, checkpoint_path, fingerprint, bar) -> float:
+        """Every batch of this process's sequences not yet in `sums`; the seconds of the loop."""
+        model = self.model
+        was_training = model.training
+        grad_flags = [parameter.requires_grad for parameter in model.parameters()]
+        started = time.perf_counter()
+        model.eval()
+        attached = []
+        try:
+            # Only the embeddings need gradients: weights that do not require
+            # them save no activations for their own gradients.
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            # A float64 model in float64 end to end: no float32 norms, rotary tables or softmax (precision.py).
+            # The patch after the hooks: a hook on the q/k projection reads the model's own q, k (the rows
+            # apply the change), and the branch scale runs before the hook that reads a (it is prepended).
+            with full_precision(model), self.hooks, (self.patching or contextlib.nullcontext()), \
+                    (self.rotary if self.rotary is not None else contextlib.nullcontext()):
+                attached += self._attach()
+                self._batches(sums, model_ids, batch_size, checkpoint_path, fingerprint, bar)
+        finally:
+            for handle in attached:
+                handle.remove()
+            if bar is not None:
+                bar.close()
+            for parameter, flag in zip(model.parameters(), grad_flags):
+                parameter.requires_grad_(flag)
+            model.train(was_training)
+        return time.perf_counter() - started
+
+    def _attach(self) -> list:
+        attached = []
+        for statistic in self.step.registered:
+            if statistic.attach is not None:
+                # Under recomputed rows its alpha comes from observe_rows, not from a hook.
+                keywords = {"recomputed": True} if self.recompute and statistic.observe_rows is not None else {}
+                attached += statistic.attach(self.resolved, _deliver(self.step, statistic),
+                                             lambda: self.hooks.recording, **keywords)
+        return attached
+
+    def _batches(self, sums, model_ids, batch_size, checkpoint_path, fingerprint, bar) -> None:
+        device = self.model.get_input_embeddings().weight.device
+        own = len(sums.indices)
+        for first in range(sums.count, own, batch_size):
+            rows = [int(index) for index in sums.indices[first:first + batch_size]]
+            self.step.reset(len(rows))
+            self.hooks.recording = True
+            ids = torch.as_tensor(model_ids[rows], dtype=torch.long, device=device)
+            result = _forward_backward(self.model, ids, "influence" in self.stats, self.hooks)
+            _accumulate(sums, self.step, result, rows, self.stats)
+            sums.count = first + len(rows)
+            if checkpoint_path is not None:
+                sums.save(Path(checkpoint_path), fingerprint)
+            if bar is not None:
+                bar.update(len(rows))
 
 
 def _progress(progress, total, initial):
@@ -398,23 +348,6 @@ def _progress(progress, total, initial):
 
         return Progress(total, initial=initial)
     return progress
-
-
-def _select(texts, tokenizer, length, samples):
-    from .texts import select_sequences
-
-    return select_sequences(texts, tokenizer, length, samples)
-
-
-def _versions() -> dict:
-    import platform
-
-    import transformers
-
-    from ..version import package_version
-
-    return {"jaxroll": package_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
 
 
 class _Step:

@@ -23,7 +23,9 @@ class Measurement:
     ``slope * bias_scale``), ``content_diagonal, content_base (L, H)`` (raw
     ``q.k``), ``logit_scale ()`` (the factor on ``q.k`` in the logit),
     ``qk_mean (L, H, n, n)`` at ``qk_positions (n,)``, ``attention_mean
-    (L, N, N)``. `metadata` is JSON-ready.
+    (L, N, N)``. `metadata` is JSON-ready. ``refined_profile (N,)``, when
+    measured with ``refine``, is the refined rollout's profile
+    (``refined.csv``; not in ``measurement.npz``).
     """
 
     lambdas: np.ndarray | None
@@ -46,6 +48,7 @@ class Measurement:
     metadata: dict
     influence_per_sequence: np.ndarray | None = None
     extra: dict = dataclasses.field(default_factory=dict)
+    refined_profile: np.ndarray | None = None  # (N,) the refined rollout's profile: refined.csv, not the npz
 
     @property
     def num_layers(self) -> int:
@@ -68,7 +71,7 @@ class Measurement:
         says what was done to the model.
         """
         arrays = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                  if field.name not in ("metadata", "extra") and getattr(self, field.name) is not None}
+                  if field.name not in ("metadata", "extra", "refined_profile") and getattr(self, field.name) is not None}
         record = self.metadata.get("interventions") if isinstance(self.metadata, dict) else None
         if record:
             arrays["interventions"] = np.asarray(json.dumps(record, sort_keys=True))

@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import ConfigError
 from .uncertainty import resample_counts, score
 
-__all__ = ["RowScores", "score_rows", "holm", "distance_exponent"]
+__all__ = ["RowScores", "score_rows", "holm", "distance_exponent", "score_measured_rows", "rows_lines", "REFINED"]
 
 ALPHA = 0.05
 """The family-wise error rate of the Holm correction in `score_rows`."""
@@ -397,3 +397,102 @@ def distance_exponent(rows_per_sequence, queries, *, B: int = 1000, seed: int = 
             "draws_at_bound": int(np.sum(at_bound)), "draws_without_curve": int(draws.size - fitted.size),
             "resamples": int(B), "seed": int(seed), "sequences": int(sequences),
             "note": f"percentile interval of the exponent over {fitted.size} resamples of the {sequences} sequences"}
+
+
+REFINED = "refined"
+"""``--rows-config refined``: score the refined rollout's rows that ``jaxroll measure --refine S --queries K``
+wrote into the same measurement.npz (``refined_rows``), not the rows of a configuration."""
+
+
+def _refined_rows(saved, label, rows_shape) -> tuple[np.ndarray, str]:
+    """``refined_rows (K, N)`` beside the measured rows, and a name for it (the switches in metadata.json)."""
+    refined = saved.arrays.get("refined_rows")
+    if refined is None:
+        raise ConfigError(f"{label}: no refined_rows in measurement.npz; allowed with --rows-config "
+                          f"{REFINED}: a measurement made with jaxroll measure --refine SWITCHES --queries K")
+    if refined.shape != rows_shape[1:]:
+        raise ConfigError(f"{label}: refined_rows {refined.shape}; allowed: {rows_shape[1:]}, one per "
+                          "measured row")
+    try:
+        switches = saved.metadata["refined"]["switches"]
+    except (KeyError, TypeError):
+        switches = None
+    return refined, "the refined rollout" + (f" ({','.join(switches)})" if switches else "")
+
+
+def _predicted_rows(saved, label, rows_config, rows, queries) -> tuple[np.ndarray, str]:
+    """The rows ``P_T[q_k, :]`` that `rows_config` predicts at the measurement's N (float64), and its name."""
+    from pathlib import Path
+
+    if str(rows_config) == REFINED and not Path(rows_config).is_file():
+        return _refined_rows(saved, label, rows.shape)
+    import jax
+
+    from .. import io
+    from ..theory.rows import predicted_rows
+
+    model = io.load_config(rows_config)
+    with jax.enable_x64(True):
+        return predicted_rows(model, queries.tolist(), n=rows.shape[2]), str(rows_config)
+
+
+def score_measured_rows(saved, directory, label: str, rows_config, outputs, *, B: int = 1000, seed: int = 0,
+                        level: float = 0.95,
+                        buffer: int = 0, statistic: str = "median"):
+    """Every measured row of `saved` (a `jaxroll.measure.outputs.SavedMeasurement` with ``--queries`` rows)
+    against the rows of `rows_config` (a rollout YAML, or `REFINED`); writes rows.json and rows.png.
+
+    `directory` is the measurement's folder, `label` how refusals name it
+    (``--measured DIR``).
+    `score_rows` (W1/noise, p-values, Holm) and `distance_exponent` for the
+    measured rows (bootstrap interval over the sequences) and the predicted
+    ones (the fit's interval). `outputs` is the pair of paths (rows.json,
+    rows.png); the folder is created. Returns ``(record, scores, distance)``:
+    the rows.json object, the `RowScores` and the two fitted exponents.
+    """
+    import json
+
+    from ..plot.rows import plot_rows
+
+    rows, queries, _ = saved.query_rows(label)
+    predicted, name = _predicted_rows(saved, label, rows_config, rows, queries)
+    settings = {"B": B, "seed": seed, "level": level}
+    try:
+        scores = score_rows(predicted, rows, queries, **settings)
+        distance = {"measured": distance_exponent(rows, queries, **settings, buffer=buffer, statistic=statistic),
+                    "predicted": distance_exponent(predicted, queries, **settings, buffer=buffer,
+                                                   statistic=statistic)}
+    except ConfigError as error:
+        raise ConfigError(f"{label}, --rows-config {rows_config}: {error}") from None
+    record = {**scores.as_dict(), "distance": distance, "measured": str(directory), "rows_config": str(rows_config)}
+    outputs[0].parent.mkdir(parents=True, exist_ok=True)
+    outputs[0].write_text(json.dumps(record, indent=1))
+    plot_rows(scores, distance["measured"], distance["predicted"], outputs[1],
+              title=f"rows of {directory} (S = {rows.shape[0]}, N = {rows.shape[2]}) against the rollout of {name}")
+    return record, scores, distance
+
+
+def rows_lines(scores: RowScores, distance: dict, outputs) -> list[str]:
+    """The per-row table (query, W1/noise, p, Holm), the summary line and the two exponents, as text lines."""
+    summary = scores.summary()
+    lines = [f"every row: {summary['rows']} query positions, S = {summary['sequences']}, {summary['resamples']} "
+             f"resamples (seed {summary['seed']}); H0 per row: the sequences were drawn around the predicted row",
+             f"  {'query':>6} {'W1/noise':>9} {'p':>9} {'Holm p':>9}  rejected at {summary['alpha']:g} (Holm)"]
+    for query, ratio, p_value, adjusted, rejected in zip(scores.queries, scores.ratio, scores.p_value,
+                                                         scores.holm_adjusted, scores.holm_rejected):
+        lines.append(f"  {int(query):6d} {ratio:9.3g} {p_value:9.3g} {adjusted:9.3g}  {'yes' if rejected else 'no'}")
+    lines.append(
+        f"  W1/noise over rows: mean {summary['ratio_mean']:.3g}, median {summary['ratio_median']:.3g}, max "
+        f"{summary['ratio_max']:.3g} (query {summary['ratio_max_query']}); Holm rejects {summary['holm_rejected']} "
+        f"of {summary['rows']} rows at {summary['alpha']:g}"
+        + ("" if summary["holm_can_reject"] else
+           f" (it cannot reject any: p >= 1/(B + 1) = {summary['smallest_p_value']:.3g} > alpha / K; "
+           "raise --resamples)"))
+    for name, fitted in distance.items():
+        low, high = fitted["p_interval"]
+        kind = "bootstrap over sequences" if fitted["interval_kind"] == "bootstrap" else "the fit's interval"
+        lines.append(f"  by distance, {name}: p = {fitted['p']:.3g} [{low:.3g}, {high:.3g}] "
+                     f"({100 * fitted['level']:g}%, {kind})"
+                     + (" at a bound of the search" if fitted["at_bound"] else ""))
+    lines.append(f"  wrote {outputs[0]} and {outputs[1]}")
+    return lines

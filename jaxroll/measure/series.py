@@ -55,7 +55,7 @@ from ..errors import ConfigError
 
 __all__ = ["checkpoint_step", "find_checkpoints", "check_same_architecture", "checkpoint_folder", "is_finished",
            "finished_steps", "step_summary", "update_series", "read_series", "SCALARS", "ROW_SCALARS",
-           "SERIES_FOLDER"]
+           "SERIES_FOLDER", "plot_series"]
 
 SERIES_FOLDER = "series"
 """The summary's folder inside a series folder."""
@@ -333,3 +333,16 @@ def _replace(path: Path, write) -> None:
     with open(temporary, "wb") as handle:
         write(handle)
     os.replace(temporary, path)
+
+
+def plot_series(folder, data: dict, *, title: str | None = None) -> Path:
+    """``series.png`` in `folder` from `data` (`read_series`): the measured profile, lambda_t per layer and
+    W1 / noise of the rollout's prediction over the steps (`jaxroll.plot.plot_series`)."""
+    from ..plot import plot_series as plot
+
+    folder = Path(folder)
+    columns, arrays = data["columns"], data["arrays"]
+    name = folder.parent.name if folder.name == "series" else folder.name
+    return plot(folder / "series.png", arrays["steps"], arrays["measured"], arrays["lambdas"],
+                columns["w1_over_noise"], title=title or f"{name}: N = {arrays['measured'].shape[1]}, "
+                                                          f"S = {columns['sequences'][0]}")

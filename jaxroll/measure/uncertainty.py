@@ -88,6 +88,8 @@ import math
 
 import numpy as np
 
+from ..errors import ConfigError
+
 __all__ = ["Score", "score", "profile_from_rows", "resample_counts", "resample_profiles", "profile_band",
            "effective_sequences", "check_rows", "bootstrap_interval", "studentised_interval", "w1_linear_terms",
            "w1_standard_error", "bias_corrected", "wasserstein", "spearman", "kl", "JSON_FIELDS", "RANGES"]
@@ -316,19 +318,19 @@ def bias_corrected(estimate: float, draws, bounds=(-np.inf, np.inf)) -> float:
 
 
 def check_rows(rows):
-    """`rows` as float64 ``(S, N)``, or a ValueError.
+    """`rows` as float64 ``(S, N)``, or a `ConfigError` (a ValueError) with field ``measured_per_sequence``.
 
     Allowed: S >= 2, every value finite and >= 0, and at least 2 rows with
     gradient mass ``w_s = sum_j g_s[j] > 0``.
     """
     rows = np.asarray(rows, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[0] < 2 or rows.shape[1] < 1:
-        raise ValueError(f"measured_per_sequence: shape {rows.shape}; allowed: (S, N) with S >= 2")
+        raise ConfigError(f"measured_per_sequence: shape {rows.shape}; allowed: (S, N) with S >= 2")
     if not np.all(np.isfinite(rows)) or np.any(rows < 0):
-        raise ValueError("measured_per_sequence: a value is not finite or is negative; "
+        raise ConfigError("measured_per_sequence: a value is not finite or is negative; "
                          "allowed: finite, non-negative values (every row measured)")
     if np.count_nonzero(rows.sum(axis=1) > 0) < 2:
-        raise ValueError("measured_per_sequence: fewer than 2 rows with gradient mass; allowed: at least 2")
+        raise ConfigError("measured_per_sequence: fewer than 2 rows with gradient mass; allowed: at least 2")
     return rows
 
 

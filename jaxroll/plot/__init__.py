@@ -68,8 +68,8 @@ def plot_two_profiles(path, first, second, *, labels: tuple[str, str], bands=(No
                       band_labels: tuple[str, str] = ("", ""), level: float = 0.95, title: str = "") -> Path:
     """`two_profiles_figure` (two profiles on one axis, each over its band), written to `path`.
 
-    `jaxroll compare --plot` and, through `plot_prediction_against_measurement`,
-    `jaxroll score --plot`.
+    `jaxroll compare --out DIR` (compare.png) and, through `plot_prediction_against_measurement`,
+    `jaxroll score --out DIR` (score.png).
     """
     return _save(two_profiles_figure(first, second, labels=labels, bands=bands, band_labels=band_labels,
                                      level=level, title=title), path)
@@ -77,7 +77,7 @@ def plot_two_profiles(path, first, second, *, labels: tuple[str, str], bands=(No
 
 def plot_prediction_against_measurement(path, measured, predicted, *, band=None, level: float = 0.95,
                                         title: str = "") -> Path:
-    """A predicted profile over the measured one and its pointwise band (`jaxroll score --plot`)."""
+    """A predicted profile over the measured one and its pointwise band (`jaxroll score --out DIR`: score.png)."""
     return plot_two_profiles(path, measured, predicted, bands=(band, None), level=level, title=title,
                              labels=("measured gradient influence (mean over sequences)", "prediction"))
 

@@ -1,5 +1,5 @@
 """Measurements of real models: lambdas by layer, the measured influence, two profiles side by side
-(`jaxroll measure`, `jaxroll compare --plot`, `jaxroll score --plot`)."""
+(`jaxroll measure`, `jaxroll compare --out DIR`, `jaxroll score --out DIR`)."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def _log_panel(axes, curves, bands, level: float) -> None:
 def lambdas_figure(lambdas, spread=None, *, title: str = ""):
     """Measured mixing coefficients ``lambda_t`` against layer, with their spread across sequences."""
     lambdas = np.asarray(lambdas, dtype=np.float64)
-    layers = np.arange(1, lambdas.size + 1)
+    layers = np.arange(lambdas.size)  # numbered from 0, as every array and message numbers them
     figure, ((axes,),) = _figure(7, 4, top=0.4)
     axes.errorbar(layers, lambdas, yerr=spread, marker="o", capsize=3,
                   label="mean over sequences" + ("; bars: one standard deviation" if spread is not None else ""))
-    axes.set_xlabel("layer t (1 = first)")
-    # Layers are whole numbers: integer ticks inside 1..T only.
+    axes.set_xlabel("layer t (0 = first)")
+    # Layers are whole numbers: integer ticks inside 0..T-1 only.
     axes.xaxis.set_major_locator(MaxNLocator(10, integer=True, steps=(1, 2, 5, 10)))
-    axes.set_xlim(0.5, lambdas.size + 0.5)
+    axes.set_xlim(-0.5, lambdas.size - 0.5)
     axes.set_ylabel("lambda_t = ||a|| / (||x|| + ||a||) (dimensionless)")
     top = lambdas if spread is None else lambdas + np.asarray(spread)
     axes.set_ylim(0.0, max(1e-3, float(np.max(top))) * 1.1)

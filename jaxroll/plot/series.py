@@ -54,7 +54,7 @@ def series_figure(steps, measured, lambdas, w1_over_noise, *, title: str = ""):
     colours = [f"C{t % 10}" for t in range(layers)]
     for t in range(layers):
         lines.plot(np.arange(count), lambdas[:, t], "o-", markersize=3, color=colours[t],
-                   label=f"layer {t + 1}" if layers <= 12 or t in (0, layers - 1) else None)
+                   label=f"layer {t}" if layers <= 12 or t in (0, layers - 1) else None)
     _step_ticks(lines, steps)
     lines.set_ylabel("lambda_t (attention share of the residual update)")
     lines.set_ylim(0.0, max(1e-3, float(np.nanmax(lambdas))) * 1.1)

@@ -55,12 +55,13 @@ from ..model import RolloutModel
 from .axes import AXES, KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
 from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
+from .files import write_tables
 from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, _plan, chunk_budget, make_mesh
 from .statistics import STATISTICS, _table
 
 __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
-           "DEVICE_FRACTION", "SweepResult", "sweep", "plan_sweep", "make_mesh", "chunk_budget", "device_coefficients",
-           "polynomial_coefficients"]
+           "DEVICE_FRACTION", "SweepResult", "sweep", "plan_sweep", "write_tables", "make_mesh", "chunk_budget",
+           "device_coefficients", "polynomial_coefficients"]
 
 
 def plan_sweep(model: RolloutModel, *, lengths=None, zip: bool = False, batch_size: int | None = None,

@@ -240,7 +240,8 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
         try:
             model.kernel.check_length(n)
         except ConfigError as error:
-            raise ConfigError(f"lengths: {n}: {str(error).partition(': ')[2]}") from None
+            raise ConfigError(f"lengths: {n}: {error.detail}", field="lengths", value=n,
+                              allowed=error.allowed) from None
     mesh = make_mesh(mesh)
     if batch_size is not None:
         batch_size = check_positive_int("batch_size", batch_size)
