@@ -12,12 +12,13 @@ import numpy as np
 from .. import schedules
 from .._checks import as_float_scalar, check_positive_int, check_range, is_concrete
 from ..errors import ConfigError
+from ..interventions import intervention_type, sweep_axes
 from ..model import RolloutModel
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
 AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
-        "head_weights", "temperature", "slopes", "exponents", "tau", "kappa", "gamma")
+        "head_weights", "temperature", "slopes", "exponents") + sweep_axes()
 """The fields a sweep axis may name. ``lambdas``: schedules (a number for a
 constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
 mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
@@ -31,7 +32,7 @@ ones above, for a `PowerKernel`, ``slopes``,
 ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
 ``head_weights`` (see `KERNEL_AXES`).
 
-The `INTERVENTION_AXES` ``tau``, ``kappa`` and ``gamma`` are the parameters of
+The intervention axes (`intervention_axes`) ``tau``, ``kappa`` and ``gamma`` are the parameters of
 `jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
 `BranchScale`) on any kernel that intervention takes; a value is anything the
 intervention takes (a number, one per layer, per head, per layer and head), and
@@ -45,10 +46,18 @@ KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores",
 """The kernel fields a sweep may vary, by kernel type (besides the lambda axes); a kernel type
 not listed sweeps the lambda axes only."""
 
-INTERVENTION_AXES = ("tau", "kappa", "gamma")
-"""The axes that are intervention parameters (`jaxroll.interventions`), applied to every point in the
-order `jaxroll.interventions.from_mapping` applies them: ``tau``, then ``kappa``, then ``gamma``
-(``slope_scale``, a factor on the slopes, commutes with ``tau``)."""
+def intervention_axes() -> tuple[str, ...]:
+    """The axes that are intervention parameters: the registered types that declare `sweep_axis`
+    (`jaxroll.interventions.sweep_axes`: ``tau``, ``kappa``, ``gamma`` and any registered later),
+    applied to every point in the order `jaxroll.interventions.from_mapping` applies them
+    (``slope_scale``, a factor on the slopes, is a kernel axis and commutes with ``tau``)."""
+    return sweep_axes()
+
+
+def mixing_axes() -> tuple[str, ...]:
+    """The intervention axes that change the mixing lambda_t alone (``gamma``): applied on the host, in float64,
+    so a model whose layers share one kernel keeps the Krylov path (`Plan.chunk_leaves`)."""
+    return tuple(name for name in sweep_axes() if intervention_type(name).changes == "mixing")
 
 SLOPE_FIELDS = ("alibi_slopes", "slopes")
 """The field a ``slope_scale`` axis multiplies: the first of these the kernel has."""
@@ -65,8 +74,9 @@ _SCALAR_AXES = {  # axis -> (lower bound, open at the bound, upper bound or None
 
 
 def _axis_values(name: str, values) -> list:
-    if name not in AXES:
-        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(AXES)}")
+    if name not in AXES and name not in intervention_axes():
+        allowed = AXES + tuple(axis for axis in intervention_axes() if axis not in AXES)
+        raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(allowed)}")
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise ConfigError(f"{name}: got {type(values).__name__}; allowed: a non-empty list of values")
     values = list(values)
@@ -138,23 +148,21 @@ def slope_field(kernel) -> str:
 
 def _intervention_value(model: RolloutModel, name: str, value) -> np.ndarray:
     """One value of an intervention axis, checked by applying the intervention to `model`, in its full
-    shape: ``(T,)`` for gamma, ``(T, H)`` for tau and kappa (what the point's transform reads)."""
+    shape (`layer_head_value`): ``(T,)`` for gamma, ``(T, H)`` for tau and kappa (what the point's
+    transform reads)."""
     from ..interventions import apply_all, from_mapping
-    from ..interventions._base import per_layer_head
 
     if not is_concrete(value) or isinstance(value, (bool, np.bool_, str, bytes, dict)):
         raise ConfigError(f"got {value!r:.60}; allowed: a number or nested lists of numbers")
     (change,) = from_mapping({name: value}, source="axis")
     apply_all(model, [change])  # refuses what the kernel cannot take (slopes of a table kernel, a full mask)
-    if name == "gamma":
-        return np.asarray(np.broadcast_to(np.asarray(change.gamma, np.float64), (model.num_layers,)))
-    return np.asarray(per_layer_head(name, np.asarray(getattr(change, name), np.float64), model), np.float64)
+    return change.layer_head_value(model.num_layers, model.num_heads)
 
 
 def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
     """The axis' values as stacked arrays, each checked as the model's (kernel's) `create` checks it."""
     kernel = model.kernel
-    if name in INTERVENTION_AXES:
+    if name in intervention_axes():
         stacked = []
         for k, value in enumerate(values):
             try:
