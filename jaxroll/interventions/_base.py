@@ -105,6 +105,11 @@ class AbstractIntervention(eqx.Module):
             return np.asarray(per_layer(self.name, value, num_layers), np.float64)
         return np.asarray(layer_head_values(self.name, value, num_layers, num_heads), np.float64)
 
+    def torch_values(self, num_layers: int, num_heads: int) -> np.ndarray:
+        """What the torch patch's `torch_change` reads, NumPy float64 (no torch here): `layer_head_value`
+        (tau for ``divide``, the factor for ``bias_scale``, gamma per layer for ``branch``, ...)."""
+        return self.layer_head_value(num_layers, num_heads)
+
     def torch_distance(self) -> tuple | None:
         """The distance function of an ``add`` step, as ``(form, k)`` (`torch_plan` evaluates it in torch)."""
         return None

@@ -158,7 +158,7 @@ def _rotary_ratios(intervention, config, layer_map, num_layers: int, num_heads: 
     partial = float(parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
     if partial != 1.0:
         raise ConfigError(f"rotary_ratio: partial_rotary_factor={partial}; allowed: 1 (every dimension rotated)")
-    ratios = intervention.layer_head_value(num_layers, num_heads)
+    ratios = intervention.torch_values(num_layers, num_heads)
     key_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
     grouped = ratios.reshape(num_layers, key_heads, num_heads // key_heads)
     differ = np.argwhere(grouped.max(-1) != grouped.min(-1))
@@ -214,14 +214,14 @@ def check(interventions, config) -> Plan:
             sinks = intervention.value
             continue
         if kind == "branch":
-            gammas = intervention.layer_head_value(num_layers, num_heads)
+            gammas = intervention.torch_values(num_layers, num_heads)
             continue
         _check_logit_change(intervention.name, kind, config, layer_map)
         if kind == "rotary":
             ratios = _rotary_ratios(intervention, config, layer_map, num_layers, num_heads)
             continue
         distance = intervention.torch_distance()
-        steps.append((kind, intervention.layer_head_value(num_layers, num_heads),
+        steps.append((kind, intervention.torch_values(num_layers, num_heads),
                       None if distance is None else _DISTANCES[distance[0]](distance[1])))
     change = LogitChange(tuple(steps), ratios) if steps or ratios is not None else None
     return Plan(layer_map.name, change, gammas, sinks)

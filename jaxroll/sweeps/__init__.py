@@ -52,7 +52,8 @@ from jax.sharding import NamedSharding
 
 from ..errors import ConfigError
 from ..model import RolloutModel
-from .axes import AXES, KERNEL_AXES
+from . import axes as _axes
+from .axes import KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
 from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
 from .plan import DEVICE_FRACTION, KRYLOV_WORKING_SET, MEMORY_BUDGET, VMAP_WORKING_SET, _plan, chunk_budget, make_mesh
@@ -61,6 +62,12 @@ from .statistics import STATISTICS, _table
 __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_SET", "KRYLOV_WORKING_SET",
            "DEVICE_FRACTION", "SweepResult", "sweep", "make_mesh", "chunk_budget", "device_coefficients",
            "polynomial_coefficients"]
+
+
+def __getattr__(name: str):
+    if name == "AXES":  # the field axes and the registered intervention axes, read when asked
+        return _axes.AXES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SweepResult(NamedTuple):

@@ -17,26 +17,36 @@ from ..model import RolloutModel
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
-AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
-        "head_weights", "temperature", "slopes", "exponents") + sweep_axes()
-"""The fields a sweep axis may name. ``lambdas``: schedules (a number for a
-constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
-mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
-grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
-`RolloutModel.create` takes for that field.
+_FIELD_AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
+               "head_weights", "temperature", "slopes", "exponents")
 
-Any kernel sweeps the lambda axes (a schedule over measured `DenseKernel`s,
-say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
-ones above, for a `PowerKernel`, ``slopes``,
-``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
-``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
-``head_weights`` (see `KERNEL_AXES`).
 
-The intervention axes (`intervention_axes`) ``tau``, ``kappa`` and ``gamma`` are the parameters of
-`jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
-`BranchScale`) on any kernel that intervention takes; a value is anything the
-intervention takes (a number, one per layer, per head, per layer and head), and
-``slope_scale`` is `SlopeScale`'s factor on the slopes."""
+def __getattr__(name: str):
+    """`AXES`: the field axes, then the registry's intervention axes, read when asked (a type registered
+    later is in it).
+
+    The fields a sweep axis may name. ``lambdas``: schedules (a number for a
+    constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
+    mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
+    grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
+    `RolloutModel.create` takes for that field.
+
+    Any kernel sweeps the lambda axes (a schedule over measured `DenseKernel`s,
+    say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
+    ones above, for a `PowerKernel`, ``slopes``,
+    ``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
+    ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
+    ``head_weights`` (see `KERNEL_AXES`).
+
+    The intervention axes (`intervention_axes`) ``tau``, ``kappa`` and ``gamma`` are the parameters of
+    `jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
+    `BranchScale`) on any kernel that intervention takes; a value is anything the
+    intervention takes (a number, one per layer, per head, per layer and head), and
+    ``slope_scale`` is `SlopeScale`'s factor on the slopes.
+    """
+    if name == "AXES":
+        return _FIELD_AXES + intervention_axes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores", "head_weights", "temperature"),
@@ -45,6 +55,7 @@ KERNEL_AXES = {"AlibiKernel": ("alibi_slopes", "slope_scale", "diagonal_scores",
                "DenseKernel": ()}
 """The kernel fields a sweep may vary, by kernel type (besides the lambda axes); a kernel type
 not listed sweeps the lambda axes only."""
+
 
 def intervention_axes() -> tuple[str, ...]:
     """The axes that are intervention parameters: the registered types that declare `sweep_axis`
@@ -74,8 +85,8 @@ _SCALAR_AXES = {  # axis -> (lower bound, open at the bound, upper bound or None
 
 
 def _axis_values(name: str, values) -> list:
-    if name not in AXES and name not in intervention_axes():
-        allowed = AXES + tuple(axis for axis in intervention_axes() if axis not in AXES)
+    allowed = _FIELD_AXES + intervention_axes()
+    if name not in allowed:
         raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(allowed)}")
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise ConfigError(f"{name}: got {type(values).__name__}; allowed: a non-empty list of values")
