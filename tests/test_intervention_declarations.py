@@ -119,7 +119,8 @@ def test_a_sweep_varies_the_toy():
     result = jaxroll.sweep(_model(), logit_scale=values, progress=False)
     for k, value in enumerate(values):
         np.testing.assert_allclose(result.profiles[k], _oracle(value), rtol=0, atol=1e-13)
-    with pytest.raises(ConfigError, match=r"^axis 'scale': unknown field; allowed: one of .*, exponents, tau, logit_scale, kappa, gamma$"):
+    with pytest.raises(ConfigError, match=r"^axis 'scale': unknown field; allowed: one of .*, exponents, tau, "
+                                          r"logit_scale, kappa, gamma$"):
         jaxroll.sweep(_model(), scale=[1.0], progress=False)
 
 

@@ -53,8 +53,8 @@ def add_parser(commands) -> None:
                     "their box, and the KL used against the budget.")
     _common.add_model_arguments(parser)
     free = parser.add_argument("--free", required=True, metavar="NAME=SHAPE[,...]",
-                               help=f"free parameters, NAME one of %(names)s and SHAPE one of "
-                                    f"{', '.join(SHAPES)} (gamma: global or per_layer), e.g. tau=per_layer,gamma=global")
+                               help=f"free parameters, NAME one of %(names)s and SHAPE one of {', '.join(SHAPES)} "
+                                    "(gamma: global or per_layer), e.g. tau=per_layer,gamma=global")
     free.names = _NAMES
     parser.add_argument("--target", default=None, metavar="flat|PROFILE.csv",
                         help="target profile: flat (1/N everywhere) or a CSV with header token_position,probability")

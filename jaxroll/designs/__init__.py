@@ -31,6 +31,13 @@ from .result import DesignResult as DesignResult
 __all__ = ["design", "DesignResult", "PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION", "GOALS",
            "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY", "kernel_kl"]
 
+PARAMETERS: tuple[str, ...]
+"""`jaxroll.designs.parameters.PARAMETERS`: the parameters a design can free, read from the registry when asked."""
+BOXES: dict[str, tuple[float, float]]
+"""`jaxroll.designs.parameters.BOXES`: the default box of each parameter."""
+IDENTITY: dict[str, float]
+"""`jaxroll.designs.parameters.IDENTITY`: the value at which each intervention changes nothing."""
+
 
 def __getattr__(name: str):
     if name in ("PARAMETERS", "BOXES", "IDENTITY"):  # read from the intervention registry when asked

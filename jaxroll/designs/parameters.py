@@ -35,14 +35,21 @@ from ..interventions import SHAPES, designable, intervention_type
 __all__ = ["PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION"]
 
 
-def __getattr__(name: str):
-    """`PARAMETERS`, `BOXES` and `IDENTITY`, read from the registry when asked (a type registered later is in them).
+# Served by `__getattr__` from the intervention registry when read, so a type registered later is in them.
+PARAMETERS: tuple[str, ...]
+"""The intervention parameters a design can free (the types that declare a box), in the order the
+interventions apply (`jaxroll.interventions.NAMES`): `Temperature`, `SlopeScale`, `DistanceBias`,
+`BranchScale` and any registered later."""
 
-    PARAMETERS: the intervention parameters a design can free (the types that declare a box), in
-    the order the interventions apply (`jaxroll.interventions.NAMES`). BOXES: the default box
-    ``(low, high)`` of each, in its own units; each holds the identity. IDENTITY: the value at
-    which each intervention changes nothing: where a design starts.
-    """
+BOXES: dict[str, tuple[float, float]]
+"""The default box ``(low, high)`` of each parameter, in its own units (each type's `box`); each holds
+the identity."""
+
+IDENTITY: dict[str, float]
+"""The value at which each intervention changes nothing (each type's `neutral`): where a design starts."""
+
+
+def __getattr__(name: str):
     if name == "PARAMETERS":
         return tuple(kind.name for kind in designable())
     if name == "BOXES":

@@ -37,7 +37,7 @@ torch patch read:
 | `gamma` | `BranchScale` | 1 | [0, 4] |
 """
 
-from ._base import SHAPES, AbstractIntervention, apply_all
+from ._base import SHAPES, AbstractIntervention, apply_all, length_change
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
 from .positions import RotaryRescale, SinkTokens, ms_poe_ratios, table_at_distances
@@ -47,8 +47,13 @@ from .spec import describe, from_mapping, parse
 
 __all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "RotaryRescale",
            "SHAPES", "SinkTokens", "SlopeScale", "Temperature", "apply_all", "describe", "designable", "from_mapping",
-           "intervention_type", "intervention_types", "log1p_distance", "ms_poe_ratios", "parse", "register_intervention",
-           "sweep_axes", "table_at_distances", "text_names", "unregister_intervention", "unsquash_distance"]
+           "intervention_type", "intervention_types", "length_change", "log1p_distance", "ms_poe_ratios", "parse",
+           "register_intervention", "sweep_axes", "table_at_distances", "text_names", "unregister_intervention",
+           "unsquash_distance"]
+
+NAMES: tuple[str, ...]
+"""Every name `parse` knows, in the order the interventions apply: the registry's `text_names()`, read when
+asked (a type registered later is in it)."""
 
 
 def __getattr__(name: str):

@@ -22,7 +22,7 @@ from .._checks import as_float_array, check_range, is_concrete, per_layer, per_l
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 
-__all__ = ["AbstractIntervention", "SHAPES", "apply_all"]
+__all__ = ["AbstractIntervention", "SHAPES", "apply_all", "length_change"]
 
 SHAPES = ("global", "per_layer", "per_head", "per_layer_head")
 """How a parameter may be shared: one number, one per layer, one per head, one per layer and head."""
@@ -136,6 +136,11 @@ def plain_value(value):
     """A value as a record holds it: a float, or nested lists of floats."""
     array = np.asarray(value, dtype=np.float64)
     return float(array) if array.ndim == 0 else array.tolist()
+
+
+def length_change(interventions: Sequence[AbstractIntervention]):
+    """The first of `interventions` that changes the sequence length (`SinkTokens`: ``changes = "length"``), or None."""
+    return next((change for change in interventions if change.changes == "length"), None)
 
 
 def apply_all(model: RolloutModel, interventions: Sequence[AbstractIntervention]) -> RolloutModel:

@@ -29,6 +29,9 @@ from .registry import intervention_type, intervention_types, text_names
 
 __all__ = ["NAMES", "parse", "from_mapping", "describe"]
 
+NAMES: tuple[str, ...]
+"""The names `parse` knows, in the order the interventions apply (the registry's `text_names()`, read when asked)."""
+
 
 def __getattr__(name: str):
     if name == "NAMES":  # read when asked, so a type registered later is in it

@@ -63,6 +63,10 @@ __all__ = ["AXES", "KERNEL_AXES", "STATISTICS", "MEMORY_BUDGET", "VMAP_WORKING_S
            "DEVICE_FRACTION", "SweepResult", "sweep", "make_mesh", "chunk_budget", "device_coefficients",
            "polynomial_coefficients"]
 
+AXES: tuple[str, ...]
+"""The fields a sweep axis may name, then the registered intervention axes (``tau``, ``kappa``, ``gamma``,
+and any registered later), read when asked; see `jaxroll.sweeps.axes`."""
+
 
 def __getattr__(name: str):
     if name == "AXES":  # the field axes and the registered intervention axes, read when asked
