@@ -111,7 +111,8 @@ def test_rollout_intervene_reads_the_toy_from_a_yaml_file(tmp_path, capsys):
     assert main(["rollout", str(config), "--intervene", str(changes), "--out", str(out), "--no-figure"]) == 0
     assert "intervened: logit_scale=" in capsys.readouterr().out
     np.testing.assert_allclose(jaxroll.read_profile(out / "profile.csv"), _oracle(SCALE), rtol=0, atol=1e-13)
-    assert yaml.safe_load((out / "intervention.yaml").read_text()) == {"logit_scale": SCALE.tolist()}
+    (record,) = out.glob("intervention*.yaml")  # the record rollout writes beside profile.csv
+    assert yaml.safe_load(record.read_text(encoding="utf-8")) == {"logit_scale": SCALE.tolist()}
 
 
 def test_a_sweep_varies_the_toy():
