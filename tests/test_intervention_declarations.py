@@ -5,6 +5,8 @@ agree with the registry.
 
 The toy, `LogitScale`, multiplies every logit of an ALiBi + content kernel by ``c_{t,h} > 0``:
 ``s'_{t,h}(i, j) = c_{t,h} (-m_h (i - j) + d_h [i == j] + b_h)``, the reciprocal of a temperature.
+A second, `LambdaPower` (``lambda'_t = lambda_t^{p_t}``), changes the mixing alone, as `BranchScale`
+does, and keeps a sweep's Krylov path.
 """
 
 from __future__ import annotations
@@ -57,11 +59,35 @@ class LogitScale(iv.AbstractIntervention):
         return dataclasses.replace(model, kernel=changed)
 
 
+class LambdaPower(iv.AbstractIntervention):
+    """The mixing raised to a power per layer, ``lambda'_t = lambda_t^{p_t}`` (p > 0): a change of the mixing alone."""
+
+    name, parameter, neutral, order, changes = "lambda_power", "power", 1.0, 65, "mixing"
+    shapes, sweep_axis = ("global", "per_layer"), True
+
+    power: Float[Array, "..."]
+
+    def __init__(self, power):
+        self.power = power if isinstance(power, jax.core.Tracer) else np.asarray(power, np.float64)
+
+    @classmethod
+    def mixed_lambdas(cls, value, lambdas):
+        return lambdas**value
+
+    def apply(self, model):
+        return dataclasses.replace(model, lambdas=self.mixed_lambdas(self.power, model.lambdas))
+
+
+TOYS = (LogitScale, LambdaPower)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     iv.register_intervention(LogitScale)  # the one call the recipe asks for
+    iv.register_intervention(LambdaPower)
     yield
     iv.unregister_intervention(LogitScale)
+    iv.unregister_intervention(LambdaPower)
 
 
 def _model(n=N):
@@ -69,15 +95,16 @@ def _model(n=N):
     return jaxroll.RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=n)
 
 
-def _oracle(scale=1.0, lambdas=LAMBDAS, n=N):
+def _oracle(scale=1.0, lambdas=LAMBDAS, n=N, slopes=SLOPES, diagonal=DIAGONAL):
     """``e_{n-1}^T R_T ... R_1`` in float64 with ``A_t`` the head mean of ``softmax(c (-m (i - j) + d [i == j]))``."""
     scale = np.broadcast_to(np.asarray(scale, np.float64), (T, H))
+    slopes, diagonal = np.broadcast_to(slopes, (T, H)), np.broadcast_to(diagonal, (T, H))
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     product = np.eye(n)
     for t in range(T):
         kernel = np.zeros((n, n))
         for h in range(H):
-            scores = scale[t, h] * (-SLOPES[t, h] * (i - j) + DIAGONAL[t, h] * (i == j))
+            scores = scale[t, h] * (-slopes[t, h] * (i - j) + diagonal[t, h] * (i == j))
             weights = np.where(j <= i, np.exp(scores - scores.max(axis=1, keepdims=True)), 0.0)
             kernel += weights / weights.sum(axis=1, keepdims=True) / H
         product = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * kernel) @ product
@@ -86,7 +113,7 @@ def _oracle(scale=1.0, lambdas=LAMBDAS, n=N):
 
 def test_the_toy_reads_and_writes_as_text_in_its_declared_order():
     assert iv.NAMES == ("sinks", "rotary_ratio", "tau", "logit_scale", "slope_scale", "kappa", "kappa_form",
-                        "kappa_k", "ssmax_scale", "gamma")
+                        "kappa_k", "ssmax_scale", "gamma", "lambda_power")
     changes = iv.parse("slope_scale=2,logit_scale=1.5,tau=0.7")
     assert [type(change).__name__ for change in changes] == ["Temperature", "LogitScale", "SlopeScale"]
     record = iv.describe(changes)
@@ -121,8 +148,24 @@ def test_a_sweep_varies_the_toy():
     for k, value in enumerate(values):
         np.testing.assert_allclose(result.profiles[k], _oracle(value), rtol=0, atol=1e-13)
     with pytest.raises(ConfigError, match=r"^axis 'scale': unknown field; allowed: one of .*, exponents, tau, "
-                                          r"logit_scale, kappa, gamma$"):
+                                          r"logit_scale, kappa, gamma, lambda_power$"):
         jaxroll.sweep(_model(), scale=[1.0], progress=False)
+
+
+def test_a_sweep_applies_a_mixing_toy_on_the_krylov_path():
+    """A change of lambda alone keeps the Krylov path of a model whose layers share one kernel."""
+    slopes = SLOPES[0]
+    kernel = jaxroll.AlibiKernel.create(num_layers=T, num_heads=H, alibi_slopes=slopes)
+    model = jaxroll.RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N)
+    powers = [0.5, 1.0, [2.0, 1.0, 0.3]]
+    result = jaxroll.sweep(model, lambda_power=powers, progress=False)
+    assert result.method == "krylov"
+    for k, power in enumerate(powers):
+        expected = _oracle(lambdas=LAMBDAS ** np.asarray(power), slopes=slopes, diagonal=0.0)
+        np.testing.assert_allclose(result.profiles[k], expected, rtol=0, atol=1e-13)
+    changed = iv.apply_all(model, iv.parse("lambda_power=2"))
+    np.testing.assert_allclose(jaxroll.influence(changed), _oracle(lambdas=LAMBDAS**2, slopes=slopes, diagonal=0.0),
+                               rtol=0, atol=1e-13)
 
 
 def test_a_design_frees_the_toy_in_its_declared_box():
@@ -185,7 +228,7 @@ def _box(kind) -> str:
 @pytest.mark.parametrize("text", [(ROOT / "docs" / "interventions.md").read_text(encoding="utf-8"),
                                   iv.__doc__], ids=["docs/interventions.md", "jaxroll.interventions"])
 def test_the_docs_tables_are_the_registry(text):
-    built_in = [kind for kind in iv.intervention_types() if kind is not LogitScale]
+    built_in = [kind for kind in iv.intervention_types() if kind not in TOYS]
     rows = _table(text)
     assert list(rows) == [kind.name for kind in built_in]
     for kind in built_in:
@@ -198,6 +241,6 @@ def test_the_text_and_design_docstrings_name_the_registry():
     from jaxroll.interventions import spec
 
     named = re.findall(r"^\| ``(\w+)`` \| `(\w+)`", spec.__doc__, flags=re.MULTILINE)
-    assert named == [(kind.name, kind.__name__) for kind in iv.intervention_types() if kind is not LogitScale]
+    assert named == [(kind.name, kind.__name__) for kind in iv.intervention_types() if kind not in TOYS]
     boxes = dict(re.findall(r"^(\w+) +``.*``(?: \(log box\))? +``(\[.*\])``$", parameters.__doc__, flags=re.MULTILINE))
-    assert boxes == {kind.name: _box(kind) for kind in iv.designable() if kind is not LogitScale}
+    assert boxes == {kind.name: _box(kind) for kind in iv.designable() if kind not in TOYS}
