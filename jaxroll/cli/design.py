@@ -7,9 +7,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from . import _common
 
-# The names of jaxroll.designs (PARAMETERS, SHAPES, GOALS), repeated so --help answers before JAX loads;
-# tests/test_design.py checks that they agree.
-PARAMETERS = ("tau", "slope_scale", "kappa", "gamma")
+# The names of jaxroll.designs (SHAPES, GOALS), repeated so the parser builds before JAX loads;
+# tests/test_design.py checks that they agree. The free parameters and their boxes are declared on the
+# intervention types: read from the registry when asked (`PARAMETERS`) or when the help is printed.
 SHAPES = ("global", "per_layer", "per_head", "per_layer_head")
 GOALS = ("middle_mass", "u_index")
 OUTPUTS = ("interventions.yaml", "design.json", "profiles.csv", "design.png")
@@ -20,6 +20,30 @@ design.json: the rest of the summary (the object --json prints)."""
 _FLAGS = {"kl_budget": "--kl-budget", "kappa_form": "--kappa-form", "form": "--kappa-form", "free": "--free",
           "bounds": "--bounds", "target": "--target", "goal": "--goal", "method": "--method", "steps": "--steps",
           "search": "--search", "loss": "--loss"}
+
+
+def __getattr__(name: str):
+    if name == "PARAMETERS":
+        from ..designs.parameters import PARAMETERS
+
+        return PARAMETERS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Registered:
+    """Text from the intervention registry, formed when argparse expands ``%(...)s`` in a help (loads JAX)."""
+
+    def __init__(self, form):
+        self.form = form
+
+    def __str__(self) -> str:
+        from ..interventions import designable  # the registry alone: not the designs package (optax, fitting)
+
+        return self.form(designable())
+
+
+_NAMES = _Registered(lambda kinds: ", ".join(kind.name for kind in kinds))
+_BOXES = _Registered(lambda kinds: ", ".join(f"{kind.name}={kind.box[0]:g}:{kind.box[1]:g}" for kind in kinds))
 
 
 def add_parser(commands) -> None:
@@ -35,9 +59,10 @@ def add_parser(commands) -> None:
                     "(token_position, before, after[, target]) and design.png into --out; the summary says whether it converged, which parameters ended at a bound of "
                     "their box, and the KL used against the budget.")
     _common.add_model_arguments(parser)
-    parser.add_argument("--free", required=True, metavar="NAME=SHAPE[,...]",
-                        help=f"free parameters, NAME one of {', '.join(PARAMETERS)} and SHAPE one of "
-                             f"{', '.join(SHAPES)} (gamma: global or per_layer), e.g. tau=per_layer,gamma=global")
+    free = parser.add_argument("--free", required=True, metavar="NAME=SHAPE[,...]",
+                               help=f"free parameters, NAME one of %(names)s and SHAPE one of {', '.join(SHAPES)} "
+                                    "(gamma: global or per_layer), e.g. tau=per_layer,gamma=global")
+    free.names = _NAMES
     parser.add_argument("--target", default=None, metavar="flat|PROFILE.csv",
                         help="target profile: flat (1/N everywhere) or a CSV with header token_position,probability")
     parser.add_argument("--loss", choices=("wasserstein", "kl"), default="wasserstein",
@@ -47,9 +72,9 @@ def add_parser(commands) -> None:
                              "tau, slope_scale or kappa is free)")
     parser.add_argument("--kl-budget", type=float, default=None, metavar="NATS",
                         help="with --goal: the largest mean-over-rows KL(A'_row || A_row) of any layer's kernel")
-    parser.add_argument("--bounds", default=None, metavar="NAME=LOW:HIGH[,...]",
-                        help="boxes of the free parameters (default tau=0.25:4, slope_scale=0:4, kappa=-2:2, "
-                             "gamma=0:4)")
+    bounds = parser.add_argument("--bounds", default=None, metavar="NAME=LOW:HIGH[,...]",
+                                 help="boxes of the free parameters (default %(boxes)s)")
+    bounds.boxes = _BOXES
     parser.add_argument("--kappa-form", choices=("log1p", "unsquash"), default="log1p",
                         help="form g of a free distance bias kappa g(i - j) (default log1p)")
     parser.add_argument("--steps", type=_common.positive_int, default=2000,

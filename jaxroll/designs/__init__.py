@@ -24,9 +24,22 @@ from .optimise import (
     PENALTY_GROWTH as PENALTY_GROWTH,
     design as design,
 )
-from .parameters import BOUND_FRACTION as BOUND_FRACTION, BOXES as BOXES, IDENTITY as IDENTITY, \
-    PARAMETERS as PARAMETERS, SHAPES as SHAPES
+from . import parameters as _parameters
+from .parameters import BOUND_FRACTION as BOUND_FRACTION, SHAPES as SHAPES
 from .result import DesignResult as DesignResult
 
 __all__ = ["design", "DesignResult", "PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION", "GOALS",
            "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY", "kernel_kl"]
+
+PARAMETERS: tuple[str, ...]
+"""`jaxroll.designs.parameters.PARAMETERS`: the parameters a design can free, read from the registry when asked."""
+BOXES: dict[str, tuple[float, float]]
+"""`jaxroll.designs.parameters.BOXES`: the default box of each parameter."""
+IDENTITY: dict[str, float]
+"""`jaxroll.designs.parameters.IDENTITY`: the value at which each intervention changes nothing."""
+
+
+def __getattr__(name: str):
+    if name in ("PARAMETERS", "BOXES", "IDENTITY"):  # read from the intervention registry when asked
+        return getattr(_parameters, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

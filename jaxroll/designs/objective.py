@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from .. import metrics
-from ..interventions import apply_all
+from ..interventions import apply_all, intervention_type
 from ..model import RolloutModel, layer_kernels
 from ..rollout import influence
 from .parameters import _Parameters
@@ -47,8 +47,10 @@ __all__ = ["GOALS", "kernel_kl"]
 GOALS = ("middle_mass", "u_index")
 """The shape goals of a design: raise the middle mass, or lower the U-index (`jaxroll.metrics`)."""
 
-# Kernels that change A_t (tau, slope_scale, kappa); gamma changes lambda_t only.
-KERNEL_PARAMETERS = frozenset({"tau", "slope_scale", "kappa"})
+def kernel_parameters(names) -> frozenset:
+    """The parameters among `names` whose interventions change the kernels A_t (tau, slope_scale, kappa, as
+    their types declare); gamma changes lambda_t only."""
+    return frozenset(name for name in names if getattr(intervention_type(name), "changes", None) == "kernel")
 
 
 def _mean_row_kl(changed, log_reference):

@@ -26,7 +26,7 @@ from ..progress import Progress
 from ..interventions import apply_all, describe
 from ..model import RolloutModel, check_model, layer_kernels
 from ..rollout import METHODS, influence
-from .objective import (GOALS, KERNEL_PARAMETERS, _log_kernels, _Problem, by_offset, goal_value, kernel_kl,
+from .objective import (GOALS, _log_kernels, _Problem, by_offset, goal_value, kernel_kl, kernel_parameters,
                         objective, offset_scores, profile_and_kl)
 from .parameters import _Free, _Parameters, check_bounds, check_free
 from .result import DesignResult
@@ -180,7 +180,7 @@ def _setup(model, free, target, goal, loss, kl_budget, bounds, kappa_form, kappa
                           f"allowed: a target profile (or 'flat') or a goal ({', '.join(GOALS)})")
     if not 0 < fraction < 0.5:
         raise ConfigError(f"fraction: got {fraction!r}; allowed: 0 < fraction < 0.5")
-    budgeted = goal is not None and bool(KERNEL_PARAMETERS & set(free))
+    budgeted = goal is not None and bool(kernel_parameters(free))
     if goal is not None:
         if goal not in GOALS:
             raise ConfigError(f"goal: got {goal!r}; allowed: one of {', '.join(GOALS)}")
@@ -458,7 +458,7 @@ def _result(model, point, data, problem: _Problem, target, kl_budget, initial_va
     changed = apply_all(model, changes)
     before = np.asarray(influence(model, n, method=problem.method), np.float64)
     after = np.asarray(influence(changed, n, method=problem.method), np.float64)
-    kernels_changed = bool(KERNEL_PARAMETERS & set(values))
+    kernels_changed = bool(kernel_parameters(values))
     kl = np.asarray(_evaluate(point, data, problem=problem)[1], np.float64) if problem.budgeted else \
         np.asarray(kernel_kl(model, changed, n), np.float64) if kernels_changed else np.zeros(model.num_layers)
     final_value = float(goal_value(jnp.asarray(after), data, problem))

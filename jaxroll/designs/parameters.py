@@ -30,27 +30,40 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
-from ..interventions import BranchScale, DistanceBias, SlopeScale, Temperature
+from ..interventions import SHAPES, designable, intervention_type
 
 __all__ = ["PARAMETERS", "SHAPES", "BOXES", "IDENTITY", "BOUND_FRACTION"]
 
-PARAMETERS = ("tau", "slope_scale", "kappa", "gamma")
-"""The intervention parameters a design can free, in the order the interventions apply
-(`jaxroll.interventions.NAMES`): `Temperature`, `SlopeScale`, `DistanceBias`, `BranchScale`."""
 
-SHAPES = ("global", "per_layer", "per_head", "per_layer_head")
-"""How a free parameter is shared: one number, one per layer, one per head, one per layer and head."""
+# Served by `__getattr__` from the intervention registry when read, so a type registered later is in them.
+PARAMETERS: tuple[str, ...]
+"""The intervention parameters a design can free (the types that declare a box), in the order the
+interventions apply (`jaxroll.interventions.NAMES`): `Temperature`, `SlopeScale`, `DistanceBias`,
+`BranchScale` and any registered later."""
 
-BOXES = {"tau": (0.25, 4.0), "slope_scale": (0.0, 4.0), "kappa": (-2.0, 2.0), "gamma": (0.0, 4.0)}
-"""The default box ``(low, high)`` of each parameter, in its own units; each holds the identity."""
+BOXES: dict[str, tuple[float, float]]
+"""The default box ``(low, high)`` of each parameter, in its own units (each type's `box`); each holds
+the identity."""
 
-IDENTITY = {"tau": 1.0, "slope_scale": 1.0, "kappa": 0.0, "gamma": 1.0}
-"""The value at which each intervention changes nothing: where a design starts."""
+IDENTITY: dict[str, float]
+"""The value at which each intervention changes nothing (each type's `neutral`): where a design starts."""
 
-# tau is a scale: a box uniform in log tau puts as much room below 1 as above.
-_LOG_BOX = frozenset({"tau"})
-# The least allowed value of each parameter (its intervention's range), and whether it is open.
-_LOWEST = {"tau": (0.0, True), "slope_scale": (0.0, False), "kappa": (-math.inf, True), "gamma": (0.0, False)}
+
+def __getattr__(name: str):
+    if name == "PARAMETERS":
+        return tuple(kind.name for kind in designable())
+    if name == "BOXES":
+        return {kind.name: tuple(kind.box) for kind in designable()}
+    if name == "IDENTITY":
+        return {kind.name: kind.neutral for kind in designable()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _designable(name: str):
+    """The registered type a design frees as `name`, or None."""
+    kind = intervention_type(name)
+    return kind if kind is not None and kind.name == name and kind.box is not None else None
+
 
 BOUND_FRACTION = 1e-3
 """A parameter is *at a bound* when it lies within this fraction of its box's width of an end.
@@ -71,24 +84,29 @@ class _Free:
     low: float
     high: float
 
+    @property
+    def kind(self):
+        """The intervention type this parameter belongs to."""
+        return intervention_type(self.name)
+
     def array_shape(self, num_layers: int, num_heads: int) -> tuple[int, ...]:
         if self.shape == "global":
             return ()
-        if self.shape == "per_layer":
-            return (num_layers,) if self.name == "gamma" else (num_layers, 1)
+        if self.shape == "per_layer":  # a type without per-head shapes holds one value per layer
+            return (num_layers,) if "per_head" not in self.kind.shapes else (num_layers, 1)
         return (1, num_heads) if self.shape == "per_head" else (num_layers, num_heads)
 
     def value(self, u):
         """The parameter in model units: the sigmoid of `u` placed in the box."""
         fraction = jax.nn.sigmoid(u)
-        if self.name in _LOG_BOX:
+        if self.kind.log_box:
             return self.low * (self.high / self.low) ** fraction
         return self.low + (self.high - self.low) * fraction
 
     def raw(self, value) -> np.ndarray:
         """The unconstrained coordinate of `value` (clipped into the open box)."""
         value = np.asarray(value, np.float64)
-        if self.name in _LOG_BOX:
+        if self.kind.log_box:
             fraction = np.log(value / self.low) / np.log(self.high / self.low)
         else:
             fraction = (value - self.low) / (self.high - self.low)
@@ -137,21 +155,13 @@ class _Parameters:
 
     def interventions(self, values: dict) -> list:
         """The interventions of `values`, in `PARAMETERS` order (as `interventions.from_mapping` builds them)."""
-        built = []
-        if "tau" in values:
-            built.append(Temperature(values["tau"]))
-        if "slope_scale" in values:
-            built.append(SlopeScale(values["slope_scale"]))
-        if "kappa" in values:
-            built.append(DistanceBias(values["kappa"], self.kappa_form, k=self.kappa_k))
-        if "gamma" in values:
-            built.append(BranchScale(values["gamma"]))
-        return built
+        mapping = {**values, "kappa_form": self.kappa_form, "kappa_k": self.kappa_k}
+        return [kind.from_record(mapping, "design") for kind in designable() if kind.name in values]
 
     def initial(self) -> dict[str, np.ndarray]:
         """The unconstrained point of the identity (clipped into each box)."""
         shapes = self.shapes()
-        return {item.name: np.full(shapes[item.name], item.raw(IDENTITY[item.name])) for item in self.free}
+        return {item.name: np.full(shapes[item.name], item.raw(item.kind.neutral)) for item in self.free}
 
     def flatten(self, raw: dict):
         return jnp.concatenate([jnp.ravel(jnp.asarray(raw[name])) for name in self.names])
@@ -205,14 +215,17 @@ def check_free(free) -> dict[str, str]:
         free = _split_entries(free, "free")
     if not isinstance(free, dict) or not free:
         raise ConfigError(f"free: got {free!r:.60}; allowed: a mapping such as {{'tau': 'per_layer'}}")
+    parameters = tuple(kind.name for kind in designable())
     for name, shape in free.items():
-        if name not in PARAMETERS:
-            raise ConfigError(f"free {name}: unknown parameter; allowed: one of {', '.join(PARAMETERS)}")
+        kind = _designable(name)
+        if kind is None:
+            raise ConfigError(f"free {name}: unknown parameter; allowed: one of {', '.join(parameters)}")
         if shape not in SHAPES:
             raise ConfigError(f"free {name}: shape {shape!r}; allowed: one of {', '.join(SHAPES)}")
-        if name == "gamma" and shape not in ("global", "per_layer"):
-            raise ConfigError(f"free gamma: shape {shape!r}; allowed: global or per_layer (a branch scale per layer)")
-    return {name: free[name] for name in PARAMETERS if name in free}
+        if shape not in kind.shapes:
+            raise ConfigError(f"free {name}: shape {shape!r}; allowed: {' or '.join(kind.shapes)} (the shapes "
+                              f"{kind.__name__} takes)")
+    return {name: free[name] for name in parameters if name in free}
 
 
 def _bound_pair(name: str, value) -> tuple[float, float]:
@@ -225,7 +238,7 @@ def _bound_pair(name: str, value) -> tuple[float, float]:
         low, high = (float(x) for x in value)
     except (TypeError, ValueError):
         raise ConfigError(f"bounds {name}: got {value!r:.60}; allowed: two numbers LOW:HIGH") from None
-    lowest, open_ = _LOWEST[name]
+    lowest, open_ = intervention_type(name).lowest
     if not (np.isfinite(low) and np.isfinite(high)) or low >= high:
         raise ConfigError(f"bounds {name}: got {low:g}:{high:g}; allowed: finite numbers with LOW < HIGH")
     if low < lowest or (open_ and low == lowest):
@@ -242,4 +255,5 @@ def check_bounds(bounds, free: dict[str, str]) -> dict[str, tuple[float, float]]
     for name in given:
         if name not in free:
             raise ConfigError(f"bounds {name}: not a free parameter; allowed: one of {', '.join(free)}")
-    return {name: _bound_pair(name, given[name]) if name in given else BOXES[name] for name in free}
+    return {name: _bound_pair(name, given[name]) if name in given else tuple(intervention_type(name).box)
+            for name in free}

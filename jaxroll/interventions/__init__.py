@@ -20,14 +20,43 @@ is exact in the theory or an approximation, and which.
 `apply_all(model, interventions)` applies several in order; `parse` reads
 the command line's ``NAME=VALUE[,NAME=VALUE...]`` (or a YAML file) and
 `describe` writes the record a result carries.
+
+Each type declares its name, neutral value, design box, shapes, order and torch
+change (`AbstractIntervention`); `register_intervention(cls)` adds a new type to
+the one registry (`registry.py`) that parse, describe, designs, sweeps and the
+torch patch read:
+
+| name | intervention | neutral | design box |
+|---|---|---|---|
+| `sinks` | `SinkTokens` | 0 | |
+| `rotary_ratio` | `RotaryRescale` | 1 | |
+| `tau` | `Temperature` | 1 | [0.25, 4] |
+| `slope_scale` | `SlopeScale` | 1 | [0, 4] |
+| `kappa` | `DistanceBias` | 0 | [-2, 2] |
+| `ssmax_scale` | `LengthScaledLogits` | | |
+| `gamma` | `BranchScale` | 1 | [0, 4] |
 """
 
-from ._base import AbstractIntervention, apply_all
+from ._base import SHAPES, AbstractIntervention, apply_all, length_change
 from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
 from .positions import RotaryRescale, SinkTokens, ms_poe_ratios, table_at_distances
-from .spec import NAMES, describe, from_mapping, parse
+from .registry import (designable, intervention_type, intervention_types, register_intervention, sweep_axes,
+                       text_names, unregister_intervention)
+from .spec import describe, from_mapping, parse
 
 __all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "RotaryRescale",
-           "SinkTokens", "SlopeScale", "Temperature", "apply_all", "describe", "from_mapping", "log1p_distance",
-           "ms_poe_ratios", "parse", "table_at_distances", "unsquash_distance"]
+           "SHAPES", "SinkTokens", "SlopeScale", "Temperature", "apply_all", "describe", "designable", "from_mapping",
+           "intervention_type", "intervention_types", "length_change", "log1p_distance", "ms_poe_ratios", "parse",
+           "register_intervention", "sweep_axes", "table_at_distances", "text_names", "unregister_intervention",
+           "unsquash_distance"]
+
+NAMES: tuple[str, ...]
+"""Every name `parse` knows, in the order the interventions apply: the registry's `text_names()`, read when
+asked (a type registered later is in it)."""
+
+
+def __getattr__(name: str):
+    if name == "NAMES":  # the registry's names when read, so a type registered later is in it
+        return text_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

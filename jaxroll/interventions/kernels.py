@@ -24,7 +24,8 @@ from ..engine.alibi import allowed
 from ..engine.dense import DenseKernel
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
-from ._base import AbstractIntervention, checked_parameter, per_layer_head
+from ._base import AbstractIntervention, checked_parameter, per_layer_head, plain_value
+from .registry import register_intervention
 
 __all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
 
@@ -33,6 +34,7 @@ def _replace_kernel(model: RolloutModel, kernel) -> RolloutModel:
     return dataclasses.replace(model, kernel=kernel)
 
 
+@register_intervention
 class Temperature(AbstractIntervention):
     """Logits divided by ``tau_{t,h} > 0``: ``s'_{t,h}(i, j) = s_{t,h}(i, j) / tau_{t,h}``.
 
@@ -53,6 +55,10 @@ class Temperature(AbstractIntervention):
     temperature (`LengthScaledLogits`); this class is the constant form.
     """
 
+    name, parameter, neutral, order = "tau", "tau", 1.0, 20
+    box, log_box, lowest = (0.25, 4.0), True, (0.0, True)  # a scale: as much room below 1 as above
+    sweep_axis, torch_change = True, "divide"
+
     tau: Float[Array, "..."]
 
     def __init__(self, tau):
@@ -62,6 +68,7 @@ class Temperature(AbstractIntervention):
         return _replace_kernel(model, check_model(model).kernel.temper(self.tau, "tau"))
 
 
+@register_intervention
 class LengthScaledLogits(AbstractIntervention):
     """SSMax: row i's logits multiplied by ``s_{t,h} ln n_i``, n_i the number of keys row i reads.
 
@@ -77,6 +84,9 @@ class LengthScaledLogits(AbstractIntervention):
     as a `DenseKernel`: O(T N^2) memory, the plain O(N^2) product per layer.
     Refused on a measured `DenseKernel` (its logits are not known).
     """
+
+    name, parameter, order, lowest = "ssmax_scale", "scale", 50, (0.0, True)  # no neutral value: s ln n_i != 1
+    torch_change = "log_length"
 
     scale: Float[Array, "..."]
 
@@ -102,6 +112,7 @@ class LengthScaledLogits(AbstractIntervention):
         return _replace_kernel(model, DenseKernel(kernels, kernel.mask == "causal"))
 
 
+@register_intervention
 class SlopeScale(AbstractIntervention):
     """ALiBi slopes multiplied by ``s_{t,h} >= 0``: ``m' = s m`` (Press et al. 2022's bias ``-m (i - j)``).
 
@@ -110,6 +121,10 @@ class SlopeScale(AbstractIntervention):
     ALiBi + content and on `PowerKernel` (``f = -m k^alpha``); refused on
     other kernels (a rotary model has no slopes).
     """
+
+    name, parameter, neutral, order = "slope_scale", "scale", 1.0, 30
+    box, lowest = (0.0, 4.0), (0.0, False)
+    torch_change = "bias_scale"  # a sweep varies slope_scale as a kernel axis (KERNEL_AXES), a factor on the slopes
 
     scale: Float[Array, "..."]
 
@@ -139,6 +154,7 @@ def unsquash_distance(distance, k: float = 2.0):
 _DISTANCE_FORMS = {"log1p": log1p_distance, "unsquash": unsquash_distance}
 
 
+@register_intervention
 class DistanceBias(AbstractIntervention):
     """``kappa_{t,h} g(i - j)`` added to the logits of every causal pair: ``s' = s + kappa g(i - j)``.
 
@@ -155,6 +171,29 @@ class DistanceBias(AbstractIntervention):
     row: exact for one sequence's kernel, an approximation for a mean; kappa
     is then per layer.
     """
+
+    name, parameter, neutral, order = "kappa", "kappa", 0.0, 40
+    options, options_purpose = ("kappa_form", "kappa_k"), "set the distance bias' form"
+    box, sweep_axis, torch_change = (-2.0, 2.0), True, "add"
+
+    @classmethod
+    def text_value(cls, name: str, text: str):
+        return text if name == "kappa_form" else super().text_value(name, text)
+
+    @classmethod
+    def from_record(cls, mapping: dict, source: str = "--intervene") -> DistanceBias:
+        form, k = mapping.get("kappa_form", "log1p"), mapping.get("kappa_k", 2.0)
+        if not isinstance(form, str):
+            raise ConfigError(f"{source} kappa_form: got {form!r:.60}; allowed: log1p or unsquash")
+        if isinstance(k, bool) or not isinstance(k, (int, float)):
+            raise ConfigError(f"{source} kappa_k: got {k!r:.60}; allowed: a number > 0")
+        return cls(mapping["kappa"], form, k=float(k))
+
+    def record(self) -> dict:
+        return {"kappa": plain_value(self.kappa), "kappa_form": self.form, "kappa_k": self.k}
+
+    def torch_distance(self) -> tuple:
+        return self.form, self.k
 
     kappa: Float[Array, "..."]
     form: str = eqx.field(static=True, default="log1p")

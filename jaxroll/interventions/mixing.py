@@ -9,10 +9,12 @@ from jaxtyping import Array, Float
 from .._checks import per_layer
 from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter
+from .registry import register_intervention
 
 __all__ = ["BranchScale"]
 
 
+@register_intervention
 class BranchScale(AbstractIntervention):
     """The attention branch's output multiplied by ``gamma_t >= 0`` in layer t.
 
@@ -28,6 +30,17 @@ class BranchScale(AbstractIntervention):
     ``gamma = 1`` is the identity, ``gamma = 0`` removes layer t's attention.
     `gamma` is a number or one per layer.
     """
+
+    name, parameter, neutral, order, changes = "gamma", "gamma", 1.0, 60, "mixing"
+    box, lowest, shapes = (0.0, 4.0), (0.0, False), ("global", "per_layer")
+    sweep_axis, torch_change = True, "branch"
+
+    @classmethod
+    def mixed_lambdas(cls, value, lambdas):
+        """``gamma lambda / (gamma lambda + 1 - lambda)``, a removed branch (lambda = 1, gamma = 0) mixing nothing."""
+        moved = value * lambdas
+        denominator = moved + 1.0 - lambdas
+        return moved / (denominator + (denominator == 0))
 
     gamma: Float[Array, "..."]
 

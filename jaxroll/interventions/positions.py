@@ -27,9 +27,12 @@ from ..engine.offset import table_at_distances
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter
+from .registry import register_intervention
 
 __all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "table_at_distances"]
 
+
+@register_intervention
 class RotaryRescale(AbstractIntervention):
     """Rotary positions compressed by ``r_{t,h} > 0`` per head: the angle at distance m becomes the angle at m / r.
 
@@ -68,6 +71,9 @@ class RotaryRescale(AbstractIntervention):
     Refused on ALiBi kernels (no rotary positions) and on measured dense
     kernels (not a function of distance; `jaxroll fit-kernel` fits one).
     """
+
+    name, parameter, neutral, order, lowest = "rotary_ratio", "ratio", 1.0, 10, (0.0, True)
+    torch_change = "rotary"  # before anything that changes the distance scores
 
     ratio: Float[Array, "..."]
 
@@ -110,6 +116,7 @@ def ms_poe_ratios(num_heads: int, low: float = 1.2, high: float = 1.8, order=Non
     return ratios[order]
 
 
+@register_intervention
 class SinkTokens(AbstractIntervention):
     """k tokens prepended to every sequence (attention sinks): the model at length n + k, read over the n originals.
 
@@ -133,6 +140,12 @@ class SinkTokens(AbstractIntervention):
     profile unchanged), static: it sets a shape, so it takes no gradient and
     does not `vmap`. A measured dense kernel of N positions takes n + k <= N.
     """
+
+    name, parameter, neutral, order, changes = "sinks", "num_sinks", 0, 0, "length"  # first: sets the length
+    lowest, shapes, torch_change = (0.0, False), ("global",), "sinks"
+
+    def record(self) -> dict:
+        return {"sinks": self.num_sinks}
 
     num_sinks: int = eqx.field(static=True)
 

@@ -1,6 +1,7 @@
 """Interventions written as text: ``NAME=VALUE[,NAME=VALUE...]`` or a YAML mapping, and back.
 
-The names are the command line's (`--intervene`) and a result's record:
+The names are the command line's (`--intervene`) and a result's record, each declared on its
+type and read from the registry (`jaxroll.interventions.registry`):
 
 | name | intervention | value |
 |---|---|---|
@@ -8,42 +9,34 @@ The names are the command line's (`--intervene`) and a result's record:
 | ``rotary_ratio`` | `RotaryRescale` | > 0: a number, or per head / layer / layer and head in YAML |
 | ``tau`` | `Temperature` | > 0: a number, or per head / layer / layer and head in YAML |
 | ``slope_scale`` | `SlopeScale` | >= 0 |
+| ``kappa`` | `DistanceBias` | any finite number; ``kappa_form`` (``log1p``, ``unsquash``) and ``kappa_k`` (> 0) set its form |
 | ``ssmax_scale`` | `LengthScaledLogits` (SSMax) | > 0 |
 | ``gamma`` | `BranchScale` | >= 0, a number or one per layer |
-| ``kappa`` | `DistanceBias` | any finite number; ``kappa_form`` (``log1p``, ``unsquash``) and ``kappa_k`` (> 0) set its form |
 
-`parse` gives the interventions in a fixed order (the sinks first, since they
-set the length the kernel changes are formed at; then the rotary rescale,
-before anything that changes the distance scores; the other kernel changes;
-the branch scale last) and `describe` the record every output carries.
+`parse` gives the interventions in the order their types declare (the sinks first, since they
+set the length the kernel changes are formed at; then the rotary rescale, before anything that
+changes the distance scores; the other kernel changes; the branch scale last) and `describe`
+the record every output carries. ``NAMES`` is the registry's `text_names()` when read.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import ConfigError
-from ._base import AbstractIntervention
-from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
-from .mixing import BranchScale
-from .positions import RotaryRescale, SinkTokens
+from ._base import AbstractIntervention, number_from_text
+from .registry import intervention_type, intervention_types, text_names
 
 __all__ = ["NAMES", "parse", "from_mapping", "describe"]
 
-NAMES = ("sinks", "rotary_ratio", "tau", "slope_scale", "kappa", "kappa_form", "kappa_k", "ssmax_scale", "gamma")
-"""The names `parse` knows, in the order the interventions apply."""
+NAMES: tuple[str, ...]
+"""The names `parse` knows, in the order the interventions apply (the registry's `text_names()`, read when asked)."""
 
 
-def _number(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--intervene {name}: got {text!r}; allowed: a number") from None
-    if not np.isfinite(value):
-        raise ConfigError(f"--intervene {name}: got {text!r}; allowed: a finite number")
-    return value
+def __getattr__(name: str):
+    if name == "NAMES":  # read when asked, so a type registered later is in it
+        return text_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse(text: str) -> list[AbstractIntervention]:
@@ -61,10 +54,13 @@ def parse(text: str) -> list[AbstractIntervention]:
         name, equals, value = entry.partition("=")
         name = name.strip()
         if not equals:
-            raise ConfigError(f"--intervene: got {entry!r}; allowed: NAME=VALUE with NAME one of {', '.join(NAMES)}")
+            raise ConfigError(f"--intervene: got {entry!r}; allowed: NAME=VALUE with NAME one of "
+                              f"{', '.join(text_names())}")
         if name in mapping:
             raise ConfigError(f"--intervene {name}: given twice; allowed: each name once")
-        mapping[name] = value.strip() if name == "kappa_form" else _number(name, value.strip())
+        owner = intervention_type(name)
+        mapping[name] = (owner.text_value(name, value.strip()) if owner is not None
+                         else number_from_text(name, value.strip()))
     if not mapping:
         raise ConfigError(f"--intervene: got {text!r}; allowed: NAME=VALUE[,NAME=VALUE...] or a .yaml file")
     return from_mapping(mapping)
@@ -87,60 +83,24 @@ def _read_yaml(path: Path) -> dict:
 
 def from_mapping(mapping: dict, source: str = "--intervene") -> list[AbstractIntervention]:
     """A mapping of `NAMES` to values (numbers, or nested lists from YAML) -> interventions, in `NAMES` order."""
-    unknown = [name for name in mapping if name not in NAMES]
+    names = text_names()
+    unknown = [name for name in mapping if name not in names]
     if unknown:
-        raise ConfigError(f"{source} {unknown[0]}: unknown intervention; allowed: one of {', '.join(NAMES)}")
-    if ("kappa_form" in mapping or "kappa_k" in mapping) and "kappa" not in mapping:
-        raise ConfigError(f"{source} kappa_form/kappa_k: set the distance bias' form; allowed only with kappa")
-    interventions: list[AbstractIntervention] = []
-    if "sinks" in mapping:
-        interventions.append(SinkTokens(mapping["sinks"]))
-    if "rotary_ratio" in mapping:
-        interventions.append(RotaryRescale(mapping["rotary_ratio"]))
-    if "tau" in mapping:
-        interventions.append(Temperature(mapping["tau"]))
-    if "slope_scale" in mapping:
-        interventions.append(SlopeScale(mapping["slope_scale"]))
-    if "kappa" in mapping:
-        form, k = mapping.get("kappa_form", "log1p"), mapping.get("kappa_k", 2.0)
-        if not isinstance(form, str):
-            raise ConfigError(f"{source} kappa_form: got {form!r:.60}; allowed: log1p or unsquash")
-        if isinstance(k, bool) or not isinstance(k, (int, float)):
-            raise ConfigError(f"{source} kappa_k: got {k!r:.60}; allowed: a number > 0")
-        interventions.append(DistanceBias(mapping["kappa"], form, k=float(k)))
-    if "ssmax_scale" in mapping:
-        interventions.append(LengthScaledLogits(mapping["ssmax_scale"]))
-    if "gamma" in mapping:
-        interventions.append(BranchScale(mapping["gamma"]))
-    return interventions
-
-
-def _plain(value):
-    array = np.asarray(value, dtype=np.float64)
-    return float(array) if array.ndim == 0 else array.tolist()
+        raise ConfigError(f"{source} {unknown[0]}: unknown intervention; allowed: one of {', '.join(names)}")
+    types = intervention_types()
+    for kind in types:
+        if kind.name not in mapping and any(option in mapping for option in kind.options):
+            raise ConfigError(f"{source} {'/'.join(kind.options)}: {kind.options_purpose}; allowed only with "
+                              f"{kind.name}")
+    return [kind.from_record(mapping, source) for kind in types if kind.name in mapping]
 
 
 def describe(interventions) -> dict:
     """The record of `interventions` as a plain mapping (`from_mapping` reads it back)."""
     record: dict = {}
     for intervention in interventions:
-        if isinstance(intervention, SinkTokens):
-            record["sinks"] = intervention.num_sinks
-        elif isinstance(intervention, RotaryRescale):
-            record["rotary_ratio"] = _plain(intervention.ratio)
-        elif isinstance(intervention, Temperature):
-            record["tau"] = _plain(intervention.tau)
-        elif isinstance(intervention, SlopeScale):
-            record["slope_scale"] = _plain(intervention.scale)
-        elif isinstance(intervention, DistanceBias):
-            record |= {"kappa": _plain(intervention.kappa), "kappa_form": intervention.form,
-                       "kappa_k": intervention.k}
-        elif isinstance(intervention, LengthScaledLogits):
-            record["ssmax_scale"] = _plain(intervention.scale)
-        elif isinstance(intervention, BranchScale):
-            record["gamma"] = _plain(intervention.gamma)
-        else:
+        if intervention_type(getattr(intervention, "name", None)) is not type(intervention):
             raise ConfigError(f"intervention: {type(intervention).__name__} has no text form; allowed: "
-                              "SinkTokens, RotaryRescale, Temperature, SlopeScale, DistanceBias, LengthScaledLogits, "
-                              "BranchScale")
+                              f"{', '.join(kind.__name__ for kind in intervention_types())}")
+        record |= intervention.record()
     return record

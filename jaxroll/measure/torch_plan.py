@@ -24,10 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import ConfigError
-from ..interventions._base import layer_head_values
-from ..interventions.kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature
-from ..interventions.mixing import BranchScale
-from ..interventions.positions import RotaryRescale, SinkTokens
+from ..interventions import intervention_types
 
 __all__ = ["LogitChange", "Plan", "check", "parse_for", "sink_token", "position_limit", "check_sink_length",
            "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
@@ -110,6 +107,10 @@ def _unsquash(k: float):
     return g
 
 
+# The torch form of each distance function `DistanceBias.torch_distance` names (form, k).
+_DISTANCES = {"log1p": lambda k: _log1p, "unsquash": _unsquash}
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What `patch` will do to a model of one config: its logit change and branch scales, both checked."""
@@ -123,12 +124,6 @@ class Plan:
 def _num_layers(config) -> int:
     return int(getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
                or getattr(config, "n_layers", 0))
-
-
-def _field(intervention) -> str:
-    return {Temperature: "tau", SlopeScale: "slope_scale", DistanceBias: "kappa",
-            LengthScaledLogits: "ssmax_scale", BranchScale: "gamma", RotaryRescale: "rotary_ratio"}[
-        type(intervention)]
 
 
 ROTARY_FAMILIES = ("llama", "mistral", "qwen2")
@@ -163,8 +158,7 @@ def _rotary_ratios(intervention, config, layer_map, num_layers: int, num_heads: 
     partial = float(parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
     if partial != 1.0:
         raise ConfigError(f"rotary_ratio: partial_rotary_factor={partial}; allowed: 1 (every dimension rotated)")
-    ratios = np.asarray(layer_head_values("rotary_ratio", np.asarray(intervention.ratio), num_layers, num_heads),
-                        dtype=np.float64)
+    ratios = intervention.torch_values(num_layers, num_heads)
     key_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
     grouped = ratios.reshape(num_layers, key_heads, num_heads // key_heads)
     differ = np.argwhere(grouped.max(-1) != grouped.min(-1))
@@ -174,6 +168,26 @@ def _rotary_ratios(intervention, config, layer_map, num_layers: int, num_heads: 
                           f"{group} (num_key_value_heads={key_heads}, which they share); allowed: one ratio per "
                           "key-value group")
     return ratios
+
+
+def _check_logit_change(field: str, kind: str, config, layer_map) -> None:
+    """One line naming `field` when the model cannot take a change of its attention logits of `kind`."""
+    if kind == "bias_scale" and layer_map.position != "alibi":
+        raise ConfigError(f"{field}: a {layer_map.name} model has {layer_map.position} positions, no ALiBi "
+                          "slopes; allowed: an ALiBi model (bloom, mpt, falcon with alibi)")
+    if layer_map.name not in INTERFACE_FAMILIES + MODULE_FAMILIES:
+        raise ConfigError(f"{field}: the {layer_map.name} family's attention cannot be patched; allowed: gamma "
+                          f"alone, or a model of {', '.join(INTERFACE_FAMILIES + MODULE_FAMILIES)}")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise ConfigError(f"{field}: a model with soft-capped attention logits (attn_logit_softcapping="
+                          f"{config.attn_logit_softcapping}); allowed: gamma alone")
+    clip = getattr(getattr(config, "attn_config", None), "clip_qkv", None)
+    if clip and kind in ("divide", "log_length"):  # both multiply the query
+        raise ConfigError(f"{field}: MPT clips its fused q/k/v (clip_qkv={clip}), so a scaled query is clipped "
+                          "differently; allowed: slope_scale, kappa, gamma")
+    if getattr(config, "reorder_and_upcast_attn", False):
+        raise ConfigError(f"{field}: GPT-2 with reorder_and_upcast_attn bypasses the attention interface; "
+                          "allowed: gamma alone, or reorder_and_upcast_attn=False")
 
 
 def check(interventions, config) -> Plan:
@@ -192,51 +206,23 @@ def check(interventions, config) -> Plan:
     num_heads = int(getattr(config, layer_map.num_heads))
     steps, gammas, sinks, ratios = [], None, 0, None
     for intervention in interventions:
-        if isinstance(intervention, SinkTokens):
-            sinks = intervention.num_sinks
-            continue
-        if not isinstance(intervention, (Temperature, SlopeScale, DistanceBias, LengthScaledLogits, BranchScale,
-                                         RotaryRescale)):
+        kind = getattr(intervention, "torch_change", None)  # declared on the type: how the patch applies it
+        if kind is None:
             raise ConfigError(f"intervention: {type(intervention).__name__} has no torch patch; allowed: "
-                              "SinkTokens, RotaryRescale, Temperature, SlopeScale, DistanceBias, "
-                              "LengthScaledLogits, BranchScale")
-        field = _field(intervention)
-        if isinstance(intervention, BranchScale):
-            from .._checks import per_layer
-
-            gammas = np.asarray(per_layer("gamma", np.asarray(intervention.gamma), num_layers), dtype=np.float64)
+                              + ", ".join(t.__name__ for t in intervention_types() if t.torch_change is not None))
+        if kind == "sinks":
+            sinks = intervention.value
             continue
-        if isinstance(intervention, SlopeScale) and layer_map.position != "alibi":
-            raise ConfigError(f"slope_scale: a {layer_map.name} model has {layer_map.position} positions, no ALiBi "
-                              "slopes; allowed: an ALiBi model (bloom, mpt, falcon with alibi)")
-        if layer_map.name not in INTERFACE_FAMILIES + MODULE_FAMILIES:
-            raise ConfigError(f"{field}: the {layer_map.name} family's attention cannot be patched; allowed: gamma "
-                              f"alone, or a model of {', '.join(INTERFACE_FAMILIES + MODULE_FAMILIES)}")
-        if getattr(config, "attn_logit_softcapping", None):
-            raise ConfigError(f"{field}: a model with soft-capped attention logits (attn_logit_softcapping="
-                              f"{config.attn_logit_softcapping}); allowed: gamma alone")
-        clip = getattr(getattr(config, "attn_config", None), "clip_qkv", None)
-        if clip and isinstance(intervention, (Temperature, LengthScaledLogits)):
-            raise ConfigError(f"{field}: MPT clips its fused q/k/v (clip_qkv={clip}), so a scaled query is clipped "
-                              "differently; allowed: slope_scale, kappa, gamma")
-        if getattr(config, "reorder_and_upcast_attn", False):
-            raise ConfigError(f"{field}: GPT-2 with reorder_and_upcast_attn bypasses the attention interface; "
-                              "allowed: gamma alone, or reorder_and_upcast_attn=False")
-        if isinstance(intervention, RotaryRescale):
+        if kind == "branch":
+            gammas = intervention.torch_values(num_layers, num_heads)
+            continue
+        _check_logit_change(intervention.name, kind, config, layer_map)
+        if kind == "rotary":
             ratios = _rotary_ratios(intervention, config, layer_map, num_layers, num_heads)
             continue
-        parameter = {Temperature: "tau", SlopeScale: "scale", DistanceBias: "kappa",
-                     LengthScaledLogits: "scale"}[type(intervention)]
-        values = np.asarray(layer_head_values(field, np.asarray(getattr(intervention, parameter)), num_layers,
-                                              num_heads), dtype=np.float64)
-        if isinstance(intervention, Temperature):
-            steps.append(("divide", values, None))
-        elif isinstance(intervention, SlopeScale):
-            steps.append(("bias_scale", values, None))
-        elif isinstance(intervention, DistanceBias):
-            steps.append(("add", values, _unsquash(intervention.k) if intervention.form == "unsquash" else _log1p))
-        else:
-            steps.append(("log_length", values, None))
+        distance = intervention.torch_distance()
+        steps.append((kind, intervention.torch_values(num_layers, num_heads),
+                      None if distance is None else _DISTANCES[distance[0]](distance[1])))
     change = LogitChange(tuple(steps), ratios) if steps or ratios is not None else None
     return Plan(layer_map.name, change, gammas, sinks)
 
@@ -283,7 +269,7 @@ def parse_for(text: str | None, config) -> list:
     (`check`): the interventions, or ``[]`` for None. Commands call it before any weights load."""
     if text is None:
         return []
-    from .spec import parse
+    from ..interventions import parse
 
     interventions = parse(text)
     check(interventions, config)

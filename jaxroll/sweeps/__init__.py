@@ -52,7 +52,8 @@ from jax.sharding import NamedSharding
 
 from ..errors import ConfigError
 from ..model import RolloutModel
-from .axes import AXES, KERNEL_AXES
+from . import axes as _axes
+from .axes import KERNEL_AXES
 from .checkpoint import _atomic_save, _load_chunk, _open_checkpoint
 from .evaluate import _Evaluator, device_coefficients, polynomial_coefficients
 from .files import write_tables
@@ -74,6 +75,16 @@ def plan_sweep(model: RolloutModel, *, lengths=None, zip: bool = False, batch_si
     model arrays of those points (``lambdas (S, T)`` among them).
     """
     return _plan(model, axes, lengths, bool(zip), batch_size, mesh)
+
+AXES: tuple[str, ...]
+"""The fields a sweep axis may name, then the registered intervention axes (``tau``, ``kappa``, ``gamma``,
+and any registered later), read when asked; see `jaxroll.sweeps.axes`."""
+
+
+def __getattr__(name: str):
+    if name == "AXES":  # the field axes and the registered intervention axes, read when asked
+        return _axes.AXES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SweepResult(NamedTuple):

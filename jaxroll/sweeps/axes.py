@@ -13,32 +13,43 @@ import numpy as np
 from .. import schedules
 from .._checks import as_float_scalar, check_positive_int, check_range, is_concrete
 from ..errors import ConfigError
+from ..interventions import intervention_type, sweep_axes
 from ..kernel_types import kernel_classes
 from ..model import RolloutModel
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
-AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
-        "head_weights", "temperature", "slopes", "exponents", "tau", "kappa", "gamma")
-"""The fields a sweep axis may name. ``lambdas``: schedules (a number for a
-constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
-mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
-grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
-`RolloutModel.create` takes for that field.
+_FIELD_AXES = ("lambdas", "lambda_0", "beta", "alibi_slopes", "slope_scale", "diagonal_scores",
+               "head_weights", "temperature", "slopes", "exponents")
 
-Any kernel sweeps the lambda axes (a schedule over measured `DenseKernel`s,
-say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
-ones above, for a `PowerKernel`, ``slopes``,
-``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
-``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
-``head_weights`` (see `KERNEL_AXES`). A registered kernel type adds the
-fields it declares (`AbstractKernel.sweep_fields`).
 
-The `INTERVENTION_AXES` ``tau``, ``kappa`` and ``gamma`` are the parameters of
-`jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
-`BranchScale`) on any kernel that intervention takes; a value is anything the
-intervention takes (a number, one per layer, per head, per layer and head), and
-``slope_scale`` is `SlopeScale`'s factor on the slopes."""
+def __getattr__(name: str):
+    """`AXES`: the field axes, then the registry's intervention axes, read when asked (a type registered
+    later is in it).
+
+    The fields a sweep axis may name. ``lambdas``: schedules (a number for a
+    constant, T numbers, or a ``(lambda_0, beta)`` tuple / ``{"lambda_0", "beta"}``
+    mapping for power decay); ``lambda_0`` and ``beta`` (together): a power-decay
+    grid; ``slope_scale``: a factor on the ALiBi slopes; the others: any value
+    `RolloutModel.create` takes for that field.
+
+    Any kernel sweeps the lambda axes (a schedule over measured `DenseKernel`s,
+    say); its own fields by `KERNEL_AXES`: for the ALiBi + content kernel the
+    ones above, for a `PowerKernel`, ``slopes``,
+    ``exponents``, ``slope_scale`` (on ``slopes``), ``diagonal_scores`` and
+    ``head_weights``; for a `TableKernel`, ``diagonal_scores`` and
+    ``head_weights`` (see `KERNEL_AXES`). A registered kernel type adds the
+    fields it declares (`AbstractKernel.sweep_fields`).
+
+    The intervention axes (`intervention_axes`) ``tau``, ``kappa`` and ``gamma`` are the parameters of
+    `jaxroll.interventions` (`Temperature`, `DistanceBias` with ``g(m) = ln(1 + m)``,
+    `BranchScale`) on any kernel that intervention takes; a value is anything the
+    intervention takes (a number, one per layer, per head, per layer and head), and
+    ``slope_scale`` is `SlopeScale`'s factor on the slopes.
+    """
+    if name == "AXES":
+        return _FIELD_AXES + intervention_axes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _KernelAxes(Mapping):
@@ -65,10 +76,20 @@ KERNEL_AXES: Mapping[str, tuple[str, ...]] = _KernelAxes()
 """The kernel fields a sweep may vary, by kernel type (besides the lambda axes): each type's
 `sweep_fields` (`jaxroll.kernel_types`); a type that declares none sweeps the lambda axes only."""
 
-INTERVENTION_AXES = ("tau", "kappa", "gamma")
-"""The axes that are intervention parameters (`jaxroll.interventions`), applied to every point in the
-order `jaxroll.interventions.from_mapping` applies them: ``tau``, then ``kappa``, then ``gamma``
-(``slope_scale``, a factor on the slopes, commutes with ``tau``)."""
+
+def intervention_axes() -> tuple[str, ...]:
+    """The axes that are intervention parameters: the registered types that declare `sweep_axis`
+    (`jaxroll.interventions.sweep_axes`: ``tau``, ``kappa``, ``gamma`` and any registered later),
+    applied to every point in the order `jaxroll.interventions.from_mapping` applies them
+    (``slope_scale``, a factor on the slopes, is a kernel axis and commutes with ``tau``)."""
+    return sweep_axes()
+
+
+def mixing_axes() -> tuple[str, ...]:
+    """The intervention axes that change the mixing lambda_t alone (``gamma``): applied on the host, in float64,
+    so a model whose layers share one kernel keeps the Krylov path (`Plan.chunk_leaves`)."""
+    return tuple(name for name in sweep_axes() if intervention_type(name).changes == "mixing")
+
 
 _LAMBDA_AXES = {"lambdas", "lambda_0", "beta"}
 
@@ -81,7 +102,8 @@ _SCALAR_AXES = {  # axis -> (lower bound, open at the bound, upper bound or None
 
 
 def _axis_values(name: str, values) -> list:
-    known = AXES + tuple(sorted({field for fields in KERNEL_AXES.values() for field in fields} - set(AXES)))
+    known = _FIELD_AXES + intervention_axes()  # AXES, read here (a module's __getattr__ serves importers only)
+    known += tuple(sorted({field for fields in KERNEL_AXES.values() for field in fields} - set(known)))
     if name not in known:
         raise ConfigError(f"axis {name!r}: unknown field; allowed: one of {', '.join(known)}")
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
@@ -154,23 +176,21 @@ def slope_field(kernel) -> str:
 
 def _intervention_value(model: RolloutModel, name: str, value) -> np.ndarray:
     """One value of an intervention axis, checked by applying the intervention to `model`, in its full
-    shape: ``(T,)`` for gamma, ``(T, H)`` for tau and kappa (what the point's transform reads)."""
+    shape (`layer_head_value`): ``(T,)`` for gamma, ``(T, H)`` for tau and kappa (what the point's
+    transform reads)."""
     from ..interventions import apply_all, from_mapping
-    from ..interventions._base import per_layer_head
 
     if not is_concrete(value) or isinstance(value, (bool, np.bool_, str, bytes, dict)):
         raise ConfigError(f"got {value!r:.60}; allowed: a number or nested lists of numbers")
     (change,) = from_mapping({name: value}, source="axis")
     apply_all(model, [change])  # refuses what the kernel cannot take (slopes of a table kernel, a full mask)
-    if name == "gamma":
-        return np.asarray(np.broadcast_to(np.asarray(change.gamma, np.float64), (model.num_layers,)))
-    return np.asarray(per_layer_head(name, np.asarray(getattr(change, name), np.float64), model), np.float64)
+    return change.layer_head_value(model.num_layers, model.num_heads)
 
 
 def _checked_axis(model: RolloutModel, name: str, values: list) -> np.ndarray:
     """The axis' values as stacked arrays, each checked as the model's (kernel's) `create` checks it."""
     kernel = model.kernel
-    if name in INTERVENTION_AXES:
+    if name in intervention_axes():
         stacked = []
         for k, value in enumerate(values):
             try:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..interventions import DistanceBias, Temperature, apply_all
+from ..interventions import apply_all, intervention_types
 from ..model import RolloutModel
 from ..rollout import rollout_row
 from .plan import _groups, _mesh_context, _Plan
@@ -22,16 +22,14 @@ __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 def _point_model(base, leaves: dict, n: int):
     """One point of a sweep: `base` (replicated) with the point's `leaves` put in (``lambdas`` and
     ``kernel.<field>`` for the kernel fields an axis varies), then the point's interventions
-    (``intervention.tau``, ``intervention.kappa``: `Temperature`, then `DistanceBias`, the order of
-    `jaxroll.interventions.from_mapping`), traced, so the vmap runs through them."""
+    (``intervention.tau``, ``intervention.kappa``: `Temperature`, then `DistanceBias`, in the order
+    of `jaxroll.interventions.from_mapping`; a mixing axis such as gamma is applied to ``lambdas``
+    by `Plan.chunk_leaves`), traced, so the vmap runs through them."""
     fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name.startswith("kernel.")}
     model = RolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
                          sequence_length=n)
-    changes = []
-    if "intervention.tau" in leaves:
-        changes.append(Temperature(leaves["intervention.tau"]))
-    if "intervention.kappa" in leaves:
-        changes.append(DistanceBias(leaves["intervention.kappa"]))
+    changes = [kind.from_record({kind.name: leaves[f"intervention.{kind.name}"]}, "axis")
+               for kind in intervention_types() if f"intervention.{kind.name}" in leaves]
     return apply_all(model, changes) if changes else model
 
 

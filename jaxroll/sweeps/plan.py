@@ -15,8 +15,9 @@ from .. import memory
 from .._checks import check_positive_int
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
-from .axes import (INTERVENTION_AXES, _LAMBDA_AXES, _SCALAR_AXES, _axis_values, _check_lengths, _checked_axis,
-                   _kernel_fields, slope_field)
+from ..interventions import intervention_type
+from .axes import (_LAMBDA_AXES, _SCALAR_AXES, _axis_values, _check_lengths, _checked_axis, _kernel_fields,
+                   intervention_axes, mixing_axes, slope_field)
 
 __all__: list[str] = []  # the public names are re-exported by jaxroll.sweep
 
@@ -158,7 +159,7 @@ class _Plan(NamedTuple):
     def schedules_on_device(self) -> bool:
         """Whether a Krylov chunk may form its schedules on the device from lambda_0 and beta alone
         (a power-decay grid without a gamma axis, which changes every lambda_t on the host)."""
-        return self.power_decay_grid and "gamma_index" not in self.columns
+        return self.power_decay_grid and not any(f"{name}_index" in self.columns for name in mixing_axes())
 
     def total_mixing(self, take: np.ndarray) -> np.ndarray:
         """``sum_t lambda_t`` of the points `take`, float64 ``(len(take),)``, without forming their schedules
@@ -185,14 +186,13 @@ class _Plan(NamedTuple):
         if "slope_scale" in self.columns:
             slopes = f"kernel.{slope_field(self.base.kernel)}"
             leaves[slopes] = leaves[slopes] * self.columns["slope_scale"][take, None, None]
-        if "intervention.gamma" in leaves:
-            # `interventions.BranchScale`: lambda' = gamma lambda / (gamma lambda + 1 - lambda), with a removed
-            # branch (lambda = 1, gamma = 0) mixing nothing. A change of lambda alone, so it is applied here, in
-            # float64, and a gamma axis keeps the Krylov path of a model whose layers share one kernel.
-            gamma, lambdas = leaves.pop("intervention.gamma"), leaves["lambdas"]
-            moved = gamma * lambdas
-            denominator = moved + 1.0 - lambdas
-            leaves["lambdas"] = moved / (denominator + (denominator == 0))
+        for name in mixing_axes():
+            if f"intervention.{name}" in leaves:
+                # A change of lambda alone (`interventions.BranchScale`: lambda' = gamma lambda / (gamma lambda +
+                # 1 - lambda)), so it is applied here, in float64, and the axis keeps the Krylov path of a
+                # model whose layers share one kernel.
+                value = leaves.pop(f"intervention.{name}")
+                leaves["lambdas"] = intervention_type(name).mixed_lambdas(value, leaves["lambdas"])
         return leaves
 
 
@@ -250,7 +250,7 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     count = int(np.prod(shape)) if shape else 1
     index = dict(builtins.zip(names, indices)) if names else {}
     # Only what varies is batched: a measured kernel (T, N, N) is not copied per point.
-    varied = {name for name in names if name not in _LAMBDA_AXES and name not in INTERVENTION_AXES}
+    varied = {name for name in names if name not in _LAMBDA_AXES and name not in intervention_axes()}
     varied |= {slope_field(model.kernel)} if "slope_scale" in names else set()
     base_leaves = {"lambdas": np.asarray(model.lambdas, np.float64)}
     base_leaves |= {f"kernel.{field}": value for field, value in _kernel_fields(model.kernel).items()
@@ -262,7 +262,7 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     for name in names:
         if name == "lambdas":
             picks.append((name, checked[name], index[name]))
-        elif name in INTERVENTION_AXES:  # applied to each point by `evaluate._point_model` (gamma: `chunk_leaves`)
+        elif name in intervention_axes():  # applied to each point by `evaluate._point_model` (gamma: `chunk_leaves`)
             picks.append((f"intervention.{name}", checked[name], index[name]))
         elif name not in _LAMBDA_AXES and name != "slope_scale":
             picks.append((f"kernel.{name}", checked[name], index[name]))
@@ -277,7 +277,8 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
 
     # One point gains nothing from T + 1 Krylov rows over its own T products.
     # gamma changes lambda_t alone (`Plan.chunk_leaves`): the layers still share one kernel.
-    method = "krylov" if count > 1 and set(names) <= _LAMBDA_AXES | {"gamma"} and _equal_layers(model) else "vmap"
+    mixing = set(mixing_axes())
+    method = "krylov" if count > 1 and set(names) <= _LAMBDA_AXES | mixing and _equal_layers(model) else "vmap"
     evaluated = lengths if lengths is not None else (model.sequence_length,)
     devices = mesh.devices.size
     if batch_size is None:
@@ -294,7 +295,7 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     batch_size = min(batch_size, -(-count // devices) * devices)
     batch_size = max(devices, batch_size // devices * devices)
     harmonic = None
-    if "lambda_0" in names and "gamma" not in names:  # gamma changes each lambda_t: no closed-form sum
+    if "lambda_0" in names and not mixing & set(names):  # gamma changes each lambda_t: no closed-form sum
         layers = np.arange(1.0, model.num_layers + 1.0)
         harmonic = (layers[None, :] ** -np.asarray(checked["beta"], np.float64)[:, None]).sum(axis=1)
     return _Plan(model, shape, base_leaves, tuple(picks), columns, evaluated, method, batch_size, mesh, count,
