@@ -312,7 +312,6 @@ def test_the_type_test_counter_counts_planted_type_tests():
     assert type_tests(trees) == 3
 
 
-@pytest.mark.xfail(strict=False, reason="until the kernel and intervention declarations land")
 def test_at_most_six_type_tests_on_kernels_and_interventions():
     trees = [ast.parse(path.read_text()) for path in _modules().values()]
     assert type_tests(trees) <= MAX_TYPE_TESTS

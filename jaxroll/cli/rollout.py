@@ -98,8 +98,7 @@ def _run_rollout(arguments) -> None:
             raise _intervene_error(error) from None
         options = _Options(method=arguments.method, figure=not arguments.no_figure,
                            changes=interventions.describe(changes), quiet=arguments.json,
-                           sinks=next((change for change in changes if isinstance(change, interventions.SinkTokens)),
-                                      None))
+                           sinks=interventions.length_change(changes))
         io.prepare_output_dir(arguments.out, force=arguments.force)
         results = []
         for model, source, out in runs:

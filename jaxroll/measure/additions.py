@@ -17,9 +17,10 @@ __all__ = ["sink_count", "add_rows", "add_refined", "add_record"]
 
 def sink_count(changes) -> int:
     """k of a `SinkTokens` among `changes` (0 without one): the model runs at ``N + k``."""
-    from ..interventions import SinkTokens
+    from ..interventions import length_change
 
-    return next((change.num_sinks for change in changes if isinstance(change, SinkTokens)), 0)
+    sinks = length_change(changes)
+    return 0 if sinks is None else sinks.num_sinks
 
 
 def add_rows(result, model, token_ids, positions, *, progress: bool, target: str = "probability") -> None:
