@@ -9,7 +9,6 @@ its block of the pending cases and rank 0 writes (`jaxroll.task.grid`).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from ..errors import ConfigError

@@ -42,7 +42,7 @@ bias are per row), so the gradient of the sum of the per-sequence targets
 of that sequence alone: per-sequence results equal one-at-a-time ones up to
 floating-point summation order. Hooks deliver ``(B, N, ...)`` tensors; the
 built-in statistics are computed per row on the device, registered ones see
-one row at a time (``(1, ...)``, as before). The batch size is `batch_size`
+one row at a time (``(1, ...)``: a registered statistic never sees the batch axis). The batch size is `batch_size`
 or, by default, what the device's free memory holds
 (`jaxroll.measure.batching`).
 
