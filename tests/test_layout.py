@@ -10,6 +10,7 @@ or an intervention what it can do instead of testing its type.
 """
 
 import ast
+import re
 import collections
 from pathlib import Path
 
@@ -207,9 +208,10 @@ def test_the_floors_are_the_order_of_the_design_page():
     chain = text.partition("Data flows one way:")[2].partition(".")[0]
     floor = {name: k for k, names in enumerate(FLOORS) for name in names}
     named = [("schedules", "schedules"), ("engine/", "engine"), ("model", "model"), ("rollout", "rollout"),
-             ("metrics", "metrics"), ("theory", "theory"), ("fit", "fitting"), ("sweep", "sweeps"),
-             ("io", "io"), ("plot", "plot"), ("cli", "cli")]
-    positions = [chain.index(word) for word, _ in named]
+             ("metrics", "metrics"), ("theory", "theory"), ("interventions", "interventions"), ("fit", "fitting"),
+             ("sweep", "sweeps"), ("design", "designs"), ("io", "io"), ("schema", "schema"), ("plot", "plot"),
+             ("published", "published"), ("cli", "cli")]
+    positions = [re.search(rf"(?<![\w/]){re.escape(word)}(?!\w)", chain).start() for word, _ in named]
     assert positions == sorted(positions)
     assert [floor[folder] for _, folder in named] == sorted(floor[folder] for _, folder in named)
     torch_side = text.partition("and measure ->")[2].split()[0]
