@@ -166,6 +166,17 @@ def test_intervene_given_twice_is_refused_not_replaced(config, tmp_path, capsys)
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["measure", "task"])
+def test_intervene_given_twice_is_refused_on_the_torch_commands_before_any_work(command, tmp_path, capsys):
+    # Refused while the arguments are read: no model folder, texts or torch are looked at.
+    out = tmp_path / "never"
+    assert main([command, str(tmp_path / "model"), "--intervene", "tau=0.7", "--intervene", "gamma=0.5",
+                 "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("jaxroll: error: --intervene: given twice; allowed: once")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("change, message", [
     ("kappa=1,kappa_form=cubic", "--intervene kappa_form: got 'cubic'"),
     ("kappa=1,kappa_k=-1", "--intervene kappa_k: "),

@@ -76,7 +76,7 @@ def add_parser(commands) -> None:
     measure.add_argument("--batch-size", type=_common.positive_int, default=None,
                          help="sequences per forward and backward pass (default: as many as the device's free "
                               "memory holds, at most 64); results do not depend on it")
-    measure.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+    measure.add_argument("--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
                          help="measure the model changed by interventions, applied to its attention for the run: "
                               "sinks, rotary_ratio, tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), "
                               "gamma, e.g. "
@@ -98,9 +98,9 @@ def _run_measure(arguments) -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
-        raise ConfigError("measure: needs torch and transformers; install the CPU build of torch first, "
-                          "python3 -m pip install torch==2.13.0 (a bare `torch` pulls a CUDA build), then "
-                          "python3 -m pip install 'jaxroll[measure]'") from None
+        raise ConfigError("measure: needs torch and transformers; install torch first (the CPU build: python3 -m "
+                          "pip install torch --index-url https://download.pytorch.org/whl/cpu; a GPU: python3 -m pip "
+                          "install torch), then python3 -m pip install 'jaxroll[measure]'") from None
     models = arguments.model
     if len(models) == 1 and not (models[0].is_dir() and not (models[0] / "config.json").exists()):
         _measure_one(arguments, Target(models[0], arguments.out, arguments.resume, arguments.force))

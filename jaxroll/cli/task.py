@@ -38,7 +38,7 @@ def add_parser(commands) -> None:
     task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
-    task.add_argument("--intervene", metavar="NAME=VALUE[,...]",
+    task.add_argument("--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
                       help="score the model changed by interventions (sinks, rotary_ratio, tau, slope_scale, "
                            "ssmax_scale, kappa, gamma; as jaxroll measure --intervene; sinks=k go before every "
                            "prompt), e.g. tau=0.7, or a YAML file of them; task.json records it and a --resume must "
