@@ -137,6 +137,7 @@ def _least(function, rounds: int) -> float:
 
 
 def speed(args) -> None:
+    import equinox as eqx
     import jax
     import jax.numpy as jnp
 
@@ -149,8 +150,7 @@ def speed(args) -> None:
         rows[f"bloom-176b influence, N = 2^{exponent}"] = (
             lambda model=model: jaxroll.influence(model).block_until_ready())
         gradient = jax.jit(jax.grad(lambda lambdas, model=model: jaxroll.influence(
-            jaxroll.RolloutModel.create(num_layers=model.num_layers, num_heads=model.num_heads, lambdas=lambdas,
-                                        alibi_slopes=model.alibi_slopes, sequence_length=model.sequence_length))[0]))
+            eqx.tree_at(lambda m: m.lambdas, model, lambdas))[0]))
         lambdas = jnp.asarray(model.lambdas)
         rows[f"bloom-176b grad, N = 2^{exponent}"] = lambda g=gradient, x=lambdas: g(x).block_until_ready()
     preset = jaxroll.presets.get("mpt-7b", 1024)
