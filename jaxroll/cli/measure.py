@@ -446,7 +446,9 @@ def _measure_series(arguments) -> None:
     Checks first: the checkpoints (`find_checkpoints`), one architecture
     (`check_same_architecture`), the statistics a series needs, one
     tokenizer's token ids for every checkpoint, ``--out`` (empty, or
-    ``--resume``, or ``--force``): a refusal creates nothing. Then each step
+    ``--resume``, or ``--force``) and, with ``--resume``, that the series in
+    ``--out`` was measured alike (`jaxroll.measure.series_check`): a refusal
+    creates nothing and changes nothing. Then each step
     not yet finished is measured (a partial one resumed from its partial
     sums), and ``OUT/series/`` updated after each.
     """
@@ -511,4 +513,13 @@ def _series_checkpoints(arguments) -> list:
         elif token_ids.shape != reference[1].shape or (token_ids != reference[1]).any():
             raise ConfigError(f"model {folder}: its tokenizer gives other token ids than {reference[0]}'s; allowed: "
                               "checkpoints with one tokenizer (the same sequences at every step)")
+    if arguments.resume:  # what the series in --out recorded, against what this run would measure
+        from ..measure import series_check
+
+        measured = _stats_and_refine(arguments, stats, arguments.stats is not None)[0]
+        new = [step for step, _ in checkpoints if not series.is_finished(series.checkpoint_folder(arguments.out, step))]
+        series_check.check_extends(
+            arguments.out, token_ids=reference[1], stats=measured, dtype=arguments.dtype, steps=new,
+            architecture=series_check.architecture_of(first.layer_map, first.num_layers, first.num_heads),
+            fields=series_check.COMMAND_FIELDS)
     return checkpoints

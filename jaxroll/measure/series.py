@@ -285,9 +285,13 @@ def update_series(out, steps=(), *, resamples: int = 1000, seed: int = 0) -> Pat
 
     Rows are computed (`step_summary`) for the `steps` given (measured again)
     and for every finished step the series lacks; the rest are kept as
-    written. ``series.csv`` and ``series.npz`` are rewritten whole (each to a
-    temporary name, then renamed). Steps whose folder is not finished are
-    left out.
+    written. ``series.csv`` and ``series.npz`` are rewritten whole (both to
+    temporary names, then renamed: a failure leaves both as they were).
+    Steps whose folder is not finished are left out.
+
+    Raises:
+        ConfigError: steps of different N or layers (measured unlike), one
+            line, before any file is written.
     """
     out = Path(out)
     folder = out / SERIES_FOLDER
@@ -307,18 +311,25 @@ def update_series(out, steps=(), *, resamples: int = 1000, seed: int = 0) -> Pat
     summaries = [kept[step] for step in finished]
     if not summaries:
         return folder
-    folder.mkdir(parents=True, exist_ok=True)
+    shapes = {name: np.shape(summaries[0][name]) for name in ("lambdas", "measured")}
+    for summary in summaries[1:]:  # np.stack would fail after series.csv was written: refuse first
+        for name, shape in shapes.items():
+            if np.shape(summary[name]) != shape:
+                raise ConfigError(f"{checkpoint_folder(out, summary['step'])}: {name} of shape "
+                                  f"{np.shape(summary[name])}; allowed: {shape}, as step {summaries[0]['step']} "
+                                  "(a series measures every step alike)")
     names = list(SCALARS) + (list(ROW_SCALARS) if all(ROW_SCALARS[0] in s for s in summaries) else [])
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(names)
     for summary in summaries:
         writer.writerow([_format(summary[name]) for name in names])
-    _replace(folder / "series.csv", lambda handle: handle.write(text.getvalue().encode("utf-8")))
     arrays = {"steps": np.asarray([s["step"] for s in summaries], dtype=np.int64)}
     for name in ("lambdas", "measured", "predicted"):
         arrays[name] = np.stack([np.asarray(s[name], dtype=np.float64) for s in summaries])
-    _replace(folder / "series.npz", lambda handle: np.savez(handle, **arrays))
+    folder.mkdir(parents=True, exist_ok=True)
+    _replace_together({folder / "series.npz": lambda handle: np.savez(handle, **arrays),
+                       folder / "series.csv": lambda handle: handle.write(text.getvalue().encode("utf-8"))})
     return folder
 
 
@@ -328,11 +339,26 @@ def _format(value) -> str:
     return str(value)
 
 
-def _replace(path: Path, write) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        write(handle)
-    os.replace(temporary, path)
+def _replace_together(writers: dict) -> None:
+    """Write every file to a temporary name in its folder, then rename each over its file.
+
+    A writer that fails leaves every file as it was (its temporaries
+    removed): the renames come only after every file is written whole, so
+    ``series.csv`` and ``series.npz`` never disagree because one write failed.
+    """
+    temporaries = {}
+    try:
+        for path, write in writers.items():
+            temporary = path.with_name(path.name + ".tmp")
+            temporaries[path] = temporary
+            with open(temporary, "wb") as handle:
+                write(handle)
+    except BaseException:
+        for temporary in temporaries.values():
+            temporary.unlink(missing_ok=True)
+        raise
+    for path, temporary in temporaries.items():
+        os.replace(temporary, path)
 
 
 def plot_series(folder, data: dict, *, title: str | None = None) -> Path:

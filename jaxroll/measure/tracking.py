@@ -114,6 +114,40 @@ def _measure(model, ids, stats, queries, step):
     return result, time.perf_counter() - started
 
 
+def _extends(model, ids, stats, out: Path, step: int) -> tuple:
+    """The statistics to measure, once the series in `out` is known to be measured alike (`check_extends`)."""
+    from .layer_maps import layer_map_for
+    from .registry import default_stats, parse_stats
+    from .series_check import architecture_of, check_extends
+
+    layer_map = layer_map_for(model)
+    stats = parse_stats(stats) if stats is not None else default_stats(layer_map.position)
+    config = model.config
+    layers = (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+              or getattr(config, "n_layers", 0))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    check_extends(out, token_ids=ids, stats=stats, dtype=dtype, steps=[step],
+                  architecture=architecture_of(layer_map.name, layers, getattr(config, layer_map.num_heads)))
+    return stats
+
+
+def _within_budget(model, ids, stats, out: Path, step: int, state: dict, budget_seconds) -> bool:
+    """Whether the measurement of `step` fits the budget (module docstring); one warning line when it does not."""
+    if budget_seconds is None:
+        return True
+    count, length = ids.shape
+    estimate = state.get("seconds")
+    if estimate is None:  # the first due call: time one sequence
+        _, probe = _measure(model, ids[:1], stats, None, step)
+        estimate = probe * count
+        _write_state(out, {"seconds": estimate, "estimated_from": "one sequence"})
+    if estimate > budget_seconds:
+        _warn(f"step {step} skipped: a measurement takes about {estimate:.3g} s (S = {count} sequences of "
+              f"N = {length} tokens), over the budget of {budget_seconds:g} s per call")
+        return False
+    return True
+
+
 def _read_state(out: Path) -> dict:
     path = out / "series" / _STATE
     try:
@@ -145,7 +179,8 @@ def track(model, step: int, *, token_ids, out, every: int, budget_seconds: float
         model: the Hugging Face ``*ForCausalLM`` being trained (any family
             `jaxroll.measure.measure` maps).
         step: the optimiser step just completed (0: the model at
-            initialisation).
+            initialisation); an integer >= 0, after the last step the
+            series in `out` holds (a step already measured returns None).
         token_ids: ``(S, N)`` integer token ids of the evaluation set, the
             same at every call (S >= 2).
         out: the series folder (created when the first measurement is written).
@@ -166,9 +201,16 @@ def track(model, step: int, *, token_ids, out, every: int, budget_seconds: float
 
     Raises:
         ConfigError: `every` < 1, a budget <= 0, token ids not ``(S, N)``
-            integers; one line, before anything is created.
+            integers, a step that is not an integer >= 0; a series in `out`
+            measured otherwise (other token ids, N or S, statistics, dtype or
+            architecture) or a step before its last one
+            (`jaxroll.measure.series_check.check_extends`); one line, before
+            anything is measured or written.
     """
+    from .series_check import check_step
+
     ids = _check(token_ids, every, budget_seconds)
+    step = check_step(step)
     if step % every:
         return None
     from .series import checkpoint_folder, is_finished, update_series
@@ -177,21 +219,14 @@ def track(model, step: int, *, token_ids, out, every: int, budget_seconds: float
     folder = checkpoint_folder(out, step)
     if is_finished(folder):
         return None
+    stats = _extends(model, ids, stats, out, step)
     count, length = ids.shape
     if "jax" not in sys.modules:  # before the summary's rollout first imports JAX
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     with _untouched(model):
         state = _read_state(out)
-        if budget_seconds is not None:
-            estimate = state.get("seconds")
-            if estimate is None:  # the first due call: time one sequence
-                _, probe = _measure(model, ids[:1], stats, None, step)
-                estimate = probe * count
-                _write_state(out, {"seconds": estimate, "estimated_from": "one sequence"})
-            if estimate > budget_seconds:
-                _warn(f"step {step} skipped: a measurement takes about {estimate:.3g} s (S = {count} sequences of "
-                      f"N = {length} tokens), over the budget of {budget_seconds:g} s per call")
-                return None
+        if not _within_budget(model, ids, stats, out, step, state, budget_seconds):
+            return None
         result, seconds = _measure(model, ids, stats, queries, step)
     result.metadata["step"] = int(step)
     from .outputs import write_measurement
