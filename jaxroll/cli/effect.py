@@ -22,7 +22,8 @@ def add_parser(commands) -> None:
                     "predicted profile of the intervened model (--predicted, as jaxroll rollout --intervene "
                     "writes profile.csv). Reports the measured effect W1(m_I, m_B) over the noise of the "
                     "difference with a permutation p-value (paired when both measurements read the same "
-                    "token_ids: the rows of a sequence swapped; else labels permuted), the prediction's "
+                    "token_ids: the rows of a sequence swapped; with --unpaired, labels permuted), the "
+                    "prediction's "
                     "W1(p_I, m_I) over the noise of m_I with its p-value (as jaxroll score), the predicted and "
                     "measured changes of middle mass and center of mass with bootstrap intervals, and whether "
                     "the prediction beats 'no change'. The predicted change is the rollout's own: "
@@ -30,7 +31,8 @@ def add_parser(commands) -> None:
                     "--predicted-baseline is given. Refused in one line: the same folder twice, other models, "
                     "another N, other token ids (unless --unpaired), a baseline measured under --intervene "
                     "(swapped folders). Writes effect.json (every number) and effect.png into "
-                    "--out. Pure NumPy; seeded (docs/interventions.md, 'Scoring a predicted change').")
+                    "--out. Seeded; NumPy but for the rollout of BASELINE/config.yaml (JAX) "
+                    "(docs/interventions.md, 'Scoring a predicted change').")
     effect.add_argument("--measured", type=Path, action="append", default=[], metavar="DIR",
                         help="twice, in this order: the measurement of the baseline model, then of the intervened "
                              "model (--measured BASELINE --measured INTERVENED)")
