@@ -409,6 +409,25 @@ def test_command_compares_other_texts_only_when_told(tmp_path, capsys):
     assert record["paired"] is False and record["intervention"] == "tau=0.7"
 
 
+def test_check_pair_reads_two_spellings_of_one_model_as_one(tmp_path):
+    from jaxroll.errors import ConfigError
+    from jaxroll.measure.effect import check_pair
+    from jaxroll.measure.outputs import SavedMeasurement
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    tokens = np.arange(2 * N).reshape(2, N)
+    arrays = {"influence_per_sequence": np.ones((2, N)), "token_ids": tokens}
+    baseline = SavedMeasurement(arrays, TINY | {"model": str(tmp_path / "model")})
+    intervened = SavedMeasurement(arrays, TINY | {"model": str(tmp_path / "elsewhere" / ".." / "model"),
+                                                  "interventions": {"tau": 0.7}})
+    folders = (tmp_path / "b", tmp_path / "i")
+    assert check_pair(folders, baseline, intervened) == (True, "paired: the same 2 texts (equal token_ids)")
+    other = SavedMeasurement(arrays, intervened.metadata | {"model": str(tmp_path / "elsewhere")})
+    with pytest.raises(ConfigError, match="model '.*elsewhere' in metadata.json"):
+        check_pair(folders, baseline, other)
+
+
 def _bad_inputs(tmp_path, baseline, intervened, predicted):
     """``(name, argv, words)`` of refusals, each from its own broken input."""
     rng = np.random.default_rng(9)

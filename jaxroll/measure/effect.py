@@ -269,8 +269,8 @@ def interventions_of(metadata) -> str:
     return "" if not record else str(record)
 
 
-def _same_model(first, second) -> bool:
-    """metadata.json's ``model``: the same name, or two spellings of one existing folder."""
+def _same_path(first, second) -> bool:
+    """The same name, or two spellings of one existing folder (metadata.json's ``model``, the folders compared)."""
     import os
 
     if first == second:
@@ -304,14 +304,14 @@ def check_pair(folders, baseline, intervened, *, same_texts: bool = True) -> tup
     import os
 
     base, other = (str(folder) for folder in folders)
-    if os.path.samefile(base, other):
+    if os.path.abspath(base) == os.path.abspath(other) or _same_path(base, other):
         raise ConfigError(f"--measured {base} --measured {other}: the same folder twice; allowed: two "
                           "measurements, the baseline model's, then the intervened model's", field="--measured",
                           value=[base, other], allowed="two different folders")
     for name in ("model", *MODEL_FIELDS):
         first, second = baseline.metadata.get(name), intervened.metadata.get(name)
         if name in baseline.metadata and name in intervened.metadata and not (
-                _same_model(first, second) if name == "model" else first == second):
+                _same_path(first, second) if name == "model" else first == second):
             raise ConfigError(f"--measured {other}: {name} {second!r} in metadata.json, the baseline --measured "
                               f"{base} has {first!r}; allowed: two measurements of one model", field="--measured",
                               value=other, allowed="measurements of one model")
