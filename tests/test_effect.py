@@ -258,12 +258,20 @@ def test_bad_arguments_are_refused_in_one_line(change, message):
 # --- the command ----------------------------------------------------------------------------------------------------
 
 
+TINY = {"model": "tiny", "model_class": "BloomForCausalLM", "model_type": "bloom", "layer_map": "bloom",
+        "num_layers": 3, "num_heads": 2, "head_dim": 8, "position_encoding": "alibi", "attention_windows": None,
+        "parallel_block": False, "sequence_length": N, "interventions": None}
+"""metadata.json of a tiny measurement, as `jaxroll.measure.pass_setup.run_metadata` writes its model record."""
+
+
 def write_measurement(directory, rows, tokens=None, metadata=None):
+    """A measurement folder: measurement.npz (influence_per_sequence, token_ids) and metadata.json (`TINY`
+    updated by `metadata`; ``metadata=False``: none)."""
     directory.mkdir()
     arrays = {"influence_per_sequence": rows} | ({} if tokens is None else {"token_ids": tokens})
     np.savez(directory / "measurement.npz", **arrays)
-    if metadata is not None:
-        (directory / "metadata.json").write_text(json.dumps(metadata))
+    if metadata is not False:
+        (directory / "metadata.json").write_text(json.dumps(TINY | (metadata or {})))
     return directory
 
 
@@ -278,17 +286,22 @@ def inputs(tmp_path):
     tokens = rng.integers(0, 50_000, size=(S, N))
     baseline = write_measurement(tmp_path / "baseline", draw(u_shape(), rng), tokens)
     intervened = write_measurement(tmp_path / "intervened", draw(u_shape(0.6), rng), tokens,
-                                   {"model": "tiny", "interventions": {"tau": 0.7}})
+                                   {"interventions": {"tau": 0.7}})
     return tmp_path, baseline, intervened, write_profile(tmp_path / "predicted.csv", u_shape(0.6))
 
 
-def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkeypatch):
+def capture_figures(monkeypatch) -> list:
+    """The Figures `jaxroll.plot` saves from now on, as they were drawn."""
     import jaxroll.plot
 
-    tmp_path, baseline, intervened, predicted = inputs
-    figures = []
-    save = jaxroll.plot._save
+    figures, save = [], jaxroll.plot._save
     monkeypatch.setattr(jaxroll.plot, "_save", lambda figure, path: figures.append(figure) or save(figure, path))
+    return figures
+
+
+def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkeypatch):
+    tmp_path, baseline, intervened, predicted = inputs
+    figures = capture_figures(monkeypatch)
     reference = write_profile(tmp_path / "predicted-baseline.csv", u_shape())
     out = tmp_path / "out"
     argv = ["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
@@ -297,6 +310,7 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
     table = capsys.readouterr().out
     assert "intervention: tau=0.7" in table and "paired: the same 48 texts" in table
     assert "middle_mass" in table and "center_of_mass" in table and "beats 'no change'" in table
+    assert "predicted change = rollout(intervened) - rollout(baseline), the headline" in table
     assert sorted(path.name for path in out.iterdir()) == ["effect.json", "effect.png"]
     assert (out / "effect.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((out / "effect.json").read_text())
@@ -306,35 +320,127 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
     assert record["effect_p_value"] == expected.effect_p_value and record["paired"] is True
     assert record["prediction"] == json.loads(json.dumps(expected.prediction.as_dict()))
     assert record["changes"]["middle_mass"]["reference"] == "predicted baseline"
-    assert record["intervention"] == "tau=0.7"
+    assert record["headline"] == "predicted change = rollout(intervened) - rollout(baseline)"
+    assert record["intervention"] == "tau=0.7" and record["predicted_baseline"] == str(reference)
     (figure,) = figures
-    axes = figure.axes[0]
-    assert axes.get_xlabel() and axes.get_ylabel()
-    legend = [text.get_text() for text in axes.get_legend().get_texts()]
-    for name in ("baseline, measured", "intervened, measured", "intervened, predicted", "baseline, predicted",
-                 "95% pointwise bootstrap band"):
-        assert any(name in entry for entry in legend), name
-    assert figure.axes[0].get_title().startswith("intervention: tau=0.7\nmeasured effect")
+    linear, logarithmic, change = figure.axes
+    assert (linear.get_yscale(), logarithmic.get_yscale(), change.get_yscale()) == ("linear", "log", "linear")
+    for axes in figure.axes:
+        assert axes.get_xlabel() and axes.get_ylabel()
+    legend = [text.get_text() for text in linear.get_legend().get_texts()]
+    for name in ("baseline, measured (mean of 48 sequences)", "tau=0.7, measured (mean of 48 sequences)",
+                 "tau=0.7, predicted by the rollout", "baseline, predicted by the rollout",
+                 "tau=0.7: 95% pointwise bootstrap band"):
+        assert name in legend, (name, legend)
+    assert set(legend[-4:]) <= {text.get_text() for text in logarithmic.get_legend().get_texts()}
+    assert not any(str(tmp_path) in entry for axes in figure.axes for entry in
+                   (text.get_text() for text in axes.get_legend().get_texts()))  # no folder names
+    headline = "predicted change: rollout(tau=0.7) - rollout(baseline) (headline)"
+    lines = {line.get_label(): line.get_ydata() for line in change.lines}
+    np.testing.assert_allclose(lines[headline], u_shape(0.6) - u_shape(), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(lines["measured change: tau=0.7 - baseline"],
+                               mean_oracle(rows[1]) - mean_oracle(rows[0]), rtol=0, atol=1e-15)
+    assert figure._suptitle.get_text().startswith("the effect of tau=0.7 on tiny: measured W1/(N-1)")
     assert main([*argv, "--force", "--json"]) == 0  # --json: the effect.json record, one object on stdout
     assert json.loads(capsys.readouterr().out) == record
 
 
-def test_command_without_token_ids_is_unpaired_and_says_so(tmp_path, capsys):
-    rng = np.random.default_rng(6)
-    baseline = write_measurement(tmp_path / "b", draw(u_shape(), rng))
-    intervened = write_measurement(tmp_path / "i", draw(u_shape(), rng))
-    predicted = write_profile(tmp_path / "p.csv", u_shape())
+def rollout_oracle(slopes, diagonal, lambdas, n, tau=1.0):
+    """The residual-aware rollout's last row, NumPy float64 from its definition (docs/design.md): per head
+    ``rowsoftmax((-m_h (i - j) + d [i = j]) / tau)`` over ``j <= i``, heads averaged, ``R_t = (1 - lambda_t) I +
+    lambda_t A``, ``P = R_T ... R_1``, its last row normalised."""
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    heads = []
+    for slope in slopes:
+        scores = np.where(j <= i, (-slope * (i - j) + diagonal * (i == j)) / tau, -np.inf)
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        heads.append(weights / weights.sum(axis=1, keepdims=True))
+    attention = np.mean(heads, axis=0)
+    product = np.eye(n)
+    for lam in lambdas:  # layer 1 acts first: P = R_T ... R_1
+        product = ((1 - lam) * np.eye(n) + lam * attention) @ product
+    return product[-1] / product[-1].sum()
+
+
+def test_the_default_predicted_change_is_the_rollouts_own(tmp_path, capsys):
+    """Without --predicted-baseline the baseline's prediction is its config.yaml rolled out: the predicted change
+    is rollout(intervened) - rollout(baseline), computed here in NumPy, not f(p_I) - f(m_B), which the
+    measurements are chosen to make of the other sign."""
+    import jaxroll
+
+    slopes, diagonal, lambdas = np.array([0.5, 0.125]), 1.5, np.array([0.6, 0.4, 0.7])
+    p_b, p_i = (rollout_oracle(slopes, diagonal, lambdas, N, tau) for tau in (1.0, 0.7))
+    rng = np.random.default_rng(8)
+    tokens = rng.integers(0, 50_000, size=(S, N))
+    peaked = np.exp(10 * X) / np.exp(10 * X).sum()  # the measured model reads its last tokens far more
+    baseline = write_measurement(tmp_path / "baseline", draw(peaked, rng), tokens)
+    jaxroll.save_config(jaxroll.RolloutModel.create(num_layers=3, num_heads=2, alibi_slopes=slopes,
+                                                    diagonal_scores=diagonal, lambdas=lambdas, sequence_length=N),
+                        baseline / "config.yaml")
+    intervened = write_measurement(tmp_path / "intervened", draw(peaked, rng), tokens, {"interventions": {"tau": 0.7}})
+    rollout_change = middle_oracle(p_i) - middle_oracle(p_b)
+    m_b = mean_oracle(np.load(baseline / "measurement.npz")["influence_per_sequence"])
+    assert np.sign(middle_oracle(p_i) - middle_oracle(m_b)) == -np.sign(rollout_change) != 0  # the old default's
+    predicted = write_profile(tmp_path / "p.csv", p_i)
     assert main(["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
                  "--out", str(tmp_path / "out"), "--resamples", str(B)]) == 0
+    assert f"rollout of {baseline / 'config.yaml'} at N = {N}" in capsys.readouterr().out
+    record = json.loads((tmp_path / "out" / "effect.json").read_text())
+    assert record["headline"] == "predicted change = rollout(intervened) - rollout(baseline)"
+    change = record["changes"]["middle_mass"]
+    assert change["reference"] == "predicted baseline" and np.sign(change["predicted"]) == np.sign(rollout_change)
+    assert change["predicted"] == pytest.approx(rollout_change, abs=1e-6)  # the rollout runs in float32
+    assert record["changes"]["center_of_mass"]["predicted"] == pytest.approx(
+        center_oracle(p_i) - center_oracle(p_b), abs=1e-6)
+
+
+def test_command_compares_other_texts_only_when_told(tmp_path, capsys):
+    rng = np.random.default_rng(6)
+    baseline = write_measurement(tmp_path / "b", draw(u_shape(), rng))
+    intervened = write_measurement(tmp_path / "i", draw(u_shape(), rng), metadata={"interventions": {"tau": 0.7}})
+    predicted = write_profile(tmp_path / "p.csv", u_shape())
+    argv = ["effect", "--measured", str(baseline), "--measured", str(intervened), "--predicted", str(predicted),
+            "--predicted-baseline", str(predicted), "--out", str(tmp_path / "out"), "--resamples", str(B)]
+    assert main(argv) == 2
+    assert "a measurement records no token_ids; allowed: the same texts" in capsys.readouterr().err
+    assert main([*argv, "--unpaired"]) == 0
     assert "unpaired: a measurement records no token_ids" in capsys.readouterr().out
     record = json.loads((tmp_path / "out" / "effect.json").read_text())
-    assert record["paired"] is False and record["intervention"] == ""
-    assert record["changes"]["center_of_mass"]["reference"] == "measured baseline"
+    assert record["paired"] is False and record["intervention"] == "tau=0.7"
+
+
+def test_check_pair_reads_two_spellings_of_one_model_as_one(tmp_path):
+    from jaxroll.errors import ConfigError
+    from jaxroll.measure.effect import check_pair
+    from jaxroll.measure.outputs import SavedMeasurement
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    tokens = np.arange(2 * N).reshape(2, N)
+    arrays = {"influence_per_sequence": np.ones((2, N)), "token_ids": tokens}
+    baseline = SavedMeasurement(arrays, TINY | {"model": str(tmp_path / "model")})
+    intervened = SavedMeasurement(arrays, TINY | {"model": str(tmp_path / "elsewhere" / ".." / "model"),
+                                                  "interventions": {"tau": 0.7}})
+    folders = (tmp_path / "b", tmp_path / "i")
+    assert check_pair(folders, baseline, intervened) == (True, "paired: the same 2 texts (equal token_ids)")
+    other = SavedMeasurement(arrays, intervened.metadata | {"model": str(tmp_path / "elsewhere")})
+    with pytest.raises(ConfigError, match="model '.*elsewhere' in metadata.json"):
+        check_pair(folders, baseline, other)
 
 
 def _bad_inputs(tmp_path, baseline, intervened, predicted):
-    """``(name, argv)`` of refusals, each from its own broken input."""
-    short = write_measurement(tmp_path / "short", np.ones((S, N - 2)))
+    """``(name, argv, words)`` of refusals, each from its own broken input."""
+    rng = np.random.default_rng(9)
+    tokens = np.load(baseline / "measurement.npz")["token_ids"]
+    rows = draw(u_shape(), rng)
+    tau = {"interventions": {"tau": 0.7}}
+    short = write_measurement(tmp_path / "short", np.ones((S, N - 2)), tokens[:, :N - 2], tau)
+    llama = write_measurement(tmp_path / "llama", rows, tokens, tau | {"model_type": "llama", "layer_map": "llama"})
+    other_model = write_measurement(tmp_path / "other-model", rows, tokens, tau | {"model": "elsewhere"})
+    other_texts = write_measurement(tmp_path / "other-texts", rows, tokens[::-1], tau)
+    fewer = write_measurement(tmp_path / "fewer", rows[:-1], tokens[:-1], tau)
+    both = write_measurement(tmp_path / "both", rows, tokens, {"interventions": {"gamma": 0.5}})
+    no_metadata = write_measurement(tmp_path / "no-metadata", rows, tokens, False)
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "measurement.npz").write_bytes(b"PK\x03\x04 not really a zip archive")
@@ -343,11 +449,31 @@ def _bad_inputs(tmp_path, baseline, intervened, predicted):
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("x")
+    reference = write_profile(tmp_path / "reference.csv", u_shape())
     args = lambda b, i, p, *more: ["effect", "--measured", str(b), "--measured", str(i),  # noqa: E731
-                                   "--predicted", str(p), *more]
+                                   "--predicted", str(p), *(more or ["--predicted-baseline", str(reference)])]
     return [
         ("missing baseline", args(tmp_path / "nowhere", intervened, predicted), f"--measured {tmp_path / 'nowhere'}"),
-        ("mismatched N", args(baseline, short, predicted), f"--measured {short}"),
+        ("same folder", args(baseline, baseline, predicted), "the same folder twice"),
+        ("same folder spelt twice", args(baseline, tmp_path / "full" / ".." / "baseline", predicted),
+         "the same folder twice"),
+        ("other architecture", args(baseline, llama, predicted),
+         f"--measured {llama}: model_type 'llama' in metadata.json, the baseline --measured {baseline} has 'bloom'; "
+         "allowed: two measurements of one model"),
+        ("other model", args(baseline, other_model, predicted), "model 'elsewhere' in metadata.json"),
+        ("mismatched N", args(baseline, short, predicted), f"--measured {short}: N = 22 positions per sequence; "
+                                                           "allowed: N = 24, as the baseline"),
+        ("other texts", args(baseline, other_texts, predicted), "token_ids differ in 48 of 48 sequences; allowed: "
+                                                                "the same texts as the baseline"),
+        ("fewer texts", args(baseline, fewer, predicted), "token_ids of shapes (48, 24) and (47, 24)"),
+        ("swapped", args(intervened, baseline, predicted),
+         f"--measured {intervened}: the baseline was measured under --intervene tau=0.7 and --measured {baseline} "
+         "under none: swapped?"),
+        ("intervened baseline", args(intervened, both, predicted),
+         "the baseline was measured under --intervene tau=0.7; allowed: a baseline measured without --intervene"),
+        ("no metadata", args(baseline, no_metadata, predicted), "metadata.json"),
+        ("no predicted baseline", args(baseline, intervened, predicted, "--seed", "0"),
+         f"--predicted-baseline: not given, and the baseline --measured {baseline} has no config.yaml"),
         ("positional folders", ["effect", str(baseline), str(intervened), "--predicted", str(predicted)],
          "positional measurement folders are retired; use --measured BASELINE --measured INTERVENED"),
         ("one measurement", ["effect", "--measured", str(baseline), "--predicted", str(predicted)],
@@ -357,7 +483,8 @@ def _bad_inputs(tmp_path, baseline, intervened, predicted):
         ("not summing to 1", args(baseline, intervened, unnormalised), "probabilities sum to 2"),
         ("baseline profile length", args(baseline, intervened, predicted, "--predicted-baseline",
                                          str(wrong_length)), "--predicted-baseline"),
-        ("level", args(baseline, intervened, predicted, "--level", "1.5"), "--level"),
+        ("level", args(baseline, intervened, predicted, "--predicted-baseline", str(reference), "--level", "1.5"),
+         "--level"),
         ("non-empty out", args(baseline, intervened, predicted, "--out", str(full)), "not empty"),
     ]
 

@@ -22,20 +22,31 @@ def add_parser(commands) -> None:
                     "predicted profile of the intervened model (--predicted, as jaxroll rollout --intervene "
                     "writes profile.csv). Reports the measured effect W1(m_I, m_B) over the noise of the "
                     "difference with a permutation p-value (paired when both measurements read the same "
-                    "token_ids: the rows of a sequence swapped; else labels permuted), the prediction's "
+                    "token_ids: the rows of a sequence swapped; with --unpaired, labels permuted), the "
+                    "prediction's "
                     "W1(p_I, m_I) over the noise of m_I with its p-value (as jaxroll score), the predicted and "
                     "measured changes of middle mass and center of mass with bootstrap intervals, and whether "
-                    "the prediction beats 'no change'. Writes effect.json (every number) and effect.png into "
-                    "--out. Pure NumPy; seeded (docs/interventions.md, 'Scoring a predicted change').")
+                    "the prediction beats 'no change'. The predicted change is the rollout's own: "
+                    "f(predicted) - f(predicted baseline), the latter BASELINE/config.yaml rolled out unless "
+                    "--predicted-baseline is given. Refused in one line: the same folder twice, other models, "
+                    "another N, other token ids (unless --unpaired), a baseline measured under --intervene "
+                    "(swapped folders). Writes effect.json (every number) and effect.png into "
+                    "--out. Seeded; NumPy but for the rollout of BASELINE/config.yaml (JAX) "
+                    "(docs/interventions.md, 'Scoring a predicted change').")
     effect.add_argument("--measured", type=Path, action="append", default=[], metavar="DIR",
                         help="twice, in this order: the measurement of the baseline model, then of the intervened "
                              "model (--measured BASELINE --measured INTERVENED)")
     effect.add_argument("retired_folders", nargs="*", metavar="", help=argparse.SUPPRESS)
     effect.add_argument("--predicted", type=Path, required=True, metavar="PROFILE.csv",
-                        help="the rollout's profile of the intervened model (token_position,probability; sums to 1)")
+                        help="the rollout's profile of the intervened model (token_position,probability; sums to "
+                             "1), as jaxroll rollout BASELINE/config.yaml --intervene ... writes it")
     effect.add_argument("--predicted-baseline", type=Path, metavar="PROFILE.csv",
-                        help="the rollout's profile of the baseline model: the predicted change is then "
-                             "f(predicted) - f(predicted baseline), not f(predicted) - f(measured baseline)")
+                        help="the rollout's profile of the baseline model (default: BASELINE/config.yaml rolled "
+                             "out at N); the predicted change is f(predicted) - f(predicted baseline), the "
+                             "rollout's own")
+    effect.add_argument("--unpaired", action="store_true",
+                        help="compare measurements of different texts (other token_ids), unpaired; without it "
+                             "they are refused")
     effect.add_argument("--resamples", type=_common.positive_int, default=1000,
                         help="bootstrap resamples and permutations B (default 1000)")
     effect.add_argument("--seed", type=_common.non_negative_int, default=0, help="random seed (default 0)")
@@ -50,22 +61,26 @@ def add_parser(commands) -> None:
 
 def _run_effect(arguments) -> None:
     from .. import io
-    from ..measure.effect import effect, pairing, write_effect
+    from ..measure.effect import baseline_prediction, check_pair, effect, interventions_of, write_effect
 
-    baseline_dir, intervened_dir = _folders(arguments)
+    folders = _folders(arguments)
     io.check_output_dir(arguments.out, force=arguments.force)
     predicted = _profile(io, arguments.predicted, "--predicted")
-    reference = None
+    baseline_saved, intervened_saved = (_measurement(directory) for directory in folders)
+    paired, why = check_pair(folders, baseline_saved, intervened_saved, same_texts=not arguments.unpaired)
+    baseline_rows, intervened_rows = (saved.influence_rows(f"--measured {directory}", predicted.size,
+                                                           arguments.predicted)
+                                      for saved, directory in zip((baseline_saved, intervened_saved), folders))
     if arguments.predicted_baseline is not None:
-        reference = _profile(io, arguments.predicted_baseline, "--predicted-baseline")
+        reference, reference_name = _profile(io, arguments.predicted_baseline, "--predicted-baseline"), str(
+            arguments.predicted_baseline)
         if reference.size != predicted.size:
             raise ConfigError(f"--predicted-baseline {arguments.predicted_baseline}: N = {reference.size}; "
                               f"allowed: N = {predicted.size}, the length of {arguments.predicted}")
-    baseline, intervened = (_measurement(directory, predicted.size, arguments.predicted)
-                            for directory in (baseline_dir, intervened_dir))
-    (baseline_rows, baseline_saved), (intervened_rows, intervened_saved) = baseline, intervened
-    paired, why = pairing(baseline_saved.arrays.get("token_ids"), intervened_saved.arrays.get("token_ids"))
-    intervention = _intervention(intervened_saved.metadata)
+    else:  # the rollout's own change by default: the baseline's prediction from its measured config.yaml
+        reference = baseline_prediction(folders[0], predicted.size)
+        reference_name = f"rollout of {folders[0] / 'config.yaml'} at N = {predicted.size}"
+    intervention = interventions_of(intervened_saved.metadata)
     try:
         result = effect(baseline_rows, intervened_rows, predicted, predicted_baseline=reference, paired=paired,
                         pairing_note=why, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
@@ -75,20 +90,14 @@ def _run_effect(arguments) -> None:
     except ValueError as error:
         raise ConfigError(f"effect: {error}") from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    record = {"baseline": str(baseline_dir), "intervened": str(intervened_dir),
-              "predicted": str(arguments.predicted),
-              "predicted_baseline": None if reference is None else str(arguments.predicted_baseline),
-              "intervention": intervention} | result.as_dict()
-    labels = (f"baseline, measured: {baseline_dir} ({result.sequences_baseline} sequences)",
-              f"intervened, measured: {intervened_dir} ({result.sequences_intervened} sequences)",
-              f"intervened, predicted: {arguments.predicted}",
-              f"baseline, predicted: {arguments.predicted_baseline}")
+    record = {"baseline": str(folders[0]), "intervened": str(folders[1]), "predicted": str(arguments.predicted),
+              "predicted_baseline": reference_name, "intervention": intervention} | result.as_dict()
     write_effect(out, result, record, baseline_rows, intervened_rows, predicted, predicted_baseline=reference,
-                 labels=labels, intervention=intervention)
+                 intervention=intervention, model=str(baseline_saved.metadata.get("model") or ""))
     if arguments.json:
         _common.print_json(record)
     else:
-        _print_table(arguments, (baseline_dir, intervened_dir), result, intervention, out)
+        _print_table(arguments, folders, result, intervention, reference_name, out)
 
 
 def _folders(arguments) -> tuple[Path, Path]:
@@ -105,14 +114,13 @@ def _folders(arguments) -> tuple[Path, Path]:
     return tuple(arguments.measured)
 
 
-def _measurement(directory: Path, size: int, profile_path: Path):
-    """``(influence_per_sequence (S, N), SavedMeasurement)`` of one ``--measured DIR``, checked."""
+def _measurement(directory: Path):
+    """The `SavedMeasurement` of one ``--measured DIR``, with its metadata.json."""
     from ..measure.outputs import read_measurement
 
     if not directory.is_dir():
         raise ConfigError(f"--measured {directory}: no such directory; allowed: the --out of jaxroll measure")
-    saved = read_measurement(directory, flag="--measured", need_metadata=False)
-    return saved.influence_rows(f"--measured {directory}", size, profile_path), saved
+    return read_measurement(directory, flag="--measured")
 
 
 def _profile(io, path: Path, flag: str):
@@ -123,16 +131,7 @@ def _profile(io, path: Path, flag: str):
     return profile
 
 
-def _intervention(metadata) -> str:
-    """The interventions a measurement was made under (``interventions`` of its metadata.json, as `jaxroll
-    measure --intervene` records them) as ``name=value, ...``; "" when it records none."""
-    record = None if metadata is None else metadata.get("interventions")
-    if isinstance(record, dict):
-        return ", ".join(f"{name}={value}" for name, value in record.items())
-    return "" if not record else str(record)
-
-
-def _print_table(arguments, folders, result, intervention: str, out: Path) -> None:
+def _print_table(arguments, folders, result, intervention: str, reference_name: str, out: Path) -> None:
     percent = f"{100 * result.level:g}%"
     score = result.prediction
     print(f"jaxroll effect: baseline {folders[0]}, intervened {folders[1]}, predicted "
@@ -157,7 +156,7 @@ def _print_table(arguments, folders, result, intervention: str, out: Path) -> No
         cells = [_interval(getattr(change, field), getattr(change, field + "_interval"))
                  for field in ("measured", "predicted", "miss")]
         print(f"  {name:34} {cells[0]:>33}  {cells[1]:>33}  {cells[2]:>33}")
-    print(f"  (predicted change: from the {reference}"
+    print(f"  ({result.headline}, the headline; rollout(baseline): {reference_name}"
           f"{'; exact, no sampling noise' if reference == 'predicted baseline' else ''})")
     low, high = result.advantage_interval
     print(f"  against 'no change': W1(m_B, m_I) = {result.effect_w1:.5g}, W1(p_I, m_I) = {score.w1:.5g}, "

@@ -58,12 +58,23 @@ p_I; on the validation models of docs/interventions.md it mostly does.
 
 - measured change ``f(m_I) - f(m_B)``, bootstrap draws ``f(m_I*_b) - f(m_B*_b)``;
 - predicted change ``f(p_I) - f(p_B)`` when p_B is given (no sampling noise:
-  its interval is the point), else ``f(p_I) - f(m_B)`` with draws
-  ``f(p_I) - f(m_B*_b)`` (`Change.reference` says which);
+  its interval is the point): the rollout's own change, the headline
+  (`HEADLINES`) and what `jaxroll effect` reports by default; else
+  ``f(p_I) - f(m_B)`` with draws ``f(p_I) - f(m_B*_b)``, a predicted profile
+  minus a measured one, which can differ from the rollout's change even in
+  sign (`Change.reference` says which);
 - ``miss`` = measured change - predicted change, with its draws;
 
 each interval the hull of the basic and percentile intervals at `level`
 (`uncertainty.bootstrap_interval`), clipped to [-1, 1].
+
+**Checked folders.** `check_pair` refuses, in one line, two measurement
+folders that cannot be compared: the same folder twice, other models
+(metadata.json's model and architecture), another N, other token ids
+(unless compared unpaired on purpose), and a baseline measured under
+interventions (the folders swapped, or both intervened).
+`baseline_prediction` rolls out a baseline measurement's config.yaml at N:
+the p_B of the headline change when none is given.
 
 **Against "no change".** Predicting that nothing changes scores ``W1(m_B,
 m_I)`` (the effect's W1); the prediction scores ``W1(p_I, m_I)``.
@@ -88,10 +99,19 @@ from .uncertainty import (Score, bootstrap_interval, check_rows, profile_band, p
                           score, wasserstein)
 
 __all__ = ["Effect", "Change", "effect", "write_effect", "pairing", "anchored_profile", "middle_mass", "center_of_mass",
-           "CHANGE_METRICS"]
+           "CHANGE_METRICS", "HEADLINES", "check_pair", "baseline_prediction", "MODEL_FIELDS"]
 
 CHANGE_METRICS = ("middle_mass", "center_of_mass")
 """The shape statistics whose predicted and measured changes `effect` reports (as `jaxroll.metrics`)."""
+
+HEADLINES = {"predicted baseline": "predicted change = rollout(intervened) - rollout(baseline)",
+             "measured baseline": "predicted change = rollout(intervened) - measured baseline"}
+"""What the predicted change is, by `Change.reference`: ``headline`` of `Effect.as_dict` (effect.json)."""
+
+MODEL_FIELDS = ("model_class", "model_type", "layer_map", "num_layers", "num_heads", "head_dim",
+                "position_encoding", "attention_windows", "parallel_block")
+"""The architecture record of metadata.json (`jaxroll.measure.pass_setup.run_metadata`) that two compared
+measurements share; ``model`` (the folder or name measured) is compared too (`check_pair`)."""
 
 
 def middle_mass(profile, fraction: float = 0.1):
@@ -205,7 +225,13 @@ class Effect:
                 value = list(value)
             record[field.name] = value
         record["no_change_w1"] = self.effect_w1  # W1(m_B, m_I): "no change" predicts m_B
+        record["headline"] = self.headline
         return record
+
+    @property
+    def headline(self) -> str:
+        """What the predicted change is (`HEADLINES`): the rollout's own, or against the measured baseline."""
+        return HEADLINES[next(iter(self.changes.values())).reference]
 
     def verdict(self) -> str:
         """One line: is there an effect, at ``alpha = 1 - level``."""
@@ -232,6 +258,118 @@ def pairing(baseline_tokens, intervened_tokens) -> tuple[bool, str]:
         rows = int(np.count_nonzero(np.any(first != second, axis=tuple(range(1, first.ndim)))))
         return False, f"unpaired: the token_ids differ in {rows} of {first.shape[0]} sequences"
     return True, f"paired: the same {first.shape[0]} texts (equal token_ids)"
+
+
+def interventions_of(metadata) -> str:
+    """The interventions a measurement was made under (``interventions`` of its metadata.json, as `jaxroll
+    measure --intervene` records them) as ``name=value, ...``; "" when it records none."""
+    record = None if metadata is None else metadata.get("interventions")
+    if isinstance(record, dict):
+        return ", ".join(f"{name}={value}" for name, value in record.items())
+    return "" if not record else str(record)
+
+
+def _same_path(first, second) -> bool:
+    """The same name, or two spellings of one existing folder (metadata.json's ``model``, the folders compared)."""
+    import os
+
+    if first == second:
+        return True
+    try:
+        return first is not None and second is not None and os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
+def _positions(saved) -> int | None:
+    for name in ("influence_per_sequence", "token_ids"):
+        if name in saved.arrays and np.ndim(saved.arrays[name]) >= 2:
+            return int(np.shape(saved.arrays[name])[-1])
+    return None
+
+
+def check_pair(folders, baseline, intervened, *, same_texts: bool = True) -> tuple[bool, str]:
+    """Refuse two measurements that cannot be compared as baseline and intervened; else `pairing`'s answer.
+
+    `folders`: the two folders as the user named them, ``(BASELINE, INTERVENED)``;
+    `baseline`, `intervened`: their `jaxroll.measure.outputs.SavedMeasurement`,
+    with metadata.json. One-line `ConfigError` (field ``--measured``), in this
+    order, when: the two are one folder; the models differ (``model`` or a
+    field of `MODEL_FIELDS` in metadata.json); N differs; the baseline was
+    measured under interventions (metadata.json's ``interventions``: the
+    folders swapped when the intervened one records none); the token ids
+    differ or are missing, unless `same_texts` is False (``--unpaired``:
+    different texts compared unpaired, on purpose). Returns ``(paired, why)``.
+    """
+    import os
+
+    base, other = (str(folder) for folder in folders)
+    if os.path.abspath(base) == os.path.abspath(other) or _same_path(base, other):
+        raise ConfigError(f"--measured {base} --measured {other}: the same folder twice; allowed: two "
+                          "measurements, the baseline model's, then the intervened model's", field="--measured",
+                          value=[base, other], allowed="two different folders")
+    for name in ("model", *MODEL_FIELDS):
+        first, second = baseline.metadata.get(name), intervened.metadata.get(name)
+        if name in baseline.metadata and name in intervened.metadata and not (
+                _same_path(first, second) if name == "model" else first == second):
+            raise ConfigError(f"--measured {other}: {name} {second!r} in metadata.json, the baseline --measured "
+                              f"{base} has {first!r}; allowed: two measurements of one model", field="--measured",
+                              value=other, allowed="measurements of one model")
+    lengths = _positions(baseline), _positions(intervened)
+    if lengths[0] != lengths[1]:
+        raise ConfigError(f"--measured {other}: N = {lengths[1]} positions per sequence; allowed: N = {lengths[0]}, "
+                          f"as the baseline --measured {base}", field="--measured", value=other,
+                          allowed=f"N = {lengths[0]}")
+    applied = interventions_of(baseline.metadata)
+    if applied:
+        swapped = not interventions_of(intervened.metadata)
+        raise ConfigError(f"--measured {base}: the baseline was measured under --intervene {applied}"
+                          + (f" and --measured {other} under none: swapped? allowed: --measured BASELINE --measured "
+                             "INTERVENED, in this order" if swapped else
+                             "; allowed: a baseline measured without --intervene"),
+                          field="--measured", value=base, allowed="a baseline measured without --intervene")
+    paired, why = pairing(baseline.arrays.get("token_ids"), intervened.arrays.get("token_ids"))
+    if same_texts and not paired:
+        raise ConfigError(f"--measured {other}: {why.removeprefix('unpaired: ')}; allowed: the same texts as the "
+                          f"baseline (jaxroll measure with the same --texts, --length, --samples and tokenizer), or "
+                          "--unpaired to compare different texts", field="--measured", value=other,
+                          allowed="the same token_ids, or --unpaired")
+    return paired, why
+
+
+def baseline_prediction(directory, length: int):
+    """The rollout's profile ``p_B (length,)`` of a baseline measurement: its config.yaml rolled out at `length`.
+
+    What ``jaxroll rollout DIRECTORY/config.yaml --length N`` writes into
+    profile.csv (`jaxroll.bucket.influence_with_mass`, the default method
+    and precision), as NumPy float64 divided by its sum (float32 rounding). JAX is imported here only. A one-line
+    `ConfigError` (field ``--predicted-baseline``) when the folder has no
+    config.yaml (measured without lambda) or it cannot be rolled out at `length`.
+    """
+    import dataclasses
+    from pathlib import Path
+
+    from .. import io
+    from ..bucket import influence_with_mass
+
+    path = Path(directory) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--predicted-baseline: not given, and the baseline --measured {directory} has no "
+                          "config.yaml to roll out; allowed: --predicted-baseline PROFILE.csv (the profile.csv of "
+                          "jaxroll rollout on the baseline model)", field="--predicted-baseline", value=None,
+                          allowed="--predicted-baseline PROFILE.csv")
+    try:
+        model = dataclasses.replace(io.load_config(path), sequence_length=int(length))
+        model.kernel.check_length(int(length))
+        profile = np.asarray(influence_with_mass(model)[0], dtype=np.float64)
+    except ConfigError as error:
+        raise ConfigError(f"--measured {directory}: config.yaml: {error}; allowed: --predicted-baseline "
+                          "PROFILE.csv", field="--predicted-baseline", allowed="--predicted-baseline PROFILE.csv"
+                          ) from None
+    if not np.all(np.isfinite(profile)):
+        raise ConfigError(f"--measured {directory}: config.yaml rolls out to a profile that is not finite; allowed: "
+                          "--predicted-baseline PROFILE.csv (jaxroll rollout --float64)", field="--predicted-baseline")
+    return profile / profile.sum()
 
 
 def _draw_counts(baseline: int, intervened: int, resamples: int, paired: bool, rng):
@@ -389,14 +527,18 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
 
 
 def write_effect(directory, result: Effect, record: dict, baseline_per_sequence, intervened_per_sequence, predicted,
-                 *, predicted_baseline=None, labels: tuple, intervention: str = "") -> list:
+                 *, predicted_baseline=None, intervention: str = "", model: str = "") -> list:
     """``effect.json`` (`record`: the inputs' names and ``result.as_dict()``) and ``effect.png`` into `directory`.
 
-    The figure draws the measured means ``m_B``, ``m_I`` over their pointwise
-    bootstrap bands (`jaxroll.measure.uncertainty.profile_band` at the
-    result's level, resamples and seed), the predicted profile(s) and a title
-    with the measured effect and the prediction's score (`jaxroll.plot.plot_effect`).
-    Returns the two paths.
+    The figure (`jaxroll.plot.plot_effect`) draws the measured means
+    ``m_B``, ``m_I`` over their pointwise bootstrap bands
+    (`jaxroll.measure.uncertainty.profile_band` at the result's level,
+    resamples and seed) and the predicted profiles p_I and p_B, on linear and
+    log y axes, and the changes: ``m_I - m_B`` over the pointwise band of its
+    resamples (drawn as `effect` draws them: shared when paired) and the
+    headline ``p_I - p_B``. Legends and title name the `intervention`
+    (``tau=0.7``) and the `model`; the title gives the measured effect, the
+    prediction's score and the middle mass's changes. Returns the two paths.
     """
     import json
     from pathlib import Path
@@ -407,15 +549,27 @@ def write_effect(directory, result: Effect, record: dict, baseline_per_sequence,
     (directory / "effect.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     rows = (np.asarray(baseline_per_sequence, np.float64), np.asarray(intervened_per_sequence, np.float64))
     bands = tuple(profile_band(one, level=result.level, resamples=result.resamples, seed=result.seed) for one in rows)
-    score = result.prediction
-    title = "\n".join([*([f"intervention: {intervention}"] if intervention else []),
-                       f"measured effect: W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of "
-                       f"the difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
-                       f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, "
-                       f"p = {score.p_value:.2g}; "
-                       f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' "
-                       f"(W1/(N-1) = {result.effect_w1:.3g})"])
+    counts = _draw_counts(rows[0].shape[0], rows[1].shape[0], result.resamples, result.paired,
+                          np.random.default_rng(result.seed))
+    changes = profile_from_rows(counts[1], rows[1]) - profile_from_rows(counts[0], rows[0])
+    change_band = np.quantile(changes, [(1 - result.level) / 2, (1 + result.level) / 2], axis=0)
     baseline, intervened = (one.sum(axis=0) / one.sum() for one in rows)  # m_B, m_I
-    figure = plot_effect(directory / "effect.png", baseline, intervened, predicted, bands=bands, labels=labels,
-                         predicted_baseline=predicted_baseline, level=result.level, title=title)
+    figure = plot_effect(directory / "effect.png", baseline, intervened, predicted, bands=bands,
+                         change_band=change_band, predicted_baseline=predicted_baseline, name=intervention,
+                         sequences=(result.sequences_baseline, result.sequences_intervened), level=result.level,
+                         title=_title(result, intervention, model))
     return [directory / "effect.json", figure]
+
+
+def _title(result: Effect, intervention: str, model: str) -> str:
+    """The figure's title: what was changed in which model, the effect, the prediction, the middle mass's changes."""
+    score, middle, percent = result.prediction, result.changes["middle_mass"], f"{100 * result.level:g}%"
+    low, high = middle.measured_interval
+    subject = f"the effect of {intervention or 'the intervention'}" + (f" on {model}" if model else "")
+    return "\n".join([
+        f"{subject}: measured W1/(N-1) = {result.effect_w1:.3g} = {result.effect_ratio:.3g}x the noise of the "
+        f"difference, p = {result.effect_p_value:.2g} ({'paired' if result.paired else 'unpaired'})",
+        f"prediction: W1/(N-1) = {score.w1:.3g} = {score.ratio:.3g}x the noise, p = {score.p_value:.2g}; "
+        f"{'beats' if result.beats_no_change else 'does not beat'} 'no change' (W1/(N-1) = {result.effect_w1:.3g})",
+        f"middle mass change: measured {middle.measured:+.3g} [{percent}: {low:+.3g}, {high:+.3g}], "
+        f"{result.headline.removeprefix('predicted change = ')} {middle.predicted:+.3g}"])

@@ -121,11 +121,10 @@ def plot_design(path, before, after, target=None, *, fraction: float = 0.1, titl
     return _save(design_figure(before, after, target, fraction=fraction, title=title), path)
 
 
-def plot_effect(path, baseline, intervened, predicted, *, bands=(None, None), labels=("", "", "", ""),
-                predicted_baseline=None, level: float = 0.95, title: str = "") -> Path:
-    """`effect_figure` (baseline and intervened measurements, the predicted change), written to `path`."""
-    return _save(effect_figure(baseline, intervened, predicted, bands=bands, labels=labels,
-                               predicted_baseline=predicted_baseline, level=level, title=title), path)
+def plot_effect(path, baseline, intervened, predicted, **options) -> Path:
+    """`effect_figure` (baseline and intervened measurements, the predicted change; its keyword `options`),
+    written to `path`."""
+    return _save(effect_figure(baseline, intervened, predicted, **options), path)
 
 
 def plot_series(path, steps, measured, lambdas, w1_over_noise, *, title: str = "") -> Path:
