@@ -373,3 +373,25 @@ def test_sweep_heatmap_title_carries_n_and_marks_the_base_point():
     np.testing.assert_allclose([star.get_xdata()[0], star.get_ydata()[0]], [1.5, 0.5])
     assert any("base point: lambda_0 = 0.5, beta = 2" in label for label in legend_labels(axes))
     figure.clear()
+
+
+def test_an_intervened_profile_draws_the_baseline_and_the_difference(tmp_path, capsys, figures):
+    """rollout --intervene: the left panel holds the baseline (the profile.csv of a run without the change)
+    and the changed profile (this run's profile.csv), labelled so; the right panel their difference."""
+    config = write_config(tmp_path / "model.yaml", slopes=0.3, lambda_const=0.5, layers=3)
+    run(["rollout", config, "--out", tmp_path / "base", "--float64", "--no-figure"], capsys)
+    run(["rollout", config, "--intervene", "tau=0.7", "--out", tmp_path / "changed", "--float64"], capsys)
+    baseline, changed = profile_csv(tmp_path / "base" / "profile.csv"), profile_csv(tmp_path / "changed" / "profile.csv")
+    assert np.max(np.abs(changed - baseline)) > 1e-3  # the change is visible
+    left, right = figures["profile.png"].axes[:2]
+    labels = legend_labels(left)
+    k = 2  # edge_count(16): the summary's middle
+    assert f"baseline (no intervention): middle mass {baseline[k:16 - k].sum():.4g}" in labels
+    assert f"with tau=0.7 (predicted): middle mass {changed[k:16 - k].sum():.4g}" in labels
+    lines = {line.get_label(): np.asarray(line.get_ydata()) for line in left.get_lines()}
+    np.testing.assert_allclose(lines[[x for x in labels if x.startswith("baseline")][0]], baseline, rtol=1e-12)
+    np.testing.assert_allclose(lines[[x for x in labels if x.startswith("with tau")][0]], changed, rtol=1e-12)
+    assert right.get_title().startswith("difference: middle mass ")
+    assert "with tau=0.7 minus baseline" in legend_labels(right)
+    np.testing.assert_allclose(right.get_lines()[0].get_ydata(), changed - baseline, atol=1e-15)
+    assert right.get_ylabel() == "change of p_T(j) (changed - baseline)"
