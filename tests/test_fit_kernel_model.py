@@ -186,3 +186,20 @@ def test_fit_kernel_summary_counts_the_layers_it_does_not_print(tmp_path, capsys
     shown = [line for line in printed if line.strip().startswith("layer ") and "slopes" in line]
     assert len(shown) == 4
     assert f"  ... ({T - 4} more layers; --json for all, fitted.yaml holds them)" in printed
+
+
+@pytest.mark.parametrize("change, noted", [("tau=0.7", True), ("kappa=0.3", True), ("gamma=0.5", False)])
+def test_rollout_intervene_on_a_mean_kernel_notes_the_approximation(tmp_path, capsys, change, noted):
+    """A change of logits (tau, kappa) on a measured DenseKernel is applied to the mean kernel: one note line
+    says it is an approximation; gamma (the mixing, not the kernel) is exact and earns none."""
+    from jaxroll.cli import main
+
+    config = tmp_path / "measured.yaml"
+    jaxroll.save_config(jaxroll.KernelRolloutModel.create(kernel=kernels_of("dense"), lambdas=np.full(T, 0.5),
+                                                          sequence_length=N), config)
+    assert main(["rollout", str(config), "--intervene", change, "--no-figure", "--out", str(tmp_path / "r")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    name = change.split("=")[0]
+    assert notes == ([f"note: {name} changed a measured mean kernel (the mean over sequences of softmax rows, which "
+                      "has no logits): the rollout tempers or biases the mean itself, an approximation (the mean of "
+                      "changed rows is not the changed mean; docs/interventions.md)"] if noted else [])
