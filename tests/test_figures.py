@@ -395,3 +395,33 @@ def test_an_intervened_profile_draws_the_baseline_and_the_difference(tmp_path, c
     assert "with tau=0.7 minus baseline" in legend_labels(right)
     np.testing.assert_allclose(right.get_lines()[0].get_ydata(), changed - baseline, atol=1e-15)
     assert right.get_ylabel() == "change of p_T(j) (changed - baseline)"
+
+
+def test_design_figure_shows_the_designed_values(tmp_path, capsys, figures):
+    """design.png's box holds every designed value as interventions.yaml records it (4 significant
+    digits) and the largest kernel KL of design.json."""
+    import json
+
+    import yaml
+
+    config = write_config(tmp_path / "model.yaml", slopes=0.3, lambda_const=0.5, layers=2)
+    out = tmp_path / "design"
+    run(["design", config, "--free", "tau=per_layer,gamma=global", "--target", "flat", "--search", "0",
+         "--steps", "20", "--float64", "--out", out], capsys)
+    record = yaml.safe_load((out / "interventions.yaml").read_text())
+    summary = json.loads((out / "design.json").read_text())
+    texts = [text.get_text() for axes in figures["design.png"].axes for text in axes.texts]
+    box = [text for text in texts if text.startswith("designed (interventions.yaml):")]
+    assert len(box) == 1
+    tau = np.ravel(record["tau"])
+    assert f"tau (2 values) = {tau[0]:.4g}, {tau[1]:.4g}" in box[0].splitlines()
+    assert f"gamma = {float(record['gamma']):.4g}" in box[0].splitlines()
+    assert f"kernel KL, largest layer: {max(summary['kl']):.4g}" in box[0].splitlines()
+
+
+def test_design_box_counts_the_values_it_does_not_write():
+    from jaxroll.plot.design import designed_text
+
+    text = designed_text({"tau": np.arange(1.0, 11.0)}, kl=[0.01, 0.02], kl_budget=0.05).splitlines()
+    assert text[1] == "tau (10 values) = 1, 2, 3, 4, 5, 6, 7, 8, ... (2 more)"
+    assert text[2] == "kernel KL, largest layer: 0.02 (budget 0.05)"

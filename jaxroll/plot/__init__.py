@@ -121,9 +121,11 @@ def plot_interventions(path, baseline, changed: dict, *, title: str = "") -> Pat
     return _save(interventions_figure(baseline, changed, title=title), path)
 
 
-def plot_design(path, before, after, target=None, *, fraction: float = 0.1, title: str = "") -> Path:
-    """`design_figure` (profiles before and after a design, and its target) written to `path` (PNG)."""
-    return _save(design_figure(before, after, target, fraction=fraction, title=title), path)
+def plot_design(path, before, after, target=None, *, fraction: float = 0.1, title: str = "", designed=None,
+                kl=None, kl_budget=None) -> Path:
+    """`design_figure` (profiles before and after a design, its target, the designed values) written to `path`."""
+    return _save(design_figure(before, after, target, fraction=fraction, title=title, designed=designed, kl=kl,
+                               kl_budget=kl_budget), path)
 
 
 def plot_effect(path, baseline, intervened, predicted, *, bands=(None, None), labels=("", "", "", ""),
