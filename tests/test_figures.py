@@ -425,3 +425,22 @@ def test_design_box_counts_the_values_it_does_not_write():
     text = designed_text({"tau": np.arange(1.0, 11.0)}, kl=[0.01, 0.02], kl_budget=0.05).splitlines()
     assert text[1] == "tau (10 values) = 1, 2, 3, 4, 5, 6, 7, 8, ... (2 more)"
     assert text[2] == "kernel KL, largest layer: 0.02 (budget 0.05)"
+
+
+def test_series_colour_scale_is_set_without_the_last_token_and_says_so():
+    """The last position holds most of the mass; the colour scale spans positions 0..N-2 (an oracle
+    computed here), the last is clipped to the top colour, and the colour bar's label says both."""
+    from jaxroll.plot.series import series_figure
+
+    rng = np.random.default_rng(0)
+    count, n = 4, 12
+    body = rng.uniform(0.02, 0.06, size=(count, n - 1))
+    measured = np.column_stack([body, np.full(count, 0.6)])
+    figure = series_figure([0, 1, 2, 4], measured, rng.uniform(0.2, 0.8, size=(count, 2)), np.ones(count))
+    heat = [axes for axes in figure.axes if axes.get_title() == "measured profile by step"][0]
+    norm = heat.images[0].norm
+    assert norm.vmin == body.min() and norm.vmax == body.max()
+    labels = [axes.get_ylabel() for axes in figure.axes if axes.get_ylabel().startswith("measured influence")]
+    assert labels == [f"measured influence m(j) (log colour)\nscale from j = 0..{n - 2}; "
+                      f"j = {n - 1}, above it: top colour"]
+    figure.clear()
