@@ -18,8 +18,10 @@ lambda'_t only (permuting layers gives the same profile); docs/design-interventi
 """
 
 import dataclasses
+import io
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -153,14 +155,65 @@ def budgeted():
 def test_a_budgeted_design_reports_its_outer_iterations(capsys):
     """progress=True (the command's default): the closing line counts the augmented-Lagrangian iterations
     on stderr, and the design is the same as without it."""
-    quiet = jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0)
     capsys.readouterr()
+    quiet = jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0)
+    assert capsys.readouterr().err == ""  # progress=False (the default): nothing at all
     shown = jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0,
                            progress=True)
     err = capsys.readouterr().err
     assert err.startswith("jaxroll design: ") and "outer iterations" in err and "stop=" in err
     assert "\r" not in err  # lines in a log, never a carriage return
     assert shown.values["tau"] == quiet.values["tau"] and shown.outer_iterations == quiet.outer_iterations
+
+
+def test_design_progress_names_its_stage_before_the_first_compiled_call_returns(monkeypatch):
+    """The first line comes before the first compiled call (the original kernels of a budgeted design)
+    returns, and the local stage is announced before its call: each patched stage reads what stderr
+    held when it was entered (a slow compilation would sit between the two)."""
+    from jaxroll.designs import optimise
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    seen = {}
+
+    def entered(name, function):
+        def wrapper(*args, **kwargs):
+            seen.setdefault(name, stream.getvalue())
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(optimise, "_reference", entered("reference", optimise._reference))
+    monkeypatch.setattr(optimise, "_run_starts", entered("local", optimise._run_starts))
+    jaxroll.design(small_model(), "tau=global", goal="middle_mass", kl_budget=BUDGET, search=0, progress=True)
+    assert seen["reference"].startswith("jaxroll design: n = 32, 1 free scalar, ")
+    assert "compiling the original kernels" in seen["reference"]
+    assert seen["local"].splitlines()[-1].startswith("jaxroll design: outer iteration 1 (at most 30): ")
+    err = stream.getvalue()
+    restarts = int(re.search(r"outer iteration 1 \(at most 30\): (\d+) restarts", err).group(1))
+    # The compiled loop counted every restart of the first iteration (host callbacks), the first apart.
+    assert f"restart 1 of {restarts} ended" in err
+    assert f"jaxroll design, outer iteration 1: {restarts}/{restarts} restarts (100%)" in err
+    assert err.splitlines()[-1].startswith("jaxroll design: done: ") and "\r" not in err
+
+
+def test_the_eta_counts_the_restarts_after_the_compiled_first_one():
+    """A fake clock: the first restart takes 100 s (compilation), each later one 1 s. The ETA of every
+    line is then (restarts left) x 1 s, not the first restart's 100 s (the issue's "1 h 04 min")."""
+    from jaxroll.designs.progress import DesignProgress
+
+    now = [0.0]
+    stream = io.StringIO()
+    report = DesignProgress(True, stream=stream, clock=lambda: now[0])
+    report.begin_outer(1, 8, 30, compiling=True)
+    for seconds in [100.0] + [1.0] * 7:
+        now[0] += seconds
+        report.restart_ended()
+    report.end_outer(8, 0)
+    lines = [line for line in stream.getvalue().splitlines() if "ETA" in line]
+    assert lines and "compilation included" in stream.getvalue()
+    for line in lines:
+        done = int(re.search(r"(\d+)/8 restarts", line).group(1))
+        assert line.split("ETA ")[1].startswith(f"{8 - done} s")
 
 
 def test_the_kl_budget_holds_at_the_optimum(budgeted):

@@ -373,3 +373,74 @@ def test_sweep_heatmap_title_carries_n_and_marks_the_base_point():
     np.testing.assert_allclose([star.get_xdata()[0], star.get_ydata()[0]], [1.5, 0.5])
     assert any("base point: lambda_0 = 0.5, beta = 2" in label for label in legend_labels(axes))
     figure.clear()
+
+
+def test_an_intervened_profile_draws_the_baseline_and_the_difference(tmp_path, capsys, figures):
+    """rollout --intervene: the left panel holds the baseline (the profile.csv of a run without the change)
+    and the changed profile (this run's profile.csv), labelled so; the right panel their difference."""
+    config = write_config(tmp_path / "model.yaml", slopes=0.3, lambda_const=0.5, layers=3)
+    run(["rollout", config, "--out", tmp_path / "base", "--float64", "--no-figure"], capsys)
+    run(["rollout", config, "--intervene", "tau=0.7", "--out", tmp_path / "changed", "--float64"], capsys)
+    baseline, changed = profile_csv(tmp_path / "base" / "profile.csv"), profile_csv(tmp_path / "changed" / "profile.csv")
+    assert np.max(np.abs(changed - baseline)) > 1e-3  # the change is visible
+    left, right = figures["profile.png"].axes[:2]
+    labels = legend_labels(left)
+    k = 2  # edge_count(16): the summary's middle
+    assert f"baseline (no intervention): middle mass {baseline[k:16 - k].sum():.4g}" in labels
+    assert f"with tau=0.7 (predicted): middle mass {changed[k:16 - k].sum():.4g}" in labels
+    lines = {line.get_label(): np.asarray(line.get_ydata()) for line in left.get_lines()}
+    np.testing.assert_allclose(lines[[x for x in labels if x.startswith("baseline")][0]], baseline, rtol=1e-12)
+    np.testing.assert_allclose(lines[[x for x in labels if x.startswith("with tau")][0]], changed, rtol=1e-12)
+    assert right.get_title().startswith("difference: middle mass ")
+    assert "with tau=0.7 minus baseline" in legend_labels(right)
+    np.testing.assert_allclose(right.get_lines()[0].get_ydata(), changed - baseline, atol=1e-15)
+    assert right.get_ylabel() == "change of p_T(j) (changed - baseline)"
+
+
+def test_design_figure_shows_the_designed_values(tmp_path, capsys, figures):
+    """design.png's box holds every designed value as interventions.yaml records it (4 significant
+    digits) and the largest kernel KL of design.json."""
+    import json
+
+    import yaml
+
+    config = write_config(tmp_path / "model.yaml", slopes=0.3, lambda_const=0.5, layers=2)
+    out = tmp_path / "design"
+    run(["design", config, "--free", "tau=per_layer,gamma=global", "--target", "flat", "--search", "0",
+         "--steps", "20", "--float64", "--out", out], capsys)
+    record = yaml.safe_load((out / "interventions.yaml").read_text())
+    summary = json.loads((out / "design.json").read_text())
+    texts = [text.get_text() for axes in figures["design.png"].axes for text in axes.texts]
+    box = [text for text in texts if text.startswith("designed (interventions.yaml):")]
+    assert len(box) == 1
+    tau = np.ravel(record["tau"])
+    assert f"tau (2 values) = {tau[0]:.4g}, {tau[1]:.4g}" in box[0].splitlines()
+    assert f"gamma = {float(record['gamma']):.4g}" in box[0].splitlines()
+    assert f"kernel KL, largest layer: {max(summary['kl']):.4g}" in box[0].splitlines()
+
+
+def test_design_box_counts_the_values_it_does_not_write():
+    from jaxroll.plot.design import designed_text
+
+    text = designed_text({"tau": np.arange(1.0, 11.0)}, kl=[0.01, 0.02], kl_budget=0.05).splitlines()
+    assert text[1] == "tau (10 values) = 1, 2, 3, 4, 5, 6, 7, 8, ... (2 more)"
+    assert text[2] == "kernel KL, largest layer: 0.02 (budget 0.05)"
+
+
+def test_series_colour_scale_is_set_without_the_last_token_and_says_so():
+    """The last position holds most of the mass; the colour scale spans positions 0..N-2 (an oracle
+    computed here), the last is clipped to the top colour, and the colour bar's label says both."""
+    from jaxroll.plot.series import series_figure
+
+    rng = np.random.default_rng(0)
+    count, n = 4, 12
+    body = rng.uniform(0.02, 0.06, size=(count, n - 1))
+    measured = np.column_stack([body, np.full(count, 0.6)])
+    figure = series_figure([0, 1, 2, 4], measured, rng.uniform(0.2, 0.8, size=(count, 2)), np.ones(count))
+    heat = [axes for axes in figure.axes if axes.get_title() == "measured profile by step"][0]
+    norm = heat.images[0].norm
+    assert norm.vmin == body.min() and norm.vmax == body.max()
+    labels = [axes.get_ylabel() for axes in figure.axes if axes.get_ylabel().startswith("measured influence")]
+    assert labels == [f"measured influence m(j) (log colour)\nscale from j = 0..{n - 2}; "
+                      f"j = {n - 1}, above it: top colour"]
+    figure.clear()

@@ -156,3 +156,50 @@ def test_a_measured_tiny_qwen2_is_fitted_out_of_sample():
     assert w1["fitted"]["a"] < 0.5 * w1["measured"]["a"], w1
     assert w1["fitted"]["b"] < w1["measured"]["b"], w1
     assert w1["fitted"]["b"] < 1.25 * w1["own"]["b"], w1
+
+
+def test_fit_kernel_at_its_step_cap_says_so_not_converged():
+    """A layer whose stopping test first passes on step k, refitted with at most k steps, stopped at the
+    step limit: the message says so and the fit is not converged (it said "converged ... after k steps")."""
+    from jaxroll.fitting.kernel_fit import fit_kernel
+
+    model = jaxroll.KernelRolloutModel.create(kernel=kernels_of("dense"), lambdas=np.full(T, 0.5), sequence_length=N)
+    free = fit_kernel(model, family="power", steps=2000)
+    assert free.converged  # L-BFGS settles every layer well before 2000 steps
+    cap = int(free.steps.max())
+    capped = fit_kernel(model, family="power", steps=cap)
+    assert list(capped.steps) == list(free.steps)  # L-BFGS's path does not depend on the cap
+    assert not capped.converged
+    assert capped.stop_reason.split(": ", 1)[1].startswith(f"not converged: stopped at the step limit {cap} ")
+
+
+def test_fit_kernel_summary_counts_the_layers_it_does_not_print(tmp_path, capsys):
+    """The summary prints 4 layers' parameters and says how many more there are (T = 6: 2 more)."""
+    from jaxroll.cli import main
+
+    config = tmp_path / "measured.yaml"
+    jaxroll.save_config(jaxroll.KernelRolloutModel.create(kernel=kernels_of("dense"), lambdas=np.full(T, 0.5),
+                                                          sequence_length=N), config)
+    assert main(["fit-kernel", str(config), "--family", "power", "--steps", "30", "--float64",
+                 "--out", str(tmp_path / "k")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = [line for line in printed if line.strip().startswith("layer ") and "slopes" in line]
+    assert len(shown) == 4
+    assert f"  ... ({T - 4} more layers; --json for all, fitted.yaml holds them)" in printed
+
+
+@pytest.mark.parametrize("change, noted", [("tau=0.7", True), ("kappa=0.3", True), ("gamma=0.5", False)])
+def test_rollout_intervene_on_a_mean_kernel_notes_the_approximation(tmp_path, capsys, change, noted):
+    """A change of logits (tau, kappa) on a measured DenseKernel is applied to the mean kernel: one note line
+    says it is an approximation; gamma (the mixing, not the kernel) is exact and earns none."""
+    from jaxroll.cli import main
+
+    config = tmp_path / "measured.yaml"
+    jaxroll.save_config(jaxroll.KernelRolloutModel.create(kernel=kernels_of("dense"), lambdas=np.full(T, 0.5),
+                                                          sequence_length=N), config)
+    assert main(["rollout", str(config), "--intervene", change, "--no-figure", "--out", str(tmp_path / "r")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    name = change.split("=")[0]
+    assert notes == ([f"note: {name} changed a measured mean kernel (the mean over sequences of softmax rows, which "
+                      "has no logits): the rollout tempers or biases the mean itself, an approximation (the mean of "
+                      "changed rows is not the changed mean; docs/interventions.md)"] if noted else [])

@@ -180,7 +180,9 @@ def _run_design(arguments) -> None:
     plot.plot_design(out / "design.png", result.before, result.after, result.target, fraction=0.1,
                      title=f"{Path(source).name if arguments.config else source}: {result.objective}; "
                            f"middle mass {result.middle_mass[0]:.3f} -> {result.middle_mass[1]:.3f} "
-                           f"({change:+.3f})")
+                           f"({change:+.3f})",
+                      designed=result.record, kl=result.kl,
+                      kl_budget=result.kl_budget)
     if arguments.json:
         _common.print_json(results)
         return

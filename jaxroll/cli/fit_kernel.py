@@ -7,6 +7,8 @@ from . import _common
 MAX_KERNEL_BYTES = 4 * 2**30
 """The most memory the float64 dense kernels ``(T, N, N)`` that `fit-kernel` fits may take."""
 
+_SHOWN_LAYERS = 4  # the summary's layers; the rest are counted on one line (--json and fitted.yaml hold all)
+
 
 def add_parser(commands) -> None:
     from ._names import KERNEL_FAMILIES as FAMILIES
@@ -97,10 +99,13 @@ def _print_summary(r: dict) -> None:
     print(f"  mean row KL: before {r['kl_before']:.6g}, after {r['kl_after']:.6g}; "
           f"max abs kernel error {r['max_abs_error']:.3g}")
     print(f"  profile Wasserstein W1/(N-1), measured kernels vs fitted: {r['wasserstein']:.6g}")
-    for layer in r["layers"][:4]:
+    for layer in r["layers"][:_SHOWN_LAYERS]:
         print(f"  layer {layer['layer']}: slopes {np.array2string(layer['slopes'], precision=4)}, exponents "
               f"{np.array2string(layer['exponents'], precision=4)}, diagonal "
               f"{np.array2string(layer['diagonal'], precision=4)}")
+    hidden = len(r["layers"]) - _SHOWN_LAYERS
+    if hidden > 0:
+        print(f"  ... ({hidden} more layer{'s' if hidden != 1 else ''}; --json for all, fitted.yaml holds them)")
     print(f"  wrote {r['out']}/{', '.join(r['wrote'])}")
     if not r["converged"]:
         print(f"warning: the kernel fit did not converge in {r['max_steps']} steps ({r['stop_reason']}); "

@@ -53,6 +53,7 @@ class _Options:
     changes: dict  # `interventions.describe` of the changes: what interventions.yaml holds
     sinks: object  # the SinkTokens change, or None
     quiet: bool  # --json: the results go to stdout as one object, not as the table
+    kernel_changes: tuple = ()  # the names of the changes that change the attention kernel A_t (tau, kappa, ...)
 
 
 # The fields an intervention's constructor names, as --intervene spells them.
@@ -92,18 +93,20 @@ def _run_rollout(arguments) -> None:
         runs = _batch(arguments) if arguments.more_configs else [
             (*_common.model_from_arguments(arguments), arguments.out)]
         # Every change is applied (and refused, in one line) before --out is touched.
+        baselines = [model for model, _, _ in runs] if changes else [None] * len(runs)
         try:
             runs = [(interventions.apply_all(model, changes), source, out) for model, source, out in runs]
         except ConfigError as error:
             raise _intervene_error(error) from None
         options = _Options(method=arguments.method, figure=not arguments.no_figure,
                            changes=interventions.describe(changes), quiet=arguments.json,
-                           sinks=interventions.length_change(changes))
+                           sinks=interventions.length_change(changes),
+                           kernel_changes=tuple(change.name for change in changes if change.changes == "kernel"))
         io.prepare_output_dir(arguments.out, force=arguments.force)
         results = []
-        for model, source, out in runs:
+        for (model, source, out), baseline in zip(runs, baselines):
             out.mkdir(parents=True, exist_ok=True)
-            results.append(_write_rollout(model, source, out, options, influence_with_mass, io))
+            results.append(_write_rollout(model, source, out, options, influence_with_mass, io, baseline))
     if arguments.json:
         _common.print_json(results[0] if len(results) == 1 else {"runs": results})
 
@@ -127,8 +130,18 @@ def _batch(arguments):
     return runs
 
 
-def _write_rollout(model, source, out, options: _Options, influence_with_mass, io) -> dict:
-    """Write one run's files into `out`, print its summary (unless --json) and return its results."""
+def _mean_kernel_note(baseline, options: _Options) -> str | None:
+    """The note a change of logits on a measured mean kernel (a `DenseKernel`: ``stores_dense``) earns."""
+    if baseline is None or not options.kernel_changes or not baseline.kernel.stores_dense:
+        return None
+    return (f"note: {', '.join(options.kernel_changes)} changed a measured mean kernel (the mean over sequences "
+            "of softmax rows, which has no logits): the rollout tempers or biases the mean itself, an "
+            "approximation (the mean of changed rows is not the changed mean; docs/interventions.md)")
+
+
+def _write_rollout(model, source, out, options: _Options, influence_with_mass, io, baseline=None) -> dict:
+    """Write one run's files into `out`, print its summary (unless --json) and return its results;
+    `baseline` (with --intervene) is the model before the change, drawn beside it in profile.png."""
     import numpy as np
 
     profile, mass = influence_with_mass(model, method=options.method)
@@ -156,16 +169,37 @@ def _write_rollout(model, source, out, options: _Options, influence_with_mass, i
             {"sinks": sinks.num_sinks, "sink_mass": sink_mass, "length_with_sinks": model.sequence_length},
             sort_keys=False), encoding="utf-8")
     if options.figure:
-        from .. import plot
-
-        plot.plot_profile(out / "profile.png", profile, attention_only,
-                          attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)),
-                          title=f"{source}{' with ' + changed if changed else ''}: N={profile.size}, "
-                                f"T={model.num_layers}, H={model.num_heads}")
+        _draw_profile(out / "profile.png", model, profile, attention_only, baseline, source, changed, options)
     results = _results(model, profile, float(mass), source, out, options, sink_mass)
+    note = _mean_kernel_note(baseline, options)
     if not options.quiet:
         _print_summary(results, changed)
+        if note:
+            print(note)
+    elif note:
+        import sys
+
+        print(note, file=sys.stderr)  # stdout holds the --json object alone
     return results
+
+
+def _draw_profile(path, model, profile, attention_only, baseline, source, changed: str, options: _Options) -> None:
+    """profile.png: the profile and its attention-only contrast; after --intervene, the baseline
+    (the model as given, at its own length) beside the changed profile, and their difference."""
+    import numpy as np
+
+    from .. import plot
+
+    title = (f"{source}{' with ' + changed if changed else ''}: N={profile.size}, T={model.num_layers}, "
+             f"H={model.num_heads}")
+    if baseline is None:
+        plot.plot_profile(path, profile, attention_only,
+                          attention_only_model=bool(np.all(np.asarray(model.lambdas) == 1.0)), title=title)
+        return
+    from ..bucket import influence_with_mass
+
+    before = np.asarray(influence_with_mass(baseline, method=options.method)[0], dtype=np.float64)
+    plot.plot_intervened_profile(path, before, profile, change=changed, title=title)
 
 
 def _results(model, profile, mass, source, out, options: _Options, sink_mass) -> dict:

@@ -22,13 +22,13 @@ from ..fitting.loop import (CONVERGED, SKIPPED, checked_tolerances, describe_sto
                             with_extra_args)
 from ..fitting.optimise import GRADIENT_TOLERANCE, LOSS_TOLERANCE, choose_optimizer
 from ..fitting.problem import check_non_negative_int, check_target
-from ..progress import Progress
 from ..interventions import apply_all, describe
 from ..model import RolloutModel, check_model, layer_kernels
 from ..rollout import METHODS, influence
 from .objective import (GOALS, _log_kernels, _Problem, by_offset, goal_value, kernel_kl, kernel_parameters,
                         objective, offset_scores, profile_and_kl)
 from .parameters import _Free, _Parameters, check_bounds, check_free
+from .progress import DesignProgress, restart_ended
 from .result import DesignResult
 
 __all__ = ["design", "PENALTY", "PENALTY_GROWTH", "MAX_PENALTY", "OUTER_ITERATIONS", "FEASIBILITY"]
@@ -58,7 +58,9 @@ _BISECTIONS = 48  # 2^-48 of the step from the start to the design: below float6
 def _run_starts(raw, multipliers, penalty, data, tolerances, *, problem: _Problem, max_steps: int):
     """Every start (leading axis of `raw`, with its own multipliers ``(S, T)`` and penalty ``(S,)``)
     through the fitting package's compiled loop (`jaxroll.fitting.loop.minimise`), one after the
-    other under `lax.scan`; a start after one that reached the loss floor is skipped."""
+    other under `lax.scan`; a start after one that reached the loss floor is skipped. Each start's end
+    is reported to the host (`jaxroll.designs.progress.restart_ended`), which counts it when a
+    design reports progress and does nothing otherwise."""
     dtype = jnp.result_type(float)
 
     def one_start(best_so_far, inputs):
@@ -69,6 +71,7 @@ def _run_starts(raw, multipliers, penalty, data, tolerances, *, problem: _Proble
         state = state | dict(reason=jnp.where(skip, SKIPPED, state["reason"]).astype(jnp.int32))
         state = minimise(lambda u: objective(u, local, problem), problem.optimizer, state, tolerances,
                           max_steps + 1, max_steps)
+        jax.debug.callback(restart_ended, state["best_loss"])
         return jnp.minimum(best_so_far, state["best_loss"]), state
 
     return jax.lax.scan(one_start, jnp.asarray(jnp.inf, dtype), (raw, multipliers, penalty))[1]
@@ -295,9 +298,13 @@ def design(
         gradient_tolerance: the stopping rule's (`jaxroll.fit`).
         loss_tolerance: the stopping rule's (`jaxroll.fit`).
         target_name: how the summary names the target.
-        progress: report each outer (augmented-Lagrangian) iteration of a budgeted design on
-            stderr (`jaxroll.progress`: a bar on a terminal, lines in a log; nothing in the
-            first 2 s). Each one is a compiled local stage of every start, which can take minutes.
+        progress: True: report on stderr what the design is doing, from its start: a line
+            before each stage (compiling, the global stage, outer iteration k of at most
+            `OUTER_ITERATIONS`, the bisection back within the budget, the final profiles) and
+            the restarts of each outer iteration as they end, counted in the package's one
+            convention (`jaxroll.progress`: a bar on a terminal, lines in a log) with an ETA
+            estimated from the restarts after the first (whose time is mostly compilation);
+            a closing line with the outer iterations and ``stop=``. False (default): nothing.
 
     Returns:
         A `DesignResult`.
@@ -324,28 +331,46 @@ def design(
     factorised = budgeted and offset_scores(jax_model, n) is not None
     problem = _Problem(parameters, goal, loss_function, n, method, float(fraction), budgeted, factorised,
                        with_extra_args(optimizer))
-    data = {"model": jax_model, "target": None if target is None else jnp.asarray(target, dtype),
-            "log_reference": _reference(jax_model, n, factorised) if budgeted else None,
-            "budget": jnp.asarray(1.0 if kl_budget is None else kl_budget, dtype),
-            "multipliers": jnp.zeros(model.num_layers, dtype), "penalty": jnp.asarray(PENALTY, dtype)}
-    tolerances = checked_tolerances(gradient_tolerance, loss_tolerance, dtype)
+    with DesignProgress(progress) as report:
+        report.stage(f"n = {n}, {parameters.size} free scalar{'s' if parameters.size != 1 else ''}, {restarts} "
+                     f"restart{'s' if restarts != 1 else ''} of {name}; compiling "
+                     + ("the original kernels and " if budgeted else "")
+                     + (f"the global stage ({max(search, restarts - 1)} points)" if search else "the start"))
+        states, run, starts, data, tolerances, search_points, initial_value, start = _run(
+            problem, parameters, jax_model, target, kl_budget, restarts, search, key, gradient_tolerance,
+            loss_tolerance, steps, report)
+        points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(run.count)]
+        warnings = []
+        if budgeted:
+            report.stage(f"moving {run.count} design{'s' if run.count != 1 else ''} back within the budget "
+                         "(bisection towards the start)")
+            winner, point, stop_reason, warnings = _budgeted_winner(start, points, data, problem, kl_budget, run)
+        else:
+            winner = int(jnp.argmin(states["best_loss"]))
+            point, stop_reason = points[winner], run.reasons[winner]
+        feasible = bool(run.feasible[winner])
+        report.stage("the profiles before and after" + (", the identifiability" if target is not None else ""))
+        result = _result(model, point, data, problem, target, kl_budget, initial_value, stop_reason,
+                         int(run.codes[winner]) in CONVERGED and feasible, int(run.steps_taken[winner]), steps,
+                         name, search_points, run.outer, warnings, _objective_words(goal, loss, target_name, kl_budget))
+        report.close(run.outer, "converged" if result.converged else "not converged")
+    return result
 
+
+def _run(problem, parameters, jax_model, target, kl_budget, restarts, search, key, gradient_tolerance,
+         loss_tolerance, steps, report):
+    """The data of the objective, the starting points (the global stage) and the outer loop."""
+    dtype = jnp.result_type(float)
+    data = {"model": jax_model, "target": None if target is None else jnp.asarray(target, dtype),
+            "log_reference": _reference(jax_model, problem.n, problem.factorised) if problem.budgeted else None,
+            "budget": jnp.asarray(1.0 if kl_budget is None else kl_budget, dtype),
+            "multipliers": jnp.zeros(jax_model.num_layers, dtype), "penalty": jnp.asarray(PENALTY, dtype)}
+    tolerances = checked_tolerances(gradient_tolerance, loss_tolerance, dtype)
     starts, search_points = _starting_points(problem, data, restarts, search, key)
     start = {name_: jnp.asarray(u, dtype) for name_, u in parameters.initial().items()}
     initial_value = float(_evaluate(start, data, problem=problem)[2])
-    states, run = _augmented_lagrangian(starts, data, problem, tolerances, steps, kl_budget, loss_tolerance, progress)
-    points = [{name_: u[r] for name_, u in states["best_raw"].items()} for r in range(run.count)]
-    warnings = []
-    if budgeted:
-        winner, point, stop_reason, warnings = _budgeted_winner(start, points, data, problem, kl_budget, run)
-    else:
-        winner = int(jnp.argmin(states["best_loss"]))
-        point, stop_reason = points[winner], run.reasons[winner]
-    feasible = bool(run.feasible[winner])
-    return _result(model, point, data, problem, target, kl_budget, initial_value, stop_reason,
-                   int(run.codes[winner]) in CONVERGED and feasible, int(run.steps_taken[winner]), steps, name,
-                   search_points, run.outer, warnings,
-                   _objective_words(goal, loss, target_name, kl_budget))
+    states, run = _augmented_lagrangian(starts, data, problem, tolerances, steps, kl_budget, loss_tolerance, report)
+    return states, run, starts, data, tolerances, search_points, initial_value, start
 
 
 class _Run:
@@ -361,13 +386,14 @@ class _Run:
 
 
 def _augmented_lagrangian(starts, data, problem: _Problem, tolerances, steps: int, kl_budget, loss_tolerance,
-                          progress):
+                          report: DesignProgress):
     """Run every start's local stages until each is feasible and settled, or `OUTER_ITERATIONS`.
 
     Without a budget one local stage. With one, after each stage the
     multipliers rise by ``rho g_t`` (``g_t = K_t / b - 1``) and ``rho`` grows by
     `PENALTY_GROWTH` (up to `MAX_PENALTY`) where the violation fell by less
-    than a factor 4. Returns the last stage's states and the `_Run` records.
+    than a factor 4. Returns the last stage's states and the `_Run` records;
+    `report` hears of each iteration and (from the compiled loop) each restart.
     """
     dtype = jnp.result_type(float)
     traced_tolerances = tuple(jnp.asarray(x, dtype) for x in tolerances)
@@ -376,24 +402,20 @@ def _augmented_lagrangian(starts, data, problem: _Problem, tolerances, steps: in
     # Each start runs its own augmented-Lagrangian loop: the goal under a budget is not convex (on MPT-7B a
     # sharper softmax with gamma ~ 1 and a stronger branch with tau at the budget are two basins), so the
     # starts are compared only once each is feasible.
-    bar = Progress(OUTER_ITERATIONS if problem.budgeted else 1, label="jaxroll design", unit="outer iterations",
-                   rate_unit="iteration", delay=2.0) if progress else None
     while True:
         run.outer += 1
+        report.begin_outer(run.outer, count, OUTER_ITERATIONS if problem.budgeted else None, run.outer == 1)
         states = _run_starts(starts, jnp.asarray(run.multipliers, dtype), jnp.asarray(run.penalty, dtype), data,
                              traced_tolerances, problem=problem, max_steps=steps)
         _record_stops(run, states, tolerances)
         if not problem.budgeted:
+            report.end_outer(None, None)
             break
         _update_multipliers(run, states, data, problem, kl_budget, loss_tolerance)
-        if bar is not None:
-            bar.set_postfix(feasible=f"{int(run.feasible.sum())}/{count}", settled=f"{int(run.done.sum())}/{count}")
-            bar.update(1)
+        report.end_outer(int(run.feasible.sum()), int(run.done.sum()))
         if run.done.all() or run.outer >= OUTER_ITERATIONS:
             break
         starts = states["best_raw"]  # each start warm-starts from its own last design
-    if bar is not None:
-        bar.close(complete=True, stop="converged" if (run.done.all() or not problem.budgeted) else "outer limit")
     return states, run
 
 

@@ -45,7 +45,7 @@ from ..engine.alibi import alibi_slopes
 from ..errors import ConfigError
 from ..kernel_types import PowerKernel, TableKernel
 from ..model import RolloutModel, is_model
-from .loop import CONVERGED, checked_tolerances, describe_stop, initial_state, minimise, with_extra_args
+from .loop import CONVERGED, LIMIT, checked_tolerances, describe_stop, initial_state, minimise, with_extra_args
 from .optimise import GRADIENT_TOLERANCE, LBFGS_MAX_PARAMETERS, LOSS_TOLERANCE, cosine_adam, default_lbfgs
 
 __all__ = ["FAMILIES", "KernelFitResult", "fit_kernel", "kernel_divergence", "GLOBAL_SAMPLES", "GLOBAL_STARTS",
@@ -263,11 +263,18 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
     history = np.asarray(state["history"], dtype=np.float64)[:, :int(taken.max()) + 1]
     # A layer that stopped keeps its last loss, so the mean is over all layers.
     history = np.where(np.isnan(history), np.take_along_axis(history, taken[:, None], axis=1), history)
-    codes = np.asarray(state["reason"])
+    codes = np.asarray(state["reason"]).copy()
+    # A layer still running at the cap is the step limit's stop, even where the test passed on that very
+    # step: under Adam the cosine schedule has decayed the rate to zero there, so a quiet loss says the
+    # schedule ended, not that the fit settled; "converged ... after 2000 steps" hid a capped fit.
+    capped = (taken >= steps) & np.isin(codes, CONVERGED)
+    codes[capped] = LIMIT
     failed = [t for t in range(num_layers) if codes[t] not in CONVERGED]
     shown = failed[0] if failed else int(np.argmax(taken))
     reason = describe_stop(int(codes[shown]), int(taken[shown]), float(state["gradient_norm"][shown]),
                           float(state["change"][shown]), tolerances)
+    if capped[shown]:
+        reason += "; its stopping test passed only on that last step"
     reason = f"layer {shown}: {reason}" + (f" ({len(failed)} of {num_layers} layers not converged)"
                                            if failed else f" (all {num_layers} layers converged)")
     kernel = _kernel(family, raw, n)

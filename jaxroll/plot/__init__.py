@@ -31,7 +31,7 @@ from .forces import COINCIDE, FORCE_LABELS, RUNG_STYLES, forces_figure
 from .interventions import interventions_figure
 from .kinetic import kinetic_figure
 from .measured import lambdas_figure, measured_influence_figure, two_profiles_figure
-from .profile import COLLAPSE_THRESHOLD, collapsed, profile_figure
+from .profile import COLLAPSE_THRESHOLD, collapsed, intervened_profile_figure, profile_figure
 from .series import series_figure
 from .sweep import sweep_figures
 from .task import SCORE_LABELS, task_accuracy_figure, task_comparison_figure
@@ -41,6 +41,11 @@ def plot_profile(path, profile, attention_only=None, *, title: str = "", attenti
     """`profile_figure` (the influence profile; the attention-only contrast beside it), written to `path`."""
     return _save(profile_figure(profile, attention_only, title=title,
                                 attention_only_model=attention_only_model), path)
+
+
+def plot_intervened_profile(path, baseline, changed, *, change: str, title: str = "") -> Path:
+    """`intervened_profile_figure` (baseline and changed profiles, their difference), written to `path`."""
+    return _save(intervened_profile_figure(baseline, changed, change=change, title=title), path)
 
 
 def plot_forces(path, profiles, names, *, title: str = "") -> Path:
@@ -116,9 +121,11 @@ def plot_interventions(path, baseline, changed: dict, *, title: str = "") -> Pat
     return _save(interventions_figure(baseline, changed, title=title), path)
 
 
-def plot_design(path, before, after, target=None, *, fraction: float = 0.1, title: str = "") -> Path:
-    """`design_figure` (profiles before and after a design, and its target) written to `path` (PNG)."""
-    return _save(design_figure(before, after, target, fraction=fraction, title=title), path)
+def plot_design(path, before, after, target=None, *, fraction: float = 0.1, title: str = "", designed=None,
+                kl=None, kl_budget=None) -> Path:
+    """`design_figure` (profiles before and after a design, its target, the designed values) written to `path`."""
+    return _save(design_figure(before, after, target, fraction=fraction, title=title, designed=designed, kl=kl,
+                               kl_budget=kl_budget), path)
 
 
 def plot_effect(path, baseline, intervened, predicted, **options) -> Path:

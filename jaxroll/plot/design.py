@@ -8,11 +8,32 @@ from ..metrics import edge_count
 from ._canvas import INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _regions
 
 
-def design_figure(before, after, target=None, *, fraction: float = 0.1, title: str = ""):
+_SHOWN_VALUES = 8  # values of one parameter written in the box; more are counted (interventions.yaml has all)
+
+
+def designed_text(designed, kl=None, kl_budget=None) -> str:
+    """The box's text: each designed parameter's value(s) (``tau = 0.8123``; an array flattened,
+    ``tau (3 values) = 0.81, 0.75, 0.92``), then the largest kernel KL per layer and its budget."""
+    lines = ["designed (interventions.yaml):"]
+    for name, value in designed.items():
+        flat = np.ravel(np.asarray(value, dtype=np.float64))
+        shown = ", ".join(f"{x:.4g}" for x in flat[:_SHOWN_VALUES])
+        more = f", ... ({flat.size - _SHOWN_VALUES} more)" if flat.size > _SHOWN_VALUES else ""
+        lines.append(f"{name} = {shown}" if flat.size == 1 else f"{name} ({flat.size} values) = {shown}{more}")
+    if kl is not None and np.size(kl):
+        budget = "" if kl_budget is None else f" (budget {kl_budget:g})"
+        lines.append(f"kernel KL, largest layer: {float(np.max(kl)):.4g}{budget}")
+    return "\n".join(lines)
+
+
+def design_figure(before, after, target=None, *, fraction: float = 0.1, title: str = "", designed=None, kl=None,
+                  kl_budget=None):
     """The profile before and after a design (and its target, dashed): linear axes (left), log axis (right).
 
     Each legend entry gives the profile's middle mass ``sum p[k:n-k]``, ``k = edge_count(n, fraction)``,
-    the statistic a shape goal raises; the shaded bands are the edges that define it.
+    the statistic a shape goal raises; the shaded bands are the edges that define it. `designed`
+    (``{name: value}``, what interventions.yaml holds) is written in a box on the log panel
+    (`designed_text`), with the largest of the per-layer kernel KLs `kl` and its `kl_budget`.
     """
     before, after = (np.asarray(p, dtype=np.float64) for p in (before, after))
     n = before.size
@@ -41,5 +62,10 @@ def design_figure(before, after, target=None, *, fraction: float = 0.1, title: s
     _log_axis(axes[0, 1], float(values[values > 0].min()), float(values.max()))
     axes[0, 1].set_title("log axis: the ends and the middle's floor", fontsize=10)
     axes[0, 0].legend(fontsize=7.5)
+    if designed:
+        axes[0, 1].text(0.97, 0.96, designed_text(designed, kl, kl_budget), transform=axes[0, 1].transAxes,
+                        ha="right", va="top", multialignment="left", fontsize=8,
+                        bbox=dict(boxstyle="round", facecolor="white",
+                                                                  edgecolor="0.6", alpha=0.9))
     figure.suptitle(title, fontsize=10.5)
     return figure

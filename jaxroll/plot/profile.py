@@ -1,11 +1,12 @@
-"""The influence profile of a rollout, and its attention-only contrast (`jaxroll rollout`)."""
+"""The influence profile of a rollout, and its attention-only contrast or, after an intervention, the
+baseline and the difference (`jaxroll rollout`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ._canvas import (INFLUENCE_LABEL, POSITION_LABEL, _above, _few_ticks, _figure, _hidden_note, _log_axis,
-                      _log_floor, _profile_panel)
+                      _log_floor, _profile_panel, _regions)
 
 COLLAPSE_THRESHOLD = 0.5
 """An attention-only profile has *collapsed* onto the first token when ``p[0] > 0.5``:
@@ -66,5 +67,48 @@ def profile_figure(profile, attention_only=None, *, title: str = "", attention_o
         else:
             contrast.set_title(f"contrast: attention only, no collapse (p[0] <= {COLLAPSE_THRESHOLD:g})", y=1.0)
         contrast.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def intervened_profile_figure(baseline, changed, *, change: str, title: str = ""):
+    """The profile before and after an intervention (`jaxroll rollout --intervene`), and their difference.
+
+    Left (linear axes): the baseline profile ``p_T(j)`` of the model as given (black) and the predicted
+    profile of the changed model (red), each with its middle mass ``sum p[k:n-k]``,
+    ``k = metrics.edge_count(n)`` (what the summary prints), the regions shaded. Right: the difference
+    ``p'_T(j) - p_T(j)`` against position, zero marked, titled with the change of the middle mass.
+    Both ``(N,)`` over the same N positions (with sinks, the changed profile over the original
+    positions, renormalised).
+    """
+    from ..metrics import edge_count
+
+    baseline, changed = (np.asarray(p, dtype=np.float64) for p in (baseline, changed))
+    n = baseline.size
+    k = edge_count(n)
+
+    def middle(profile):
+        return float(profile[k:max(k, n - k)].sum())
+
+    figure, axes = _figure(13, 4.6, 2, top=0.75)
+    left, right = axes[0]
+    _profile_panel(left, changed, label=f"with {change} (predicted): middle mass {middle(changed):.4g}",
+                   color="C3", minimum_of="the changed model")
+    left.plot(np.arange(n), baseline, color="k", lw=1.4, label=f"baseline (no intervention): middle mass "
+                                                             f"{middle(baseline):.4g}", zorder=1.5)
+    left.set_ylim(bottom=0.0, top=1.05 * float(max(baseline.max(), changed.max())))
+    left.set_title("baseline and changed model (linear axes)", y=1.0)
+    left.legend(fontsize=7.5)
+    difference = changed - baseline
+    _regions(right, n)
+    right.plot(np.arange(n), difference, color="C3", label=f"with {change} minus baseline")
+    right.axhline(0.0, color="k", lw=0.8, label="0: no change")
+    right.set_xlim(-0.5, n - 0.5)
+    right.set_xlabel(POSITION_LABEL)
+    right.set_ylabel("change of p_T(j) (changed - baseline)")
+    _few_ticks(right)
+    right.set_title(f"difference: middle mass {middle(baseline):.4g} -> {middle(changed):.4g} "
+                    f"({middle(changed) - middle(baseline):+.4g})", y=1.0)
+    right.legend(fontsize=7.5)
     figure.suptitle(title, fontsize=10)
     return figure

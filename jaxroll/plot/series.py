@@ -30,7 +30,9 @@ def series_figure(steps, measured, lambdas, w1_over_noise, *, title: str = ""):
     Args:
         steps: (C,) training steps, increasing.
         measured: (C, N) measured influence profiles: a heatmap of position
-            against step on a log colour scale (values <= 0 left blank).
+            against step on a log colour scale (values <= 0 left blank) set by
+            positions 0..N-2; the last position, where it is larger, is drawn at
+            the top colour (the colour bar's arrow and label say so).
         lambdas: (C, L) measured ``lambda_t``: one line per layer over steps.
         w1_over_noise: (C,) ``W1(p, m) / noise`` of the rollout's prediction
             p against the measured m, on a log axis with 1 marked (a perfect
@@ -42,11 +44,20 @@ def series_figure(steps, measured, lambdas, w1_over_noise, *, title: str = ""):
     ratio = np.asarray(w1_over_noise, dtype=np.float64)
     count, n = measured.shape
     figure, ((heat, lines, agreement),) = _figure(17, 5.0, 3, left=0.8, right=0.35, bottom=0.95, top=0.75, gap=1.25)
-    positive = measured[measured > 0]
+    # The last token holds most of the mass (often > 0.5 against ~1/N elsewhere): a scale spanning it left
+    # the other positions one colour, so the scale is set by positions 0..N-2 and the last one, above it,
+    # is drawn at the top colour (the colour bar's arrow), which the bar's label says.
+    body = measured[:, :-1] if n > 1 else measured
+    positive = body[body > 0] if np.any(body > 0) else measured[measured > 0]
     norm = LogNorm(vmin=float(positive.min()), vmax=float(positive.max())) if positive.size else None
+    above = bool(norm is not None and np.any(measured[:, -1] > norm.vmax))
     image = heat.imshow(np.ma.masked_less_equal(measured.T, 0.0), origin="lower", aspect="auto", cmap="viridis",
                         norm=norm, interpolation="nearest", extent=(-0.5, count - 0.5, -0.5, n - 0.5))
-    figure.colorbar(image, ax=heat, label="measured influence m(j) (log colour)", pad=0.02)
+    label = "measured influence m(j) (log colour)"
+    if n > 1:
+        label += f"\nscale from j = 0..{n - 2}" + (f"; j = {n - 1}, above it: top colour" if above else "")
+    bar = figure.colorbar(image, ax=heat, pad=0.02, extend="max" if above else "neither")
+    bar.set_label(label, fontsize=8)
     _step_ticks(heat, steps)
     heat.set_ylabel(POSITION_LABEL)
     heat.set_title("measured profile by step", fontsize=9, y=1.0)
