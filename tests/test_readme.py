@@ -26,7 +26,8 @@ def test_readme_is_a_front_page_with_the_two_commands():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= MAX_LINES
     bash = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    assert "python3 -m pip install -e . && jaxroll rollout --out results\n" in bash
+    # --force: the main job reruns into its own results/ (without it the second run is refused)
+    assert "python3 -m pip install -e . && jaxroll rollout --out results --force\n" in bash
     assert ("python3 -m pip install -e '.[test,docs]' && python3 -m pytest -q && mkdocs build --strict\n"
             in bash)
     for extra in ("measure", "sweep", "docs", "test"):   # the install extras of pyproject.toml
