@@ -244,3 +244,33 @@ def test_a_formula_that_cannot_render_is_refused(tex):
     # latex2mathml passes an unknown command through as text; the hook makes it a build error.
     with pytest.raises(ValueError, match="cannot render"):
         mkdocs_hooks.mathml(tex, display=False)
+
+
+NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+           "sixteen").split()
+
+
+def test_every_page_counts_the_notebooks_there_are():
+    """"Eight executed walk-throughs": every number word before notebooks or walk-throughs, on the README and
+    every page but the changelog (a history), is the count of notebooks/*.ipynb."""
+    count = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    said = re.compile(r"\b(" + "|".join(NUMBERS) + r")\s+(?:short\s+|executed\s+|jupyter\s+)*"
+                      r"(?:notebooks|walk-throughs)\b", re.I)
+    found = []
+    for path in [ROOT / "README.md", *PAGES]:
+        if path.name == "changelog.md":
+            continue
+        for match in said.finditer(path.read_text(encoding="utf-8")):
+            found.append((path.name, match[0]))
+            assert NUMBERS.index(match[1].lower()) == count, (path.name, match[0], count)
+    assert len(found) >= 3, found  # the README, getting-started.md and notebooks.md say it
+
+
+def test_only_the_readme_counts_the_tests():
+    """The suite's size is stated once, in the README (the lead updates it after a full run); a second count on
+    another page drifts (1887 against 1173)."""
+    count = re.compile(r"\b\d[\d,]*\s+tests\b")
+    assert count.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    for path in PAGES:
+        if path.name != "changelog.md":
+            assert not count.search(path.read_text(encoding="utf-8")), path.name
