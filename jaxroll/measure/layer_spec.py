@@ -111,7 +111,7 @@ def value_phi3(output, num_heads, head_dim, config):
 
 
 def bloom_slopes(model, num_heads):
-    import torch  # here, not at the top: the commands read the layer maps before torch loads (issue 56)
+    import torch  # here, not at the top: the commands read the layer maps before torch loads
     from transformers.models.bloom import modeling_bloom
 
     # BLOOM's own builder (the non-power-of-two rule for, e.g., 112 heads).

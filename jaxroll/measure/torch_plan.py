@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["LogitChange", "Plan", "check", "parse_for", "config_json", "sink_token", "position_limit", "check_sink_length",
-           "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
+__all__ = ["LogitChange", "Plan", "check", "parse_for", "config_json", "sink_token", "position_limit",
+           "check_sink_length", "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
 
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
@@ -280,14 +280,15 @@ def parse_for(text: str | None, config) -> list:
 def config_json(directory) -> SimpleNamespace | None:
     """``directory/config.json`` read with `json` (no transformers): its fields as attributes, or None.
 
-    A stand-in for the transformers config in `check`, `position_limit`,
-    `check_sink_length` and `jaxroll.measure.loading.inspect_model`, so that
-    the commands refuse what config.json decides before torch and
-    transformers import. None (leaving the decision to the transformers
-    config) where the file is missing or not a JSON object, its model type
-    has no layer map, or it lacks a field transformers would fill in (the
-    layer and head counts, the hidden size, MPT's ``max_seq_len``): the
-    stand-in never refuses what the transformers config accepts.
+    A stand-in for the transformers config in `check`, `position_limit` and
+    `check_sink_length`, so that the commands refuse what config.json
+    decides before torch and transformers import (nested sections stay
+    mappings: `check` reads MPT's ``attn_config`` either way). None, leaving
+    the decision to the transformers config, where the file is missing or
+    not a JSON object, its model type has no layer map, or it lacks a field
+    transformers would fill in with a default (the layer and head counts,
+    the hidden size, MPT's ``max_seq_len``), so that a field absent here is
+    never read as 0.
     """
     import json
     from pathlib import Path
