@@ -177,6 +177,7 @@ def test_a_fresh_process_refuses_without_loading_torch_or_transformers(tmp_path)
     for name, fields in (("llama", LLAMA), ("bloom", BLOOM)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(fields), encoding="utf-8")
+    (tmp_path / "t.txt").write_text("one two three\n", encoding="utf-8")
     script = f"""
 import sys
 from jaxroll.cli import main
