@@ -1,4 +1,4 @@
-"""Reading the files the commands write back in: npz archives and JSON, refused in one line naming the file.
+"""Reading the files the commands read: npz archives, JSON and text, refused in one line naming the file.
 
 Below `io` and `schema` (both use it): NumPy and `errors` only. A file that
 is corrupt, truncated or of another kind (a pickle, a bare ``.npy``, text)
@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["read_npz", "read_json"]
+__all__ = ["read_npz", "read_json", "read_text"]
 
 _BROKEN = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, UnicodeDecodeError)
 
@@ -63,6 +63,26 @@ def read_npz(path, allowed: str, *, label: str | None = None, what: str = "a rea
         raise
     except _BROKEN as error:
         raise ConfigError(f"{label}: not {what} ({_reason(error)}); allowed: {allowed}") from None
+
+
+def read_text(path, allowed: str, *, label: str | None = None, kind: str = "text") -> str:
+    """The UTF-8 text of the file at `path` (a byte-order mark dropped); a binary file refused in one line.
+
+    `allowed` says what the file should be (``"a YAML file of
+    interventions"``), `kind` what it was read as (``YAML``), `label`
+    replaces the path at the start of the message.
+    """
+    path = Path(path)
+    label = str(path) if label is None else label
+    _existing(path, label)
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{label}: not UTF-8 {kind} (byte {error.start} cannot be decoded: a binary file?); "
+                          f"allowed: {allowed}") from None
+    except OSError as error:
+        raise ConfigError(f"{label}: cannot be read ({error.strerror or type(error).__name__}); "
+                          f"allowed: {allowed}") from None
 
 
 def read_json(path, allowed: str, *, kind: type = dict, label: str | None = None):

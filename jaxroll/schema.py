@@ -42,8 +42,9 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     Lists of length 1 broadcast over layers (outer) or heads (inner);
     every schedule must lie in [0, 1], nothing is clipped: ``lambda_const``
     in [0, 1], ``lambda_0`` in (0, 1] with ``beta >= 0``, ``lambdas_custom``
-    in [0, 1]. ``save_dir`` is
-    accepted and ignored. See the README for the schema.
+    in [0, 1]. ``sequence_length`` is an integer >= 1 (``null`` is refused,
+    not read as a default length). ``save_dir`` is accepted and ignored.
+    See the README for the schema.
 
     The kernel's sections are read by its type's ``from_config``: the type
     registered (`jaxroll.kernel_types.KERNEL_TYPES`) under
@@ -65,6 +66,9 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     if kernel.num_layers != num_layers:
         raise ConfigError.of("num_layers", num_layers, f"the kernel's number of layers ({kernel.num_layers})")
     lambdas = schedule_from_config(config["lambda_schedule_config"], num_layers)
+    if config["sequence_length"] is None:  # create() would take None for the kernel's default length, unsaid
+        raise ConfigError.of("sequence_length", None, "an integer >= 1, the N the file's rollouts run at (null is "
+                             "not a default: write the length, e.g. 256 as the published files do)")
     try:
         return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
     except ConfigError as error:

@@ -114,13 +114,122 @@ def test_a_refusal_after_out_was_made_removes_it(files, tmp_path, capsys, monkey
     assert kept.is_dir()
 
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# A model folder holding only config.json, its fields as transformers 5 writes them (the committed
+# validation/models/wave5 configs): the refusals below need nothing else, and no torch.
+LLAMA = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 16, "hidden_act": "silu",
+         "hidden_size": 64, "intermediate_size": 256, "max_position_embeddings": 64, "model_type": "llama",
+         "num_attention_heads": 4, "num_hidden_layers": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "vocab_size": 1024}
+BLOOM = {"architectures": ["BloomForCausalLM"], "hidden_size": 64, "model_type": "bloom", "n_head": 4, "n_layer": 4,
+         "vocab_size": 1024}
+MPT = {"architectures": ["MptForCausalLM"], "model_type": "mpt", "d_model": 16, "n_heads": 2, "n_layers": 2,
+       "max_seq_len": 32, "vocab_size": 64, "attn_config": {"clip_qkv": None, "alibi": True}}
+
+
+@pytest.fixture
+def config_only(tmp_path, monkeypatch):
+    """Folders with a config.json only, and torch and transformers made unimportable (`import` raises)."""
+    import json
+    import sys
+
+    for name, fields in (("llama", LLAMA), ("bloom", BLOOM), ("mpt", MPT)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(fields), encoding="utf-8")
+    (tmp_path / "texts.txt").write_text("one two three\n", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    return tmp_path
+
+
+EARLY = [  # issue 56's three examples, then the other refusals config.json and the flags decide
+    (["measure", "llama", "--intervene", "slope_scale=0.5"], "slope_scale: a llama model has rope positions"),
+    (["measure", "bloom", "--queries", "3,999"], "queries: position 999; allowed: positions in [0, 63]"),
+    (["measure", "bloom", "--refine", "bogus"], "--refine: got 'bogus'"),
+    (["measure", "bloom", "--row-target", "hidden"], "--row-target hidden: without --queries"),
+    (["measure", "bloom", "--intervene", "sinks=2", "--queries", "3"], "--queries: with sinks=2"),
+    (["measure", "mpt", "--intervene", "tau=0.7"], "--length: 64; allowed: at most the model's max_seq_len (32)"),
+    (["measure", "llama", "--intervene", "rotary_ratio=2", "--resume"], "--resume: no checkpoint.npz"),
+    (["task", "llama", "--intervene", "slope_scale=0.5"], "slope_scale: a llama model has rope positions"),
+    (["task", "mpt", "--lengths", "30"], "--lengths: 30; allowed: at most the model's max_seq_len (32) minus 8"),
+    (["task", "bloom", "--depths", "2"], "--depths: got 2.0"),
+    (["task", "bloom", "--resume"], "--resume: no cases.jsonl"),
+]
+
+
+@pytest.mark.parametrize("argv, message", EARLY, ids=[" ".join(argv) for argv, _ in EARLY])
+def test_argument_errors_are_refused_before_torch_and_transformers_import(argv, message, config_only, capsys):
+    """With `import torch` and `import transformers` failing, the refusal is still the argument's own (not
+    "needs torch"), in one line with exit 2, and nothing is created."""
+    model = config_only / argv[1]
+    extra = (["--texts", config_only / "texts.txt", "--length", 64, "--samples", 2] if argv[0] == "measure"
+             else [])
+    err = _refused([argv[0], model, *argv[2:], *extra, "--out", config_only / "new" / "out"], config_only, capsys)
+    assert message in err and "needs torch" not in err, err
+
+
+def test_a_fresh_process_refuses_without_loading_torch_or_transformers(tmp_path):
+    """The three examples in one fresh interpreter, whose `sys.modules` then holds neither (a stricter
+    check than the monkeypatch above, which cannot see a module an earlier test already imported)."""
+    import json
+    import subprocess
+    import sys
+
+    for name, fields in (("llama", LLAMA), ("bloom", BLOOM)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(fields), encoding="utf-8")
+    (tmp_path / "t.txt").write_text("one two three\n", encoding="utf-8")
+    script = f"""
+import sys
+from jaxroll.cli import main
+for command, model, *flags in {[argv for argv, _ in EARLY[:3]]!r}:
+    argv = [command, {str(tmp_path)!r} + "/" + model, *flags, "--texts", "t.txt", "--length", "64", "--samples", "2"]
+    assert main([*argv, "--out", "out"]) == 2
+print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    assert done.stderr.count("jaxroll: error:") == 3 and "slope_scale" in done.stderr
+
+
+def test_the_config_json_stand_in_decides_as_the_transformers_config(tmp_path):
+    """`config_json` against AutoConfig on the committed models: the same plan for every intervention
+    (or the same refusal), and None where config.json lacks what transformers would fill in."""
+    transformers = pytest.importorskip("transformers")
+    import json
+    from pathlib import Path
+
+    from jaxroll import ConfigError
+    from jaxroll.interventions import parse
+    from jaxroll.measure.torch_plan import check, config_json, position_limit
+
+    root = Path(__file__).resolve().parent.parent / "validation" / "models" / "wave5"
+    for name in ("bloom-trained", "llama-trained"):
+        stand_in = config_json(root / name)
+        real = transformers.AutoConfig.from_pretrained(root / name, local_files_only=True)
+        assert position_limit(stand_in) == position_limit(real)
+        for text in ("tau=0.7", "slope_scale=0.5", "rotary_ratio=2", "gamma=0.5", "kappa=-0.1", "ssmax_scale=1.2"):
+            outcomes = []
+            for config in (stand_in, real):
+                try:
+                    plan = check(parse(text), config)
+                    outcomes.append((plan.family, plan.gammas is None, plan.change is None))
+                except ConfigError as error:
+                    outcomes.append(str(error))
+            assert outcomes[0] == outcomes[1], (name, text, outcomes)
+    fields = dict(LLAMA)
+    del fields["num_hidden_layers"]  # transformers would fill in 32
+    (tmp_path / "config.json").write_text(json.dumps(fields), encoding="utf-8")
+    assert config_json(tmp_path) is None
+    assert config_json(tmp_path / "missing") is None
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Tiny MPT and Gemma 2 directories with a word-level tokenizer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
     from tiny_tokenizer import word_level_tokenizer
 
     root = tmp_path_factory.mktemp("models")

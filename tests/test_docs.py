@@ -19,8 +19,12 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import importlib.util
+import io
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -67,7 +71,54 @@ def test_page_python_blocks_run_as_written(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     for index, block in enumerate(blocks):
-        exec(compile(block, f"{path.relative_to(ROOT)} (python block {index + 1})", "exec"), namespace)
+        name = f"{path.relative_to(ROOT)} (python block {index + 1})"
+        if path.name not in PRINTED_PAGES:
+            exec(compile(block, name, "exec"), namespace)
+            continue
+        lines = block.splitlines()
+        for statement in ast.parse(block).body:  # one at a time, so each print is read on its own
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(ast.Module([statement], []), name, "exec"), namespace)
+            after = lines[statement.end_lineno] if statement.end_lineno < len(lines) else ""
+            if after.startswith("# ") and isinstance(statement, ast.Expr) and \
+                    getattr(statement.value.func, "id", None) == "print":
+                assert printed.getvalue().strip() == after[2:].strip(), (name, statement.lineno)
+
+
+# Pages whose ``print(...)`` followed by a line ``# OUTPUT`` show what it prints: checked, digit for digit.
+PRINTED_PAGES = ("design-interventions.md",)
+
+
+def cli_blocks(path: Path) -> list[str]:
+    """The ```bash blocks that run on the committed models: their first line sets ``M=validation/models/...``."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return [block for block in blocks if block.startswith("M=validation/models/")]
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if cli_blocks(p)], ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_page_commands_run_as_written_on_the_committed_models(path, tmp_path, monkeypatch, capsys):
+    """Every command of the page's runnable blocks (`cli_blocks`), line by line as a shell would read it (``\\``
+    continues a line, ``#`` starts a comment, ``$M`` the committed models), in a fresh directory: each exits 0."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from jaxroll.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for block in cli_blocks(path):
+        variables = {}
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and "=" in words[0] and not words[0].startswith("-"):
+                name, _, value = words[0].partition("=")
+                variables[name] = str(ROOT / value)
+                continue
+            if not words:
+                continue
+            assert words[0] == "jaxroll", line
+            argv = [re.sub(r"\$(\w+)", lambda match: variables[match[1]], word) for word in words[1:]]
+            status = main(argv)
+            assert status == 0, (line, capsys.readouterr().err)
 
 
 def test_every_public_name_is_documented():
@@ -193,3 +244,33 @@ def test_a_formula_that_cannot_render_is_refused(tex):
     # latex2mathml passes an unknown command through as text; the hook makes it a build error.
     with pytest.raises(ValueError, match="cannot render"):
         mkdocs_hooks.mathml(tex, display=False)
+
+
+NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+           "sixteen").split()
+
+
+def test_every_page_counts_the_notebooks_there_are():
+    """"Eight executed walk-throughs": every number word before notebooks or walk-throughs, on the README and
+    every page but the changelog (a history), is the count of notebooks/*.ipynb."""
+    count = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    said = re.compile(r"\b(" + "|".join(NUMBERS) + r")\s+(?:short\s+|executed\s+|jupyter\s+)*"
+                      r"(?:notebooks|walk-throughs)\b", re.I)
+    found = []
+    for path in [ROOT / "README.md", *PAGES]:
+        if path.name == "changelog.md":
+            continue
+        for match in said.finditer(path.read_text(encoding="utf-8")):
+            found.append((path.name, match[0]))
+            assert NUMBERS.index(match[1].lower()) == count, (path.name, match[0], count)
+    assert len(found) >= 3, found  # the README, getting-started.md and notebooks.md say it
+
+
+def test_only_the_readme_counts_the_tests():
+    """The suite's size is stated once, in the README (the lead updates it after a full run); a second count on
+    another page drifts (1887 against 1173)."""
+    count = re.compile(r"\b\d[\d,]*\s+tests\b")
+    assert count.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    for path in PAGES:
+        if path.name != "changelog.md":
+            assert not count.search(path.read_text(encoding="utf-8")), path.name

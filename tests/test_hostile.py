@@ -296,3 +296,44 @@ def test_length_one_summary_is_grammatical(tmp_path, capsys):
     assert main(["rollout", "--length", "1", "--out", str(tmp_path / "one")]) == 0
     out = capsys.readouterr().out
     assert "(positions: first 1, middle 0, last 1)" in out and "1 positions" not in out
+
+
+@pytest.mark.parametrize("content", [BINARY, b"\x89PNG\r\n\x1a\n" + bytes(64), b"tau: 0.7\n\xff\n"],
+                         ids=["bytes", "png", "one bad byte"])
+@pytest.mark.parametrize("command", ["rollout", "measure", "task"])
+def test_a_binary_intervention_file_is_one_line(command, content, tmp_path, capsys):
+    """A .yaml given to --intervene that is not UTF-8 text (a PNG renamed, stray bytes): exit 2, one line
+    naming the flag, the file and the byte, nothing created (issue 56: a UnicodeDecodeError traceback)."""
+    path = tmp_path / "changes.yaml"
+    path.write_bytes(content)
+    model = tmp_path / "model"  # measure and task read --intervene against config.json, before torch loads
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bloom", "n_head": 2, "n_layer": 2, "hidden_size": 8}')
+    argv = {"rollout": ["rollout", "--preset", "bloom-7b1", "--length", "8"],
+            "measure": ["measure", str(model), "--texts", str(path), "--length", "8", "--samples", "2"],
+            "task": ["task", str(model)]}[command]
+    out = tmp_path / "out"
+    assert main([*argv, "--intervene", str(path), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    byte = content.decode("utf-8", errors="replace").index("\ufffd")  # Python's decoder as the oracle
+    assert error == (f"jaxroll: error: --intervene {path}: not UTF-8 YAML (byte {byte} cannot be decoded: a binary "
+                     "file?); allowed: a UTF-8 YAML file of interventions, a mapping such as 'tau: 0.7'\n")
+    assert not out.exists()
+
+
+def test_sequence_length_null_is_refused_naming_the_field(tmp_path, capsys):
+    """``sequence_length: null`` is not a default length (it ran silently at 256 before): one line naming
+    the field, from load_config and from the command line; 256 written out runs."""
+    text = ("sequence_length: {n}\nnum_layers: 2\nmask_config: {{mask_type: causal}}\nattention_config: "
+            "{{num_heads: 2, alibi_slopes: [[0.5, 0.25]], softmax_temperature: 1.0}}\ncontent_config: "
+            "{{diagonal_scores: [[1.0]], base_scores: [[0.0]]}}\nlambda_schedule_config: {{schedule_type: constant, "
+            "lambda_const: 0.5}}\n")
+    path = tmp_path / "null.yaml"
+    path.write_text(text.format(n="null"))
+    message = one_line_error(lambda: jaxroll.load_config(path))
+    assert message.startswith(f"{path}: sequence_length: got None; allowed: an integer >= 1")
+    out = tmp_path / "out"
+    assert main(["rollout", str(path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"jaxroll: error: {message}\n" and not out.exists()
+    path.write_text(text.format(n=256))
+    assert jaxroll.load_config(path).sequence_length == 256

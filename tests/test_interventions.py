@@ -268,7 +268,7 @@ def test_a_bad_yaml_file_of_interventions_is_one_line_naming_it(tmp_path):
         with pytest.raises(jaxroll.ConfigError, match=message) as error:
             iv.parse(str(path))
         assert "\n" not in str(error.value)
-    with pytest.raises(jaxroll.ConfigError, match=r"missing\.yaml: cannot read"):
+    with pytest.raises(jaxroll.ConfigError, match=r"missing\.yaml: no such file"):
         iv.parse(str(tmp_path / "missing.yaml"))
 
 

@@ -230,7 +230,9 @@ def test_sink_tokens_on_a_measured_kernel_take_its_leading_block_and_split_batch
         assert abs(m - expected_mass) < 1e-15
         np.testing.assert_allclose(o, expected, rtol=0, atol=1e-15)
     with pytest.raises(jaxroll.ConfigError, match=r"^sinks: 7 sink tokens make the length 41; n: got 41; allowed: "
-                                                  r"at most the dense kernels' N = 40$"):
+                                                  r"at most the dense kernels' N = 40 \(for n = 34: a baseline measured "
+                                                  r"at N >= 41, then jaxroll rollout BASE/config\.yaml --length 34 "
+                                                  r"--intervene sinks=7, or --length 33 or less with this one\)$"):
         iv.SinkTokens(7).apply(model)
 
 

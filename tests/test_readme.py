@@ -26,7 +26,8 @@ def test_readme_is_a_front_page_with_the_two_commands():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= MAX_LINES
     bash = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    assert "python3 -m pip install -e . && jaxroll rollout --out results\n" in bash
+    # --force: the main job reruns into its own results/ (without it the second run is refused)
+    assert "python3 -m pip install -e . && jaxroll rollout --out results --force\n" in bash
     assert ("python3 -m pip install -e '.[test,docs]' && python3 -m pytest -q && mkdocs build --strict\n"
             in bash)
     for extra in ("measure", "sweep", "docs", "test"):   # the install extras of pyproject.toml
@@ -64,3 +65,17 @@ def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     assert collapsed > 0.99
     assert abs(float(np.sum(profile)) - 1) < 1e-6
     assert (tmp_path / "profile.csv").is_file()
+
+
+def test_the_main_job_runs_again_into_its_own_folder(tmp_path, monkeypatch, capsys):
+    """The README's first command, as written, twice in one folder: both exit 0 (a rerun without --force is
+    refused, as nothing written is overwritten unasked)."""
+    from jaxroll.cli import main
+
+    bash = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    command = next(block for block in bash if "jaxroll rollout" in block).strip().split(" && ")[-1].split()
+    assert command[0] == "jaxroll"
+    monkeypatch.chdir(tmp_path)
+    assert main(command[1:]) == 0 and main(command[1:]) == 0, capsys.readouterr().err
+    assert (tmp_path / "results" / "profile.csv").is_file()
+    assert main([word for word in command[1:] if word != "--force"]) == 2

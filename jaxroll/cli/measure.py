@@ -90,10 +90,16 @@ def add_parser(commands) -> None:
     measure.add_argument("--resume", action="store_true", help="continue from the checkpoint(s) in --out")
     measure.add_argument("--force", action="store_true", help="write into a non-empty --out")
     _common.add_json_argument(measure)
-    measure.set_defaults(run=_run_measure)
+    # uses_jax: the compilation cache (and JAX) load after the refusals (_run_measure)
+    measure.set_defaults(run=_run_measure, uses_jax=False)
 
 
 def _run_measure(arguments) -> None:
+    _refuse_early(arguments)
+    if getattr(arguments, "command_line", False):  # as `main` does for the other commands, after the refusals
+        from .. import cache as compilation_cache
+
+        compilation_cache.enable()
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -136,30 +142,77 @@ def _request(arguments, target: Target, world) -> Request:
     from ..measure.additions import sink_count
     from ..measure.torch_plan import parse_for
 
-    checkpoint = target.out / _checkpoint_name(world)
     given = None if arguments.stats is None else measure.parse_stats(arguments.stats)
-    if target.resume and not checkpoint.is_file():
-        raise ConfigError(f"--resume: no {checkpoint.name} in {target.out}; allowed: the --out of an "
-                          "interrupted run (with the same number of processes)")
+    _check_resume(target, world)
     plan = measure.inspect_model(target.model)
     changes = tuple(parse_for(arguments.intervene, plan.config))
     sinks = sink_count(changes)
     stats, refine = _stats_and_refine(arguments, given or plan.default, given is not None)
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
+    _check_length(arguments, plan.config, sinks, plan.max_length)
+    if "content" in stats and arguments.length < 2:
+        raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
+    return Request(plan, changes, sinks, stats, refine, _queries(arguments, world))
+
+
+def _check_resume(target: Target, world) -> None:
+    """--resume needs the checkpoint of an interrupted run in --out."""
+    checkpoint = target.out / _checkpoint_name(world)
+    if target.resume and not checkpoint.is_file():
+        raise ConfigError(f"--resume: no {checkpoint.name} in {target.out}; allowed: the --out of an "
+                          "interrupted run (with the same number of processes)")
+
+
+def _check_length(arguments, config, sinks: int, max_length: int | None) -> None:
+    """--length (with the sinks in front) within the model's positions; sinks without --queries and --refine."""
     if sinks:
         from ..measure.torch_plan import check_sink_length
 
-        check_sink_length(plan.config, arguments.length, sinks)
+        check_sink_length(config, arguments.length, sinks)
         for flag, given_flag in (("--queries", arguments.queries), ("--refine", arguments.refine)):
             if given_flag is not None:
                 raise ConfigError(f"{flag}: with sinks={sinks}; allowed: sinks without {flag} (its rows and "
                                   "kernels are not split at the sinks)")
-    if plan.max_length is not None and arguments.length > plan.max_length:
+    if max_length is not None and arguments.length > max_length:
         raise ConfigError(f"--length: {arguments.length}; allowed: at most the model's max_seq_len "
-                          f"({plan.max_length})")
-    if "content" in stats and arguments.length < 2:
-        raise ConfigError("--length: 1; allowed: >= 2 for content (the base is the mean below the diagonal)")
-    return Request(plan, changes, sinks, stats, refine, _queries(arguments, world))
+                          f"({max_length})")
+
+
+def _refuse_early(arguments) -> None:
+    """The refusals that the flags and config.json decide, made before torch and transformers import.
+
+    --refine, --queries and --row-target from the flags; --intervene, the
+    sinks and MPT's ``max_seq_len`` against each model folder's config.json
+    read with `json` (`torch_plan.config_json`; a folder it cannot read
+    alone is left to the transformers config). `_request` checks all of it
+    again once they load, with what needs them: --stats (its registry
+    imports the torch statistics), the tokenizer, the memory.
+    """
+    from ..measure.distributed import from_environment
+
+    world = from_environment()
+    if arguments.refine is not None:
+        refine_switches(arguments.refine)
+    _queries(arguments, world)
+    from ..measure.additions import sink_count
+    from ..measure.series import find_checkpoints
+    from ..measure.torch_plan import config_json, parse_for, position_limit
+
+    models = arguments.model
+    if len(models) == 1 and not (models[0].is_dir() and not (models[0] / "config.json").exists()):
+        folders = [models[0]]
+        _check_resume(Target(models[0], arguments.out, arguments.resume, arguments.force), world)
+    else:  # a series; folders that are not one are refused after the imports, as before (torch's advice first)
+        try:
+            folders = [folder for _, folder in find_checkpoints(models)]
+        except ConfigError:
+            folders = []
+    for folder in folders:
+        config = config_json(folder)
+        if config is not None:
+            limit, field = position_limit(config)
+            _check_length(arguments, config, sink_count(parse_for(arguments.intervene, config)),
+                          limit if field == "max_seq_len" else None)
 
 
 def _stats_and_refine(arguments, stats, given: bool) -> tuple:

@@ -77,7 +77,32 @@ def _grid(arguments):
     return tasks, sorted(lengths), sorted(depths)
 
 
+def _refuse_early(arguments) -> None:
+    """The refusals that the flags and config.json decide, made before torch and transformers import.
+
+    The grid's flags, --resume without a grid, and --intervene, the sinks and
+    MPT's ``max_seq_len`` against config.json read with `json`
+    (`torch_plan.config_json`; a folder it cannot read alone is left to the
+    transformers config, which `_run_task` checks again).
+    """
+    from ..task import grid
+
+    lengths = _grid(arguments)[1]
+    if arguments.resume and not (arguments.out / grid.CASES_FILE).is_file():
+        raise ConfigError(f"--resume: no {grid.CASES_FILE} in {arguments.out}; allowed: the --out of an earlier "
+                          "jaxroll task run")
+    from ..measure.additions import sink_count
+    from ..measure.torch_plan import config_json, parse_for, position_limit
+
+    config = config_json(arguments.model)
+    if config is not None:
+        limit, field = position_limit(config)
+        _check_lengths(config, limit if field == "max_seq_len" else None, lengths,
+                       sink_count(parse_for(arguments.intervene, config)))
+
+
 def _run_task(arguments) -> None:
+    _refuse_early(arguments)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -94,7 +119,7 @@ def _run_task(arguments) -> None:
     from ..measure.additions import sink_count
 
     sinks = sink_count(changes)
-    _check_lengths(plan, lengths, sinks)
+    _check_lengths(plan.config, plan.max_length, lengths, sinks)
     builder = Builder(texts.load_tokenizer(arguments.model))
     prefix, sink_tokens = (), None
     if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
@@ -107,9 +132,6 @@ def _run_task(arguments) -> None:
             builder.depth_range(task, length)
         if task == "passkey":
             builder.make(task, lengths[0], 0.0, 0, arguments.seed)
-    if arguments.resume and not (arguments.out / grid.CASES_FILE).is_file():
-        raise ConfigError(f"--resume: no {grid.CASES_FILE} in {arguments.out}; allowed: the --out of an earlier "
-                          "jaxroll task run")
     device = loading.resolve_device(arguments.device)
     if world.distributed and device == "cuda":
         device = f"cuda:{world.local_rank}"
@@ -143,17 +165,17 @@ def _run_task(arguments) -> None:
         distributed.finalize(world)
 
 
-def _check_lengths(plan, lengths, sinks: int) -> None:
+def _check_lengths(config, max_length: int | None, lengths, sinks: int) -> None:
     """The longest prompt, its 8 answer tokens and the sinks within the model's positions."""
     if sinks:
         from ..measure.torch_plan import position_limit
 
-        limit, field = position_limit(plan.config)
+        limit, field = position_limit(config)
         if limit is not None and max(lengths) + 8 + sinks > limit:
             raise ConfigError(f"--lengths: {max(lengths)} with sinks={sinks} and 8 answer tokens runs "
                               f"{max(lengths) + 8 + sinks} positions; allowed: at most the model's {field} ({limit})")
-    if plan.max_length is not None and max(lengths) + 8 > plan.max_length:
-        raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({plan.max_length}) "
+    if max_length is not None and max(lengths) + 8 > max_length:
+        raise ConfigError(f"--lengths: {max(lengths)}; allowed: at most the model's max_seq_len ({max_length}) "
                           "minus 8 answer tokens")
 
 

@@ -161,8 +161,12 @@ class SinkTokens(AbstractIntervention):
         n = self.length(model.sequence_length)
         try:
             kernel = model.kernel.prepend_sinks(self.num_sinks, model.sequence_length)
-        except ConfigError as error:
-            raise ConfigError(f"sinks: {self.num_sinks} sink tokens make the length {n}; {error}") from None
+        except ConfigError as error:  # a measured kernel of N positions: name the route that fits in it
+            k, size, kept = self.num_sinks, model.kernel.default_length(), model.sequence_length
+            here = f", or --length {size - k} or less with this one" if size > k else ""
+            raise ConfigError(f"sinks: {k} sink tokens make the length {n}; {error} (for n = {kept}: a baseline "
+                              f"measured at N >= {n}, then jaxroll rollout BASE/config.yaml --length {kept} "
+                              f"--intervene sinks={k}{here})") from None
         return dataclasses.replace(model, kernel=kernel, sequence_length=n)
 
     def split(self, profile: Float[Array, "... length"]) -> tuple[Float[Array, "..."], Float[Array, "... n"]]:

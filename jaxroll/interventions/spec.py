@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._readers import read_text
 from ..errors import ConfigError
 from ._base import AbstractIntervention, number_from_text
 from .registry import intervention_type, intervention_types, text_names
@@ -67,17 +68,24 @@ def parse(text: str) -> list[AbstractIntervention]:
 
 
 def _read_yaml(path: Path) -> dict:
+    """The mapping in the YAML file at `path`; anything else (binary, malformed, not a mapping) in one line."""
     import yaml
 
+    allowed = "a UTF-8 YAML file of interventions, a mapping such as 'tau: 0.7'"
+    text = read_text(path, allowed, label=f"--intervene {path}", kind="YAML")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read ({error.strerror or type(error).__name__}); allowed: a YAML "
-                          "file of interventions") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{path}: not valid YAML; allowed: a mapping such as 'tau: 0.7'") from None
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(error, yaml.reader.ReaderError):  # a control character such as NUL
+            where = f" (character {chr(error.character)!r} at {error.position} not allowed)"
+        raise ConfigError(f"--intervene {path}: not valid YAML{where}; allowed: {allowed}") from None
+    except (ValueError, RecursionError) as error:  # an int of over 4300 digits; nesting deeper than Python's stack
+        raise ConfigError(f"--intervene {path}: not readable YAML ({type(error).__name__}); "
+                          f"allowed: {allowed}") from None
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: got a {type(loaded).__name__}; allowed: a mapping such as 'tau: 0.7'")
+        raise ConfigError(f"--intervene {path}: got a {type(loaded).__name__}; allowed: {allowed}")
     return loaded
 
 

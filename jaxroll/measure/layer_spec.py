@@ -10,8 +10,6 @@ import dataclasses
 import math
 from typing import Callable
 
-import torch
-
 from ..errors import ConfigError
 
 __all__ = ["LayerMap", "FALCON_VARIANTS"]
@@ -113,6 +111,7 @@ def value_phi3(output, num_heads, head_dim, config):
 
 
 def bloom_slopes(model, num_heads):
+    import torch  # here, not at the top: the commands read the layer maps before torch loads
     from transformers.models.bloom import modeling_bloom
 
     # BLOOM's own builder (the non-power-of-two rule for, e.g., 112 heads).
@@ -121,6 +120,7 @@ def bloom_slopes(model, num_heads):
 
 
 def bloom_bias(model, num_heads, length, dtype):
+    import torch
     # The model's path without an attention mask: slopes (float32) * arange, cast to the model dtype.
     from transformers.models.bloom import modeling_bloom
 
@@ -139,6 +139,7 @@ def mpt_bias(model, num_heads, length, dtype):
 
 
 def falcon_slopes(model, num_heads):
+    import torch
     from transformers.models.falcon import modeling_falcon
 
     # Falcon rounds its slopes to bfloat16 inside the builder: read them back.
@@ -147,6 +148,7 @@ def falcon_slopes(model, num_heads):
 
 
 def falcon_bias(model, num_heads, length, dtype):
+    import torch
     from transformers.models.falcon import modeling_falcon
 
     alibi = modeling_falcon.build_alibi_tensor(torch.ones(1, length, dtype=torch.long), num_heads, dtype)

@@ -24,10 +24,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import ConfigError
-from ..interventions import intervention_types
 
-__all__ = ["LogitChange", "Plan", "check", "parse_for", "sink_token", "position_limit", "check_sink_length",
-           "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
+__all__ = ["LogitChange", "Plan", "check", "parse_for", "config_json", "sink_token", "position_limit",
+           "check_sink_length", "rope_type", "INTERFACE_FAMILIES", "MODULE_FAMILIES", "ROTARY_FAMILIES"]
 
 INTERFACE_FAMILIES = ("gpt2", "opt", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2",
                       "gemma3_text", "phi3", "olmo2", "stablelm", "starcoder2")
@@ -181,7 +180,8 @@ def _check_logit_change(field: str, kind: str, config, layer_map) -> None:
     if getattr(config, "attn_logit_softcapping", None):
         raise ConfigError(f"{field}: a model with soft-capped attention logits (attn_logit_softcapping="
                           f"{config.attn_logit_softcapping}); allowed: gamma alone")
-    clip = getattr(getattr(config, "attn_config", None), "clip_qkv", None)
+    attn_config = getattr(config, "attn_config", None)  # an object in transformers, a mapping in config.json
+    clip = (attn_config.get("clip_qkv") if isinstance(attn_config, dict) else getattr(attn_config, "clip_qkv", None))
     if clip and kind in ("divide", "log_length"):  # both multiply the query
         raise ConfigError(f"{field}: MPT clips its fused q/k/v (clip_qkv={clip}), so a scaled query is clipped "
                           "differently; allowed: slope_scale, kappa, gamma")
@@ -199,6 +199,7 @@ def check(interventions, config) -> Plan:
             on a family that cannot be patched (Falcon) or with
             soft-capped logits, a shape that does not fit the model.
     """
+    from ..interventions import intervention_types  # JAX: here, so that `config_json` reads without it
     from .layer_maps import layer_map_for
 
     layer_map = layer_map_for(SimpleNamespace(config=config))
@@ -274,3 +275,36 @@ def parse_for(text: str | None, config) -> list:
     interventions = parse(text)
     check(interventions, config)
     return interventions
+
+
+def config_json(directory) -> SimpleNamespace | None:
+    """``directory/config.json`` read with `json` (no transformers): its fields as attributes, or None.
+
+    A stand-in for the transformers config in `check`, `position_limit` and
+    `check_sink_length`, so that the commands refuse what config.json
+    decides before torch and transformers import (nested sections stay
+    mappings: `check` reads MPT's ``attn_config`` either way). None, leaving
+    the decision to the transformers config, where the file is missing or
+    not a JSON object, its model type has no layer map, or it lacks a field
+    transformers would fill in with a default (the layer and head counts,
+    the hidden size, MPT's ``max_seq_len``), so that a field absent here is
+    never read as 0.
+    """
+    import json
+    from pathlib import Path
+
+    from .families import FAMILIES
+    from .layer_maps import layer_map_for
+
+    try:
+        fields = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(fields, dict) or fields.get("model_type") not in FAMILIES:
+        return None
+    config = SimpleNamespace(**{str(key): value for key, value in fields.items()})
+    layer_map = layer_map_for(SimpleNamespace(config=config))
+    needed = [layer_map.num_heads, layer_map.hidden_size] + (["max_seq_len"] if layer_map.name == "mpt" else [])
+    if not _num_layers(config) or any(not isinstance(getattr(config, name, None), int) for name in needed):
+        return None
+    return config
