@@ -210,3 +210,26 @@ def test_rollout_intervene_from_a_yaml_file(tmp_path, capsys):
     lambdas = 0.5 * LAMBDAS / (0.5 * LAMBDAS + 1 - LAMBDAS)
     np.testing.assert_allclose(jaxroll.read_profile(out / "profile.csv"), _oracle(RATES * 1.5, lambdas), rtol=0,
                                atol=1e-12)
+
+
+def _help(command, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["measure", "task"])
+def test_the_intervene_help_lists_the_registered_names(command, capsys):
+    help_text = _help(command, capsys)
+    assert "logit_gain" in help_text and "kappa (kappa_form, kappa_k)" in help_text
+
+
+def test_the_rollout_help_names_every_built_in_intervention(capsys):
+    # rollout --help answers before JAX loads (tests/test_lazy_imports.py), so its prose is written by hand:
+    # this keeps it from drifting from the registry.
+    help_text = _help("rollout", capsys)
+    built_in = [kind for kind in iv.intervention_types() if kind.__module__.startswith("jaxroll.")]
+    assert len(built_in) == 7
+    for kind in built_in:
+        assert kind.name in help_text and all(option in help_text for option in kind.options)

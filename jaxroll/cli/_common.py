@@ -165,6 +165,24 @@ def add_retired_argument(parser, old: str, replacement: str, *, takes_value: boo
                         dest=f"retired_{old.lstrip('-').replace('-', '_')}")
 
 
+class RegisteredText:
+    """Text from the intervention registry, formed only when argparse expands ``%(...)s`` in a help (it loads
+    JAX then, not when the parser is built): set it as an attribute of the action the help names."""
+
+    def __init__(self, form, kinds: str = "intervention_types"):
+        self.form, self.kinds = form, kinds
+
+    def __str__(self) -> str:
+        from .. import interventions
+
+        return self.form(getattr(interventions, self.kinds)())
+
+
+INTERVENTION_NAMES = RegisteredText(lambda kinds: ", ".join(
+    kind.name + (f" ({', '.join(kind.options)})" if kind.options else "") for kind in kinds))
+"""The registered interventions' names (and their options), in the order they apply, for ``--intervene`` helps."""
+
+
 class GivenOnce(argparse.Action):
     """An option that may be given once: a second ``--intervene`` is refused in one line, not taken
     in place of the first (argparse keeps the last silently)."""

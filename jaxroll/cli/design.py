@@ -30,20 +30,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Registered:
-    """Text from the intervention registry, formed when argparse expands ``%(...)s`` in a help (loads JAX)."""
-
-    def __init__(self, form):
-        self.form = form
-
-    def __str__(self) -> str:
-        from ..interventions import designable  # the registry alone: not the designs package (optax, fitting)
-
-        return self.form(designable())
-
-
-_NAMES = _Registered(lambda kinds: ", ".join(kind.name for kind in kinds))
-_BOXES = _Registered(lambda kinds: ", ".join(f"{kind.name}={kind.box[0]:g}:{kind.box[1]:g}" for kind in kinds))
+_NAMES = _common.RegisteredText(lambda kinds: ", ".join(kind.name for kind in kinds), "designable")
+_BOXES = _common.RegisteredText(lambda kinds: ", ".join(f"{kind.name}={kind.box[0]:g}:{kind.box[1]:g}" for kind in kinds),
+                                "designable")
 
 
 def add_parser(commands) -> None:

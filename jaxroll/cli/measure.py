@@ -76,12 +76,12 @@ def add_parser(commands) -> None:
     measure.add_argument("--batch-size", type=_common.positive_int, default=None,
                          help="sequences per forward and backward pass (default: as many as the device's free "
                               "memory holds, at most 64); results do not depend on it")
-    measure.add_argument("--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
-                         help="measure the model changed by interventions, applied to its attention for the run: "
-                              "sinks, rotary_ratio, tau, slope_scale, ssmax_scale, kappa (kappa_form, kappa_k), "
-                              "gamma, e.g. "
-                              "tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
-                              "the same change); metadata.json, measurement.npz and config.yaml record it (docs/interventions.md)")
+    intervene = measure.add_argument(
+        "--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
+        help="measure the model changed by interventions, applied to its attention for the run, NAME one of "
+             "%(names)s, e.g. tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
+             "the same change); metadata.json, measurement.npz and config.yaml record it (docs/interventions.md)")
+    intervene.names = _common.INTERVENTION_NAMES
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",
