@@ -38,10 +38,13 @@ block's local one. Memory: the (L, K, N) results plus one block's graph;
 never N x N per layer.
 
 Cost: per block 3 block forwards and ``3 K P`` block backwards (P = D exact,
-R estimate), i.e. about ``3 K P`` times a bare forward+backward of the
-model. Measured once on a tiny float64 Llama (2 layers, D = 32, N = 16,
-4 sequences, K = 1, exact) on the 2-core CPU of the development machine:
-about 80x a bare forward+backward (3 K D = 96 predicted).
+R estimate), so the time grows as ``3 K P`` bare forward+backward passes of
+the model. Measured once (best of 3, against the best of 20 bare passes: the
+model's forward and the backward of its top last-position logit to the input
+embeddings) on a tiny float64 Llama (2 layers, D = 32, N = 16, 4 sequences,
+K = 1) on the 2-core AMD EPYC CPU of the development machine, shared with
+other work: exact 113x a bare forward+backward (3 K D = 96), R = 8 19x
+(3 K R = 24).
 
 Needs eager attention (load with ``attn_implementation="eager"``): the
 probabilities are the output of ``torch.nn.functional.softmax`` inside the
