@@ -4,8 +4,8 @@ Both run with `jaxroll.measure.precision.full_precision` (float64 end to end).
 The oracle here is independent of the library's patches: it detaches the
 probabilities by replacing ``torch.nn.functional.softmax`` for the whole
 block call (the tiny blocks have no other softmax), and the values by a
-per-family hook written out below (Llama's ``v_proj``; BLOOM's and GPT-2's
-fused projections split by hand), then takes full Jacobians of the block's
+per-family hook written out below (Llama's ``v_proj``; BLOOM's, GPT-NeoX's
+and GPT-2's fused projections split by hand), then takes full Jacobians of the block's
 output at the query with respect to the block's input, in float64.
 """
 
@@ -32,6 +32,10 @@ def _config(family):
     if family == "gpt2":
         return transformers.GPT2Config(n_layer=2, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB, n_positions=32,
                                        bos_token_id=0, eos_token_id=0)
+    if family == "gpt_neox":  # use_parallel_residual (the default): the MLP reads the block input
+        return transformers.GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN,
+                                          intermediate_size=2 * HIDDEN, vocab_size=VOCAB, rotary_pct=0.5,
+                                          max_position_embeddings=32)
     return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
                                     hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB)
 
@@ -52,23 +56,25 @@ def ids(seed=0):
 
 # Per family: (blocks, attention output module, value-detaching hook target and function).
 def _blocks(model, family):
+    if family == "gpt_neox":
+        return model.gpt_neox.layers
     return model.transformer.h if family in ("bloom", "gpt2") else model.model.layers
 
 
 def _attention_output(block, family):
     return {"bloom": lambda: block.self_attention.dense, "gpt2": lambda: block.attn.c_proj,
-            "llama": lambda: block.self_attn.o_proj}[family]()
+            "llama": lambda: block.self_attn.o_proj, "gpt_neox": lambda: block.attention.dense}[family]()
 
 
 def _detach_values(block, family):
     if family == "llama":
         return block.self_attn.v_proj, lambda out: out.detach()
-    if family == "bloom":  # (B, N, H*3*d) laid out as (H, 3, d)
+    if family in ("bloom", "gpt_neox"):  # (B, N, H*3*d) laid out as (H, 3, d)
         def bloom(out):
             fused = out.view(*out.shape[:2], HEADS, 3, HIDDEN // HEADS)
             parts = [fused[..., 0, :], fused[..., 1, :], fused[..., 2, :].detach()]
             return torch.stack(parts, dim=3).reshape(out.shape)
-        return block.self_attention.query_key_value, bloom
+        return (block.attention if family == "gpt_neox" else block.self_attention).query_key_value, bloom
 
     def gpt2(out):  # GPT-2: (q | k | v) along the last dimension
         query, key, value = out.split(HIDDEN, dim=-1)
@@ -159,7 +165,7 @@ def _norms(jacobian):
     return jacobian.pow(2).sum((-2, -1)).sqrt().mean(0).numpy()  # mean over sequences of ||J(i, j)||_F
 
 
-@pytest.mark.parametrize("family", ["bloom", "llama", "gpt2"])
+@pytest.mark.parametrize("family", ["bloom", "llama", "gpt2", "gpt_neox"])
 def test_each_path_equals_autograd_with_the_paths_separated_by_hand(family):
     model, token_ids = tiny(family), ids()
     paths = layer_paths(model, token_ids, queries=[-1, 2])
@@ -168,7 +174,10 @@ def test_each_path_equals_autograd_with_the_paths_separated_by_hand(family):
         for layer, oracle in enumerate(_jacobians(model, family, token_ids, query)):
             for name in ("value", "probability", "mlp"):
                 expected = _norms(oracle[name])
-                assert expected[: query + 1].min() > 1e-3 or name == "probability"
+                if family == "gpt_neox" and name == "mlp":  # parallel: the MLP reads h_i alone
+                    assert expected[query] > 1e-3 and np.all(np.delete(expected, query) == 0.0)
+                else:
+                    assert expected[: query + 1].min() > 1e-3 or name == "probability"
                 np.testing.assert_allclose(getattr(paths, name)[layer, k], expected, rtol=1e-8, atol=1e-12)
             # the two attention paths sum to the attention's Jacobian (product rule), and the four to the block's
             torch.testing.assert_close(oracle["value"] + oracle["probability"], oracle["attention"],

@@ -109,15 +109,21 @@ def _check(model, ids, queries, projections):
 
 
 def _value_mask(layer_map, module_output_width, num_heads, head_dim, config, dtype):
-    """1 at the columns of the value module's output that hold values, 0 at query/key columns."""
+    """1 at the columns of the value module's output that hold values, 0 at query/key columns.
+
+    Read from the map's own `value_split` as the gradient of its output's sum
+    (nonzero exactly at the columns it picks; a clamp such as MPT's
+    ``clip_qkv`` passes the gradient at zero), so no layout is written twice.
+    """
     import torch
 
-    columns = torch.arange(module_output_width, dtype=dtype).view(1, 1, -1)
-    picked = layer_map.value_split(columns, num_heads, head_dim, config).reshape(-1).unique()
-    if picked.numel() == 0 or not torch.equal(picked, picked.round()) or picked.max() >= module_output_width:
+    with torch.enable_grad():
+        columns = torch.zeros(1, 1, module_output_width, dtype=dtype, requires_grad=True)
+        picked = layer_map.value_split(columns, num_heads, head_dim, config)
+        (grad,) = torch.autograd.grad(picked.sum(), columns)
+    mask = (grad.reshape(-1) != 0).to(dtype)
+    if not mask.any():
         raise ConfigError.of("layer_map.value_split", layer_map.name, "a split that selects output columns")
-    mask = torch.zeros(module_output_width, dtype=dtype)
-    mask[picked.long()] = 1
     return mask
 
 
