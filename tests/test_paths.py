@@ -210,6 +210,8 @@ def test_bad_input_is_refused_before_any_work():
     model = tiny("gpt2")
     with pytest.raises(ConfigError, match="queries"):
         layer_paths(model, ids(), queries=[LENGTH])
+    with pytest.raises(ConfigError, match="queries"):
+        layer_paths(model, ids(), queries=["last"])
     with pytest.raises(ConfigError, match="projections"):
         layer_paths(model, ids(), projections=0)
     with pytest.raises(ConfigError, match="token_ids"):

@@ -101,11 +101,18 @@ def _check(model, ids, queries, projections):
         raise ConfigError.of("token_ids", tuple(ids.shape), "a (S, N) array of token ids, N >= 1")
     length = ids.shape[1]
     queries = [-1] if queries is None else list(np.atleast_1d(queries))
-    if not queries or any(int(q) != q or not -length <= q < length for q in queries):
+    if not queries or not all(_is_integer(q) and -length <= q < length for q in queries):
         raise ConfigError.of("queries", queries, f"integer positions in [-{length}, {length})")
-    if projections is not None and (int(projections) != projections or projections < 1):
+    if projections is not None and not (_is_integer(projections) and projections >= 1):
         raise ConfigError.of("projections", projections, "None (exact) or an integer R >= 1")
     return np.array([int(q) % length for q in queries])
+
+
+def _is_integer(value) -> bool:
+    try:
+        return not isinstance(value, bool) and int(value) == value
+    except (TypeError, ValueError):
+        return False
 
 
 def _value_mask(layer_map, module_output_width, num_heads, head_dim, config, dtype):
@@ -283,6 +290,8 @@ def layer_paths(model, token_ids, queries=None, projections=None, seed=0) -> Pat
     ids = np.asarray(token_ids)
     queries = _check(model, ids, queries, projections)
     resolved = resolve(model)
+    if resolved.layer_map.value is None:
+        raise ConfigError.of("layer_map.value", None, "the module holding the value vectors (the probability path)")
     with full_precision(model):  # a float64 model in float64 end to end (transformers' float32 softmax)
         layers, width = _all_blocks(model, resolved, ids, queries, projections, seed)
     count, length = ids.shape
