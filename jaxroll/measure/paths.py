@@ -38,13 +38,14 @@ block's local one. Memory: the (L, K, N) results plus one block's graph;
 never N x N per layer.
 
 Cost: per block 3 block forwards and ``3 K P`` block backwards (P = D exact,
-R estimate), so the time grows as ``3 K P`` bare forward+backward passes of
-the model. Measured once (best of 3, against the best of 20 bare passes: the
-model's forward and the backward of its top last-position logit to the input
-embeddings) on a tiny float64 Llama (2 layers, D = 32, N = 16, 4 sequences,
-K = 1) on the 2-core AMD EPYC CPU of the development machine, shared with
-other work: exact 113x a bare forward+backward (3 K D = 96), R = 8 19x
-(3 K R = 24).
+R estimate), batched as vmapped backwards. Measured (best of 3, against the
+best of 20 bare passes: the model's forward and the backward of its top
+last-position logit to the input embeddings) on a tiny float64 Llama
+(2 layers, D = 32, N = 16, 4 sequences, K = 1) on the 2-core AMD EPYC CPU of
+the development machine, shared with other work, three times: exact 13-26x
+a bare forward+backward, R = 8 6-17x (before the backwards were batched:
+113x exact). At this size the fixed costs dominate; for large D the time
+grows as ``3 K P`` batched backwards of one block.
 
 Needs eager attention (load with ``attn_implementation="eager"``): the
 probabilities are the output of ``torch.nn.functional.softmax`` inside the
@@ -214,15 +215,29 @@ def _path_outputs(resolved, layer, call, h):
             "mlp": out - h - captured["attention"]}
 
 
+CHUNK_ELEMENTS = 2 ** 24
+"""At most this many gradient elements (chunk x S x N x D) held at once: 128 MiB in float64."""
+
+
 def _squared_rows(output, h, query, vectors):
-    """``sum_r ||u_r^T d output[s, query] / d h[s]||^2``, shape (S, N): one backward per vector."""
+    """``sum_r ||u_r^T d output[s, query] / d h[s]||^2``, shape (S, N).
+
+    One backward pass per vector u_r, a chunk of them at a time as one
+    batched (vmapped) backward (`CHUNK_ELEMENTS`); one at a time where an
+    operation has no batching rule.
+    """
     import torch
 
+    chunk = max(1, CHUNK_ELEMENTS // h.numel())
     total = torch.zeros(h.shape[:2], dtype=torch.float64)
     row = output[:, query, :]
-    for vector in vectors:  # (S, D) or (D,)
-        (grad,) = torch.autograd.grad((row * vector).sum(), h, retain_graph=True)
-        total += grad.double().pow(2).sum(-1)
+    for start in range(0, len(vectors), chunk):
+        batch = torch.stack([vector.expand_as(row) for vector in vectors[start:start + chunk]])
+        try:
+            (grads,) = torch.autograd.grad(row, h, grad_outputs=batch, retain_graph=True, is_grads_batched=True)
+        except RuntimeError:  # no batching rule for some operation: the plain loop
+            grads = torch.stack([torch.autograd.grad(row, h, grad_outputs=u, retain_graph=True)[0] for u in batch])
+        total += grads.double().pow(2).sum((0, -1))
     return total
 
 
