@@ -218,3 +218,19 @@ def test_bad_input_is_refused_before_any_work():
         layer_paths(model, ids()[0])
     with pytest.raises(ConfigError, match="training"):
         layer_paths(model.train(), ids())
+
+
+def test_the_plain_loop_where_a_batching_rule_is_missing_gives_the_same(monkeypatch):
+    model, token_ids = tiny("llama"), ids(2)
+    batched = layer_paths(model, token_ids, queries=[-1, 1])
+    original = torch.autograd.grad
+
+    def no_batching(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("no batching rule (simulated)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_batching)
+    looped = layer_paths(model, token_ids, queries=[-1, 1])
+    for name in ("value", "probability", "mlp"):
+        np.testing.assert_allclose(getattr(looped, name), getattr(batched, name), rtol=1e-12, atol=1e-14)
