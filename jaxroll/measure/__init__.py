@@ -27,7 +27,7 @@ _NAMES = {
     "load_model": "loading", "inspect_model": "loading", "ModelPlan": "loading",
     "attention_implementation": "loading", "offset_rollout_model": "offsets",
     "score": "uncertainty", "Score": "uncertainty",
-    "Progress": "progress",
+    "Progress": "progress", "layer_paths": "paths", "PathInfluence": "paths",
     "track": "tracking", "track_callback": "tracking", "track_trainer": "tracking",
     "find_checkpoints": "series", "read_series": "series", "update_series": "series",
 }

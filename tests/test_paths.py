@@ -1,0 +1,236 @@
+"""jaxroll.measure.paths against torch.autograd.functional.jacobian with the paths separated by hand.
+
+Both run with `jaxroll.measure.precision.full_precision` (float64 end to end).
+The oracle here is independent of the library's patches: it detaches the
+probabilities by replacing ``torch.nn.functional.softmax`` for the whole
+block call (the tiny blocks have no other softmax), and the values by a
+per-family hook written out below (Llama's ``v_proj``; BLOOM's, GPT-NeoX's
+and GPT-2's fused projections split by hand), then takes full Jacobians of the block's
+output at the query with respect to the block's input, in float64.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import transformers  # noqa: E402
+
+from jaxroll import ConfigError  # noqa: E402
+from jaxroll.measure.paths import layer_paths  # noqa: E402
+from jaxroll.measure.precision import full_precision  # noqa: E402
+
+VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 4, 16, 6, 2
+
+
+def _config(family):
+    if family == "bloom":
+        return transformers.BloomConfig(n_layer=2, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
+    if family == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0)
+    if family == "gpt_neox":  # use_parallel_residual (the default): the MLP reads the block input
+        return transformers.GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN,
+                                          intermediate_size=2 * HIDDEN, vocab_size=VOCAB, rotary_pct=0.5,
+                                          max_position_embeddings=32)
+    return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
+                                    hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB)
+
+
+def tiny(family, seed=0):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager")
+    with torch.no_grad():  # larger random weights, so that every path is well away from zero
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.mul_(3.0)
+    return model.double().eval()
+
+
+def ids(seed=0):
+    return np.random.default_rng(seed).integers(0, VOCAB, (SEQUENCES, LENGTH))
+
+
+# Per family: (blocks, attention output module, value-detaching hook target and function).
+def _blocks(model, family):
+    if family == "gpt_neox":
+        return model.gpt_neox.layers
+    return model.transformer.h if family in ("bloom", "gpt2") else model.model.layers
+
+
+def _attention_output(block, family):
+    return {"bloom": lambda: block.self_attention.dense, "gpt2": lambda: block.attn.c_proj,
+            "llama": lambda: block.self_attn.o_proj, "gpt_neox": lambda: block.attention.dense}[family]()
+
+
+def _detach_values(block, family):
+    if family == "llama":
+        return block.self_attn.v_proj, lambda out: out.detach()
+    if family in ("bloom", "gpt_neox"):  # (B, N, H*3*d) laid out as (H, 3, d)
+        def bloom(out):
+            fused = out.view(*out.shape[:2], HEADS, 3, HIDDEN // HEADS)
+            parts = [fused[..., 0, :], fused[..., 1, :], fused[..., 2, :].detach()]
+            return torch.stack(parts, dim=3).reshape(out.shape)
+        return (block.attention if family == "gpt_neox" else block.self_attention).query_key_value, bloom
+
+    def gpt2(out):  # GPT-2: (q | k | v) along the last dimension
+        query, key, value = out.split(HIDDEN, dim=-1)
+        return torch.cat([query, key, value.detach()], dim=-1)
+    return block.attn.c_attn, gpt2
+
+
+class _DetachedSoftmax:
+    def __enter__(self):
+        self.original = torch.nn.functional.softmax
+        torch.nn.functional.softmax = lambda *a, **k: self.original(*a, **k).detach()
+
+    def __exit__(self, *exc):
+        torch.nn.functional.softmax = self.original
+
+
+def _calls(model, family, token_ids):
+    calls = []
+
+    def hook(module, args, kwargs):
+        calls.append((args, kwargs, (args[0] if args else kwargs["hidden_states"]).detach().clone()))
+
+    handles = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in _blocks(model, family)]
+    with torch.no_grad():
+        model(input_ids=torch.as_tensor(token_ids), use_cache=False)
+    for handle in handles:
+        handle.remove()
+    return calls
+
+
+def _run(block, args, kwargs, h):
+    if args:
+        out = block(h, *args[1:], **kwargs)
+    else:
+        out = block(**dict(kwargs, hidden_states=h))
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _jacobians(model, family, token_ids, query):
+    """Per layer: {path: (S, N, D, D) Jacobian of the path's output at `query` w.r.t. the block input}."""
+    # transformers computes some softmaxes and rotary tables in float32 even in a float64 model: the
+    # precondition of a float64 comparison, not a path separation, so the project's switch is used as is
+    with full_precision(model):
+        return _jacobians_float64(model, family, token_ids, query)
+
+
+def _jacobians_float64(model, family, token_ids, query):
+    result = []
+    for layer, (args, kwargs, h0) in enumerate(_calls(model, family, token_ids)):
+        block = _blocks(model, family)[layer]
+        projection = _attention_output(block, family)
+
+        def attention_at_query(h, mode):
+            kept = {}
+            handle = projection.register_forward_hook(lambda m, a, out: kept.__setitem__("a", out))
+            extra = None
+            if mode == "probability":
+                module, detach = _detach_values(block, family)
+                extra = module.register_forward_hook(lambda m, a, out: detach(out))
+            try:
+                if mode == "value":
+                    with _DetachedSoftmax():
+                        out = _run(block, args, kwargs, h)
+                else:
+                    out = _run(block, args, kwargs, h)
+            finally:
+                handle.remove()
+                if extra is not None:
+                    extra.remove()
+            return kept["a"], out
+
+        functions = {
+            "value": lambda h: attention_at_query(h, "value")[0][:, query],
+            "probability": lambda h: attention_at_query(h, "probability")[0][:, query],
+            "attention": lambda h: attention_at_query(h, "full")[0][:, query],
+            "mlp": lambda h: (lambda a, out: (out - h - a)[:, query])(*attention_at_query(h, "full")),
+            "block": lambda h: _run(block, args, kwargs, h)[:, query],
+        }
+        paths = {}
+        for name, function in functions.items():
+            full = torch.autograd.functional.jacobian(function, h0)  # (S, D, S, N, D)
+            paths[name] = torch.stack([full[s, :, s].permute(1, 0, 2) for s in range(h0.shape[0])])
+        result.append(paths)
+    return result
+
+
+def _norms(jacobian):
+    return jacobian.pow(2).sum((-2, -1)).sqrt().mean(0).numpy()  # mean over sequences of ||J(i, j)||_F
+
+
+@pytest.mark.parametrize("family", ["bloom", "llama", "gpt2", "gpt_neox"])
+def test_each_path_equals_autograd_with_the_paths_separated_by_hand(family):
+    model, token_ids = tiny(family), ids()
+    paths = layer_paths(model, token_ids, queries=[-1, 2])
+    assert paths.value.shape == (2, 2, LENGTH) and paths.value.dtype == np.float64
+    for k, query in enumerate((LENGTH - 1, 2)):
+        for layer, oracle in enumerate(_jacobians(model, family, token_ids, query)):
+            for name in ("value", "probability", "mlp"):
+                expected = _norms(oracle[name])
+                if family == "gpt_neox" and name == "mlp":  # parallel: the MLP reads h_i alone
+                    assert expected[query] > 1e-3 and np.all(np.delete(expected, query) == 0.0)
+                else:
+                    assert expected[: query + 1].min() > 1e-3 or name == "probability"
+                np.testing.assert_allclose(getattr(paths, name)[layer, k], expected, rtol=1e-8, atol=1e-12)
+            # the two attention paths sum to the attention's Jacobian (product rule), and the four to the block's
+            torch.testing.assert_close(oracle["value"] + oracle["probability"], oracle["attention"],
+                                       rtol=1e-10, atol=1e-12)
+            identity = torch.zeros_like(oracle["block"])
+            identity[:, query] = torch.eye(HIDDEN, dtype=identity.dtype)
+            torch.testing.assert_close(identity + oracle["attention"] + oracle["mlp"], oracle["block"],
+                                       rtol=1e-10, atol=1e-12)
+            expected_identity = np.where(np.arange(LENGTH) == query, math.sqrt(HIDDEN), 0.0)
+            np.testing.assert_array_equal(paths.identity[layer, k], expected_identity)
+
+
+def test_the_probability_path_is_not_zero_and_paths_are_causal():
+    paths = layer_paths(tiny("llama"), ids(), queries=[3])
+    assert paths.probability[:, 0, :3].min() > 1e-6  # keys before the query move its probabilities
+    for name in ("value", "probability", "mlp"):
+        assert np.all(getattr(paths, name)[:, 0, 4:] == 0.0)  # keys after the query do not reach it
+
+
+def test_random_projection_estimate_is_within_its_error_of_exact():
+    model, token_ids = tiny("bloom"), ids(1)
+    exact = layer_paths(model, token_ids)
+    estimate = layer_paths(model, token_ids, projections=2000, seed=3)
+    assert estimate.relative_standard_error == pytest.approx(math.sqrt(2 / 2000))
+    for name in ("value", "probability", "mlp"):
+        np.testing.assert_allclose(getattr(estimate, name), getattr(exact, name), rtol=0.10, atol=1e-12)
+
+
+def test_bad_input_is_refused_before_any_work():
+    model = tiny("gpt2")
+    with pytest.raises(ConfigError, match="queries"):
+        layer_paths(model, ids(), queries=[LENGTH])
+    with pytest.raises(ConfigError, match="queries"):
+        layer_paths(model, ids(), queries=["last"])
+    with pytest.raises(ConfigError, match="projections"):
+        layer_paths(model, ids(), projections=0)
+    with pytest.raises(ConfigError, match="token_ids"):
+        layer_paths(model, ids()[0])
+    with pytest.raises(ConfigError, match="training"):
+        layer_paths(model.train(), ids())
+
+
+def test_the_plain_loop_where_a_batching_rule_is_missing_gives_the_same(monkeypatch):
+    model, token_ids = tiny("llama"), ids(2)
+    batched = layer_paths(model, token_ids, queries=[-1, 1])
+    original = torch.autograd.grad
+
+    def no_batching(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("no batching rule (simulated)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_batching)
+    looped = layer_paths(model, token_ids, queries=[-1, 1])
+    for name in ("value", "probability", "mlp"):
+        np.testing.assert_allclose(getattr(looped, name), getattr(batched, name), rtol=1e-12, atol=1e-14)
