@@ -145,6 +145,7 @@ EARLY = [  # issue 56's three examples, then the other refusals config.json and 
     (["measure", "llama", "--intervene", "slope_scale=0.5"], "slope_scale: a llama model has rope positions"),
     (["measure", "bloom", "--queries", "3,999"], "queries: position 999; allowed: positions in [0, 63]"),
     (["measure", "bloom", "--refine", "bogus"], "--refine: got 'bogus'"),
+    (["measure", "bloom", "--stats", "lambda,bogus"], "--stats: got 'bogus'; allowed: a subset of lambda"),
     (["measure", "bloom", "--row-target", "hidden"], "--row-target hidden: without --queries"),
     (["measure", "bloom", "--intervene", "sinks=2", "--queries", "3"], "--queries: with sinks=2"),
     (["measure", "mpt", "--intervene", "tau=0.7"], "--length: 64; allowed: at most the model's max_seq_len (32)"),
@@ -181,7 +182,7 @@ def test_a_fresh_process_refuses_without_loading_torch_or_transformers(tmp_path)
     script = f"""
 import sys
 from jaxroll.cli import main
-for command, model, *flags in {[argv for argv, _ in EARLY[:3]]!r}:
+for command, model, *flags in {[argv for argv, _ in EARLY[:4]]!r}:
     argv = [command, {str(tmp_path)!r} + "/" + model, *flags, "--texts", "t.txt", "--length", "64", "--samples", "2"]
     assert main([*argv, "--out", "out"]) == 2
 print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
@@ -190,7 +191,7 @@ print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
-    assert done.stderr.count("jaxroll: error:") == 3 and "slope_scale" in done.stderr
+    assert done.stderr.count("jaxroll: error:") == 4 and "slope_scale" in done.stderr and "--stats" in done.stderr
 
 
 def test_the_config_json_stand_in_decides_as_the_transformers_config(tmp_path):

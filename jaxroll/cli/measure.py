@@ -185,12 +185,17 @@ def _refuse_early(arguments) -> None:
     sinks and MPT's ``max_seq_len`` against each model folder's config.json
     read with `json` (`torch_plan.config_json`; a folder it cannot read
     alone is left to the transformers config). `_request` checks all of it
-    again once they load, with what needs them: --stats (its registry
-    imports the torch statistics), the tokenizer, the memory.
+    again once they load, with what needs them (the tokenizer, the memory).
     """
     from ..measure.distributed import from_environment
+    from ..measure.registry import parse_stats
 
     world = from_environment()
+    if arguments.stats is not None:
+        try:
+            parse_stats(arguments.stats)  # the registry loads its statistics without torch
+        except ConfigError as error:
+            raise error.renamed("--stats") from None
     if arguments.refine is not None:
         refine_switches(arguments.refine)
     _queries(arguments, world)

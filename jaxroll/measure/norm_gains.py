@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ..errors import ConfigError
 
 __all__ = ["post_norm_gain", "input_norm_module", "norm_kind", "input_gains"]
@@ -44,6 +42,8 @@ def post_norm_gain(norm, hidden: int, family: str = "") -> tuple[torch.Tensor, f
     Raises:
         ConfigError: the module has no ``eps`` / ``variance_epsilon`` or is not an RMSNorm of that form.
     """
+    import torch
+
     from .precision import Float64Mode
 
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
@@ -84,6 +84,8 @@ def input_norm_module(block, layer_map, config=None):
 
 def norm_kind(module, hidden: int, family: str = "") -> tuple[str, float]:
     """``("layer", eps)`` for a LayerNorm, ``("rms", eps)`` for an RMSNorm (checked on a probe vector)."""
+    import torch
+
     if isinstance(module, torch.nn.LayerNorm):
         return "layer", float(module.eps)
     _, eps = post_norm_gain(module, hidden, family)
@@ -92,6 +94,8 @@ def norm_kind(module, hidden: int, family: str = "") -> tuple[str, float]:
 
 def input_gains(tensor, kind: str, eps: float):
     """``1 / sigma(j)`` of a norm's input ``(..., N, D)``, in float64: ``(..., N)``."""
+    import torch
+
     x = tensor.detach().double()
     if kind == "layer":
         spread = x.var(dim=-1, unbiased=False)

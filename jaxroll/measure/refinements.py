@@ -69,12 +69,10 @@ import dataclasses
 import time
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from .layer_maps import LayerMap, resolve
 from .norm_gains import input_gains, input_norm_module, norm_kind, post_norm_gain
-from .precision import full_precision
 from .registry import Shapes, Statistic, register_statistic
 
 __all__ = ["INGREDIENTS", "STATISTICS", "RefinementIngredients", "measure_refinements", "time_ingredients",
@@ -229,6 +227,8 @@ class _Hooks:
         return hook
 
     def value_norms(self, layer, w_out):
+        import torch
+
         def hook(module, args, output):
             if self.recording():
                 for row in range(output.shape[0]):
@@ -240,6 +240,8 @@ class _Hooks:
         return hook
 
     def head_outputs(self, layer, w_out, post):
+        import torch
+
         def hook(module, args):
             if self.recording():
                 for row in range(args[0].shape[0]):
@@ -255,6 +257,8 @@ class _Hooks:
         return hook
 
     def gains(self, layer, kind, eps):
+        import torch
+
         def hook(module, *hook_args):
             if not self.recording():
                 return
@@ -284,12 +288,16 @@ class _Hooks:
 
 def _ratio(numerator, denominator):
     # 0/0 (a zero stream and zero updates) counts as no mixing.
+    import torch
+
     safe = torch.where(denominator > 0, denominator, 1.0)
     return torch.where(denominator > 0, numerator / safe, 0.0).numpy()
 
 
 def _rows(seen: dict, layers: int, switches) -> dict[str, np.ndarray]:
     """One sequence's ingredients (module docstring) from what `_attach` delivered, stacked over layers."""
+    import torch
+
     out = {}
     if "attention" in switches:
         out["attention_heads"] = np.stack([seen[("alpha", t)].numpy() for t in range(layers)])
@@ -363,6 +371,8 @@ class RefinementIngredients:
 
 def _target(logits):
     # f = the top next-token probability at the last position (the measured influence's target).
+    import torch
+
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return torch.softmax(logits.to(dtype), dim=-1).max()
 
@@ -378,6 +388,10 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     Returns sums per group (`RefinementIngredients`); ``seconds`` is the wall
     time of the passes.
     """
+    import torch
+
+    from .precision import full_precision  # torch is loaded here, not when the statistic registers
+
     ingredients = tuple(dict.fromkeys(ingredients))
     unknown = [item for item in ingredients if item not in INGREDIENTS]
     if unknown:

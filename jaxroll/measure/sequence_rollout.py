@@ -39,13 +39,11 @@ registry hands a statistic no query positions, so ``--queries K`` adds no
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from ..theory.rows import query_positions
 from ..theory.sequence_mean import rollouts_per_sequence
 from .layer_maps import LayerMap, resolve
-from .precision import full_precision
 from .refinements import _alpha_rows, _attach, _ratio
 from .registry import Shapes, Statistic, register_statistic
 
@@ -81,6 +79,10 @@ def sequence_rollout_rows(model, token_ids, queries, *, batch_size: int = 8,
         ConfigError: bad ids or batch size, a model without eager attention,
             a non-finite row.
     """
+    import torch
+
+    from .precision import full_precision  # torch is loaded here, not when the statistic registers
+
     resolved = resolve(model, layer_map)
     ids = np.asarray(token_ids)
     if ids.ndim != 2 or ids.shape[0] == 0 or not np.issubdtype(ids.dtype, np.integer):
