@@ -78,8 +78,8 @@ def read_text(path, allowed: str, *, label: str | None = None, kind: str = "text
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{label}: not UTF-8 {kind} (byte {error.start} cannot be decoded: a binary file?); "
-                          f"allowed: {allowed}") from None
+        raise ConfigError(f"{label}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded: a binary "
+                          f"file?); allowed: {allowed}") from None
     except OSError as error:
         raise ConfigError(f"{label}: cannot be read ({error.strerror or type(error).__name__}); "
                           f"allowed: {allowed}") from None

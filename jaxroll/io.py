@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from . import _readers
 from .errors import ConfigError
 from .model import RolloutModel
 from .schema import config_from_model, kernel_arrays, model_from_config
@@ -29,28 +30,12 @@ ROUNDING = 1e-4
 """How far from 1 the sum of a profile may be for `write_profile` to take it for a rounded distribution."""
 
 
-def _readable_file(path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a directory; allowed: a file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    return path
-
-
 def read_text(path, kind: str) -> str:
     """The text of an existing file; a one-line error for a directory, a missing or a binary file.
 
     A UTF-8 byte-order mark (as spreadsheet programs write) is accepted and dropped.
     """
-    path = _readable_file(path)
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not a UTF-8 {kind} file (byte {error.start} cannot be decoded); "
-                          f"allowed: a UTF-8 {kind} file") from None
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
+    return _readers.read_text(path, f"a UTF-8 {kind} file", kind=kind)
 
 
 # libyaml's C parser when PyYAML was built with it: the published files load

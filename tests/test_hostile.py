@@ -316,8 +316,8 @@ def test_a_binary_intervention_file_is_one_line(command, content, tmp_path, caps
     assert main([*argv, "--intervene", str(path), "--out", str(out)]) == 2
     error = capsys.readouterr().err
     byte = content.decode("utf-8", errors="replace").index("\ufffd")  # Python's decoder as the oracle
-    assert error == (f"jaxroll: error: --intervene {path}: not UTF-8 YAML (byte {byte} cannot be decoded: a binary "
-                     "file?); allowed: a UTF-8 YAML file of interventions, a mapping such as 'tau: 0.7'\n")
+    assert error == (f"jaxroll: error: --intervene {path}: not a UTF-8 YAML file (byte {byte} cannot be decoded: a "
+                     "binary file?); allowed: a UTF-8 YAML file of interventions, a mapping such as 'tau: 0.7'\n")
     assert not out.exists()
 
 

@@ -194,6 +194,16 @@ class GivenOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def add_intervene_argument(parser, purpose: str, record: str) -> None:
+    """``--intervene NAME=VALUE[,...]`` (given once), its help listing the registered interventions:
+    `purpose` says what the command does with them, `record` where the run records them."""
+    intervene = parser.add_argument(
+        "--intervene", metavar="NAME=VALUE[,...]", action=GivenOnce,
+        help=f"{purpose}, NAME one of %(names)s, e.g. tau=0.7,gamma=0.5, or a YAML file of them; {record} "
+             "(docs/interventions.md)")
+    intervene.names = INTERVENTION_NAMES
+
+
 def add_model_arguments(parser) -> None:
     """``[CONFIG] [--preset NAME | --published NAME [--content ...] [--dataset ...]] [--length N]``."""
     from ._names import DATASETS, DEFAULT_PRESET, PRESETS, PUBLISHED  # not presets/published: no JAX for --help

@@ -76,12 +76,10 @@ def add_parser(commands) -> None:
     measure.add_argument("--batch-size", type=_common.positive_int, default=None,
                          help="sequences per forward and backward pass (default: as many as the device's free "
                               "memory holds, at most 64); results do not depend on it")
-    intervene = measure.add_argument(
-        "--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
-        help="measure the model changed by interventions, applied to its attention for the run, NAME one of "
-             "%(names)s, e.g. tau=0.7,gamma=0.5, or a YAML file of them (jaxroll rollout --intervene predicts "
-             "the same change); metadata.json, measurement.npz and config.yaml record it (docs/interventions.md)")
-    intervene.names = _common.INTERVENTION_NAMES
+    _common.add_intervene_argument(
+        measure, "measure the model changed by interventions, applied to its attention for the run (jaxroll "
+                 "rollout --intervene predicts the same change)",
+        "metadata.json, measurement.npz and config.yaml record it")
     measure.add_argument("--no-checkpointing", action="store_true",
                          help="hold every block's activations during the influence pass")
     measure.add_argument("--quiet", action="store_true",

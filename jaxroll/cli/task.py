@@ -38,12 +38,9 @@ def add_parser(commands) -> None:
     task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
-    intervene = task.add_argument(
-        "--intervene", metavar="NAME=VALUE[,...]", action=_common.GivenOnce,
-        help="score the model changed by interventions, NAME one of %(names)s (as jaxroll measure --intervene; "
-             "sinks=k go before every prompt), e.g. tau=0.7, or a YAML file of them; task.json records it and a "
-             "--resume must give the same (docs/interventions.md)")
-    intervene.names = _common.INTERVENTION_NAMES
+    _common.add_intervene_argument(
+        task, "score the model changed by interventions (as jaxroll measure --intervene; sinks=k go before every "
+              "prompt)", "task.json records it and a --resume must give the same")
     task.add_argument("--quiet", action="store_true", help="no progress (default: a bar on a terminal, else a line at most every 5 s on stderr)")
     task.add_argument("--resume", action="store_true", help="continue in --out: skip cases already in cases.jsonl")
     task.add_argument("--force", action="store_true", help="write into a non-empty --out (cases.jsonl restarts)")

@@ -18,7 +18,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import as_float_array, check_range, is_concrete, per_layer, per_layer_and_head
+from .._checks import as_float_array, check_range, is_concrete, per_layer
+from ..engine.kernel import layer_head_values
 from ..errors import ConfigError
 from ..model import RolloutModel, check_model
 
@@ -169,12 +170,3 @@ def per_layer_head(field: str, value, model: RolloutModel):
     ``(T,)`` would be ambiguous and ``(T, 1)`` or ``(1, H)`` must be given.
     """
     return layer_head_values(field, value, model.num_layers, model.num_heads)
-
-
-def layer_head_values(field: str, value, num_layers: int, num_heads: int):
-    """`per_layer_head` for a model of `num_layers` layers and `num_heads` heads (the torch patches' shapes)."""
-    T, H = num_layers, num_heads
-    shape = jnp.shape(value)
-    if len(shape) == 1 and shape[0] == T and T != H:
-        value = jnp.reshape(value, (T, 1)) if not is_concrete(value) else as_float_array(field, value)[:, None]
-    return per_layer_and_head(field, value, T, H)
