@@ -1,7 +1,9 @@
-"""``jaxroll compare-task``: a task curve (``jaxroll task``) beside the influence the rollout predicts there."""
+"""``jaxroll compare-task``: a task curve (``jaxroll task``), or an external accuracy table (``--accuracy``),
+beside the influence the rollout predicts there."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,8 +20,17 @@ def add_parser(commands) -> None:
                     "DIR, its config.yaml), a rollout CONFIG, --preset or --published. Prints and writes Spearman "
                     "with a bootstrap interval, a monotone (isotonic) link and the share of the depth effect it "
                     "explains, and what can and cannot be concluded; writes compare.csv, compare.json, "
-                    "compare.txt and compare.png.")
-    compare.add_argument("task_dir", type=Path, metavar="TASK_DIR", help="the --out of jaxroll task")
+                    "compare.txt and compare.png. With --accuracy FILE.csv instead of TASK_DIR: an accuracy table "
+                    "from outside (columns start,end or start_fraction,end_fraction, accuracy, n_cases; optional "
+                    "setting, length, floor, ceiling), the span's influence mass against accuracy through a "
+                    "monotone link fitted on --fit-settings and tested on the other settings.")
+    compare.add_argument("task_dir", type=Path, metavar="TASK_DIR", nargs="?", default=None,
+                         help="the --out of jaxroll task (or give --accuracy)")
+    compare.add_argument("--accuracy", type=Path, default=None, metavar="FILE",
+                         help="an accuracy table (CSV) instead of TASK_DIR: docs/task.md, 'Your own accuracy table'")
+    compare.add_argument("--fit-settings", default=None, metavar="A,B",
+                         help="with --accuracy: the settings the link is fitted on (default: the table's first); "
+                              "the others are held out")
     _common.add_model_arguments(compare)
     compare.add_argument("--measured", type=Path, default=None, metavar="DIR",
                          help="the --out of jaxroll measure on the same model (its config.yaml)")
@@ -45,19 +56,22 @@ def _run_compare(arguments) -> None:
     from ..rollout import influence
     from ..task import grid, versus_influence
 
+    if arguments.accuracy is not None and arguments.task_dir is not None and arguments.config is None:
+        # With --accuracy there is no TASK_DIR: argparse gave the one positional, CONFIG, to its first slot.
+        arguments = argparse.Namespace(**{**vars(arguments), "config": arguments.task_dir, "task_dir": None})
+    if (arguments.task_dir is None) == (arguments.accuracy is None):
+        raise ConfigError("compare-task: give TASK_DIR or --accuracy FILE, one of them; allowed: the --out of "
+                          "jaxroll task, or an accuracy table (CSV)")
+    if arguments.accuracy is not None:
+        return _run_accuracy(arguments)
+    if arguments.fit_settings is not None:
+        raise ConfigError("--fit-settings: applies to --accuracy only")
     rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
     if not rows:
         raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
                           "--out of jaxroll task")
     task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
-    config = arguments.config
-    if arguments.measured is not None:
-        if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
-            raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
-        config = arguments.measured / "config.yaml"
-        if not config.is_file():
-            raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
-                              "measure with lambda measured")
+    config = _config_of(arguments)
     model, source = _common.model_from_arguments(arguments, config=config, length=length)
     model = dataclasses.replace(model, sequence_length=length)
     if arguments.measured is not None:
@@ -67,6 +81,57 @@ def _run_compare(arguments) -> None:
     result = versus_influence.compare_task(rows, profile, task=task, length=length, score=arguments.score,
                                            resamples=arguments.resamples, source=source)
     _write_compare(result, arguments.out, arguments.json)
+
+
+def _config_of(arguments):
+    """CONFIG, or --measured DIR's config.yaml (refused with CONFIG, --preset or --published)."""
+    if arguments.measured is None:
+        return arguments.config
+    if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
+        raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
+    config = arguments.measured / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
+                          "measure with lambda measured")
+    return config
+
+
+def _run_accuracy(arguments) -> None:
+    """--accuracy FILE: the table read and checked, a model per length, then `compare_accuracy_table`."""
+    import dataclasses
+
+    import numpy as np
+
+    from .. import io
+    from ..rollout import influence
+    from ..task import external
+
+    for flag, value in (("--task", arguments.task), ("--score", None if arguments.score == "exact" else 1)):
+        if value is not None:
+            raise ConfigError(f"{flag}: applies to TASK_DIR only; allowed: with --accuracy, the table's accuracy")
+    table = external.read_accuracy_table(arguments.accuracy, length=arguments.length)
+    fit = None if arguments.fit_settings is None else arguments.fit_settings.split(",")
+    external.split_settings(table, fit)
+    config = _config_of(arguments)
+    models, source = {}, ""
+    for length in dict.fromkeys(table.lengths.tolist()):
+        model, source = _common.model_from_arguments(arguments, config=config, length=int(length))
+        models[int(length)] = dataclasses.replace(model, sequence_length=int(length))
+    if arguments.measured is not None:
+        source = f"measured {arguments.measured}"
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    result = external.compare_accuracy_table(
+        table, lambda length: np.asarray(influence(models[length], length), dtype=np.float64), fit_settings=fit,
+        resamples=arguments.resamples, source=source)
+    external.write_table_comparison(result, arguments.out)
+    if arguments.json:
+        _common.print_json(_finite(external.summary_of(result)))
+        return
+    print("jaxroll compare-task --accuracy:")
+    for line in result.statement():
+        print(f"  {line}")
+    print(f"  wrote {arguments.out}/compare.csv, compare.json, compare.txt, compare.png")
+    sys.stdout.flush()
 
 
 def _write_compare(result, out: Path, as_json: bool = False) -> None:

@@ -35,6 +35,7 @@ from .profile import COLLAPSE_THRESHOLD, collapsed, intervened_profile_figure, p
 from .series import series_figure
 from .sweep import sweep_figures
 from .task import SCORE_LABELS, task_accuracy_figure, task_comparison_figure
+from .task_table import accuracy_table_figure
 
 
 def plot_profile(path, profile, attention_only=None, *, title: str = "", attention_only_model: bool = False) -> Path:
@@ -109,6 +110,11 @@ def plot_task_accuracy(path, table, task: str, *, threshold: float, level: float
 def plot_task_comparison(path, result, *, level: float, title: str = "") -> Path:
     """`task_comparison_figure` (a task curve beside the predicted influence), written to `path`."""
     return _save(task_comparison_figure(result, level=level, title=title), path)
+
+
+def plot_accuracy_table(path, result, *, level: float, title: str = "") -> Path:
+    """`accuracy_table_figure` (an external accuracy table beside the rollout's prediction), written to `path`."""
+    return _save(accuracy_table_figure(result, level=level, title=title), path)
 
 
 def plot_kinetic(path, distribution, rollout, fine, mode, s_rollout, scaled, *, title: str = "") -> Path:

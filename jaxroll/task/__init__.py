@@ -10,7 +10,9 @@ match, no generation loop) over a depth x length grid
 and summarises accuracy by depth and the effective context length
 (`jaxroll.task.summary`). ``jaxroll compare-task`` sets a task curve beside
 the influence the rollout predicts at the same positions
-(`jaxroll.task.versus_influence`).
+(`jaxroll.task.versus_influence`), or an accuracy table from outside
+beside the influence mass of each record's span, through a monotone link
+fitted on some settings and tested on the others (`jaxroll.task.external`).
 
 The scoring needs torch and transformers (``jaxroll[measure]``); the
 summaries and the bridge read ``cases.jsonl`` with NumPy, SciPy and JAX
@@ -27,6 +29,9 @@ _NAMES = {
     "bootstrap_interval": "summary", "write_summary": "summary", "plot_task": "summary", "THRESHOLD": "summary",
     "TaskComparison": "versus_influence", "compare_task": "versus_influence", "plot_comparison": "versus_influence",
     "record_influence": "versus_influence",
+    "AccuracyTable": "external", "TableComparison": "external", "Link": "external",
+    "read_accuracy_table": "external", "span_masses": "external", "fit_link": "external",
+    "compare_accuracy_table": "external", "write_table_comparison": "external",
 }
 
 __all__ = sorted(_NAMES)
