@@ -29,7 +29,7 @@ from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter
 from .registry import register_intervention
 
-__all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "table_at_distances"]
+__all__ = ["RotaryRescale", "SinkTokens", "ms_poe_ratios", "ms_poe_order", "table_at_distances"]
 
 
 @register_intervention
@@ -70,6 +70,17 @@ class RotaryRescale(AbstractIntervention):
     (the table's interpolation has kinks where k / r is an integer).
     Refused on ALiBi kernels (no rotary positions) and on measured dense
     kernels (not a function of distance; `jaxroll fit-kernel` fits one).
+
+    Under grouped-query attention, ratios that differ inside a key-value
+    group are a second APPROXIMATION. The patched model
+    (`jaxroll.measure.patching`, as Ms-PoE's code) rotates the group's shared
+    keys once, at the ratio ``r_g`` of its first query head, and each query at
+    its own ``r_h``, so head h scores ``q_i^T R(theta (i / r_h - j / r_g)) k_j``,
+    and ``i / r_h - j / r_g = (i - j) / r_h + j (1 / r_h - 1 / r_g)``: a
+    distance read at ``1 / r_h`` plus a turn that grows with the key's
+    absolute position, which no kernel of distance holds. The transform here
+    keeps the first term and drops the second (exact for the group's first
+    head and where a group shares one ratio).
     """
 
     name, parameter, neutral, order, lowest = "rotary_ratio", "ratio", 1.0, 10, (0.0, True)
@@ -95,8 +106,9 @@ def ms_poe_ratios(num_heads: int, low: float = 1.2, high: float = 1.8, order=Non
     read their tables through ``head_order`` (``cos[head_order]``): head h
     takes ratio ``r_{head_order[h]}``, where ``head_order`` is the argsort of
     minus each head's outlier fraction (the share of the last query row's
-    attention weights above 4x the row mean, measured once on the first
-    input). Give that permutation as `order` (default: head h takes ``r_h``).
+    attention weights above 3x the row mean, measured once on the first
+    input; `ms_poe_order`). Give that permutation as `order` (default: head h
+    takes ``r_h``).
     Their scripts rescale layers 2..31 of a 32-layer model and leave layers 0
     and 1 alone: a ``(T, H)`` ratio with rows of ones there.
 
@@ -114,6 +126,34 @@ def ms_poe_ratios(num_heads: int, low: float = 1.2, high: float = 1.8, order=Non
     if order.shape != (num_heads,) or not np.array_equal(np.sort(order), np.arange(num_heads)):
         raise ConfigError(f"order: got {order.tolist()!r:.60}; allowed: a permutation of 0..{num_heads - 1}")
     return ratios[order]
+
+
+def ms_poe_order(query, key, *, threshold: float = 3.0, max_tokens: int = 4096) -> np.ndarray:
+    """Ms-PoE's head order: heads by their outlier fraction on the last row, most first, ``(H,)`` int.
+
+    As VITA-Group/Ms-PoE's ``_head_wise_statistics`` and ``_calculate_outlier``
+    compute it, once, on the first input: from the layer's *unrotated*
+    projections of one sequence, `query` ``(H, n, d)`` and `key`
+    ``(H_kv, n, d)`` (each key head shared by ``H / H_kv`` query heads), cut
+    to their first ``m = min(n, max_tokens)`` tokens (the later
+    ``mspoe_models.py`` caps them at 4,096), the last row's weights
+    ``w_h(j) = softmax_j(q_{h, m-1} . k_{g(h), j} / sqrt(d))``, j < m, and the
+    outlier fraction ``o_h = #{j : w_h(j) > threshold / m} / m`` (the row's mean
+    is 1 / m); the order is ``argsort(-o)`` (ties: the lower head first, a
+    stable sort; the authors' torch argsort leaves ties unspecified). Give it
+    to `ms_poe_ratios` as `order`.
+    """
+    query, key = np.asarray(query, dtype=np.float64), np.asarray(key, dtype=np.float64)
+    if query.ndim != 3 or key.ndim != 3 or key.shape[1:] != query.shape[1:] or query.shape[0] % key.shape[0]:
+        raise ConfigError(f"query, key: shapes {query.shape}, {key.shape}; allowed: (H, n, d) and (H_kv, n, d) "
+                          "with H_kv dividing H")
+    m = min(query.shape[1], check_positive_int("max_tokens", max_tokens))
+    keys = np.repeat(key[:, :m], query.shape[0] // key.shape[0], axis=0)
+    logits = np.einsum("hd,hjd->hj", query[:, m - 1], keys) / math.sqrt(query.shape[2])
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    outliers = (weights > threshold / m).mean(-1)
+    return np.argsort(-outliers, kind="stable")
 
 
 @register_intervention

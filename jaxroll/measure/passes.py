@@ -431,7 +431,8 @@ class _Step:
                 positions = torch.arange(q.shape[1], device=q.device)
                 inv_freq = rows["rotary"].module.inv_freq
                 q = rerotate(q.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
-                k = rerotate(k.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
+                keys = rows["change"].key_rotary_ratios[layer]  # k is repeated per query head: its group's first
+                k = rerotate(k.transpose(1, 2), positions, inv_freq, keys).transpose(1, 2)
         watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
         n = q.shape[1]
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)

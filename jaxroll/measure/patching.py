@@ -48,8 +48,13 @@ model's own q (and its recomputed rows apply the change).
 **RotaryRescale** r_{t,h}: in the same wrapper, q and k (rotated by the
 model at positions p) are rotated again per head by ``theta_i p (1/r - 1)``
 (`rerotate`, theta from the rotary module's ``inv_freq``): head h reads
-positions ``p / r``. Llama, Mistral and Qwen2 with the default rope type;
-one ratio per key-value group (shared keys).
+positions ``p / r``. Llama, Mistral and Qwen2 with the default rope type.
+Under grouped-query attention each query head is rotated at its own ratio
+and the keys of a group, shared by its query heads, at the ratio of the
+group's first head (`LogitChange.key_rotary_ratios`), as Ms-PoE's code runs
+it (VITA-Group/Ms-PoE, ``sample_rotary_emb``: ``cos[::num_key_value_groups]``).
+Query head h of group g then scores ``q_i^T R(theta (p_i / r_h - p_j / r_g)) k_j``:
+a function of the distance alone only where ``r_h = r_g``.
 
 **SinkTokens** k change the input, not the model: `check` records k in
 ``Plan.sinks`` and `patch` does nothing for them; `jaxroll.measure.measure`
@@ -331,9 +336,9 @@ def _changed(change: LogitChange, layer: int, query, key, attention_mask, is_cau
     Here the rotary families' q and k are already rotated at their positions
     (``_positions``: 0..n-1, the last q of them the queries): a rotary
     rescale re-rotates both per head to ``p / r`` (`rerotate`, with the
-    angles of `rotary`'s ``inv_freq``); the key heads, shared by groups of
-    query heads, take their group's ratio (`check` refuses ratios that
-    differ within a group).
+    angles of `rotary`'s ``inv_freq``); the key heads (``(B, H_kv, k, d)``,
+    before transformers repeats them), shared by groups of query heads, take
+    the ratio of their group's first query head (`LogitChange.key_rotary_ratios`).
     """
     rows, keys = _positions(query.shape[2], key.shape[2], query.device)
     if change.rotary_ratios is not None:

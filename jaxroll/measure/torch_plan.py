@@ -44,13 +44,35 @@ class LogitChange:
             kind is ``"divide"`` (tau), ``"bias_scale"`` (slope_scale),
             ``"add"`` (kappa, with g the distance function) or
             ``"log_length"`` (ssmax_scale).
-        rotary_ratios: `RotaryRescale`'s ``r (T, H)`` float64, or None: q and
-            k of head h in layer t are rotated at positions ``p / r_{t,h}``
-            instead of p before the content logit is formed (`rerotate`).
+        rotary_ratios: `RotaryRescale`'s ``r (T, H)`` float64, or None: the
+            query of head h in layer t is rotated at positions ``p / r_{t,h}``
+            instead of p before the content logit is formed (`rerotate`), and
+            so are its keys without grouped-query attention; under it, see
+            `key_rotary_ratios`.
+        groups: query heads per key-value head (num_attention_heads /
+            num_key_value_heads; 1 without grouped-query attention).
     """
 
     steps: tuple
     rotary_ratios: np.ndarray | None = None
+    groups: int = 1
+
+    @property
+    def key_rotary_ratios(self) -> np.ndarray | None:
+        """``r_{t, g(h)} (T, H)``: the ratio at which the keys query head h reads are rotated, or None.
+
+        Under grouped-query attention (``groups`` = num_attention_heads /
+        num_key_value_heads query heads share one key head) the shared keys
+        are rotated once, at the ratio of the group's first query head,
+        ``g(h) = groups floor(h / groups)``, as Ms-PoE's code does
+        (``sample_rotary_emb``: ``cos[::num_key_value_groups]``); each query
+        is rotated at its own head's ratio. Without groups this is
+        `rotary_ratios` itself.
+        """
+        if self.rotary_ratios is None:
+            return None
+        heads = self.rotary_ratios.shape[1]
+        return self.rotary_ratios[:, (np.arange(heads) // self.groups) * self.groups]
 
     def terms(self, layer: int, rows, keys, counts):
         """``(a, c, d)`` of `layer` in float64, or None where a term is untouched (a = c = 1, d = 0).
@@ -159,13 +181,9 @@ def _rotary_ratios(intervention, config, layer_map, num_layers: int, num_heads: 
         raise ConfigError(f"rotary_ratio: partial_rotary_factor={partial}; allowed: 1 (every dimension rotated)")
     ratios = intervention.torch_values(num_layers, num_heads)
     key_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
-    grouped = ratios.reshape(num_layers, key_heads, num_heads // key_heads)
-    differ = np.argwhere(grouped.max(-1) != grouped.min(-1))
-    if differ.size:
-        layer, group = (int(value) for value in differ[0])
-        raise ConfigError(f"rotary_ratio: layer {layer} gives different ratios to the query heads of key head "
-                          f"{group} (num_key_value_heads={key_heads}, which they share); allowed: one ratio per "
-                          "key-value group")
+    if key_heads < 1 or num_heads % key_heads:
+        raise ConfigError(f"rotary_ratio: num_key_value_heads={key_heads} does not divide num_attention_heads="
+                          f"{num_heads}; allowed: a divisor")
     return ratios
 
 
@@ -224,7 +242,8 @@ def check(interventions, config) -> Plan:
         distance = intervention.torch_distance()
         steps.append((kind, intervention.torch_values(num_layers, num_heads),
                       None if distance is None else _DISTANCES[distance[0]](distance[1])))
-    change = LogitChange(tuple(steps), ratios) if steps or ratios is not None else None
+    groups = num_heads // int(getattr(config, "num_key_value_heads", None) or num_heads)
+    change = LogitChange(tuple(steps), ratios, max(groups, 1)) if steps or ratios is not None else None
     return Plan(layer_map.name, change, gammas, sinks)
 
 
