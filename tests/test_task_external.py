@@ -209,6 +209,7 @@ def test_malformed_tables_are_refused_in_one_line_with_exit_2_before_out(tmp_pat
     (["--fit-settings", "docs=7"], "--fit-settings: got 'docs=7'"),
     (["--fit-settings", "docs=5,docs=10"], "--fit-settings: names every setting"),
     (["--task", "kv"], "--task: applies to TASK_DIR only"),
+    (["--score", "logprob"], "--score: applies to TASK_DIR only"),
 ])
 def test_bad_flags_with_accuracy_are_refused_before_out(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
@@ -222,3 +223,9 @@ def test_task_dir_and_accuracy_one_of_them(tmp_path, capsys):
     assert code == 2 and "give TASK_DIR or --accuracy" in stderr
     code, _, stderr = _run(["compare-task", tmp_path, "--fit-settings", "a", "--out", tmp_path / "out"], capsys)
     assert code == 2 and "--fit-settings: applies to --accuracy only" in stderr
+
+
+def test_a_byte_order_mark_and_comments_are_not_data(tmp_path):
+    text = "\ufeff# from a spreadsheet\nlength,start,end,accuracy,n_cases\n# between rows\n10,0,2,0.5,5\n10,2,4,0.25,4\n"
+    table = external.read_accuracy_table(_write(tmp_path, text))
+    assert table.lines.tolist() == [4, 5] and table.accuracy.tolist() == [0.5, 0.25]

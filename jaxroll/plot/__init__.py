@@ -5,7 +5,8 @@ pure: data in, a `Figure` out): `profile` (a rollout and its attention-only
 contrast), `forces` (the forces ladder), `fit` (a fit and its loss curve),
 `measured` (lambdas, measured influence, two profiles with bands), `sweep`
 (lines and heatmaps of a sweep), `task` (task accuracy by depth, a task
-curve beside the prediction) and `kinetic` (the kinetic closed form beside
+curve beside the prediction), `task_table` (an external accuracy table
+beside the prediction) and `kinetic` (the kinetic closed form beside
 its rollout), `effect` (a predicted change against two
 measurements), `series` (a measurement over training steps); `_canvas`
 holds the axes they share. The ``plot_*`` functions

@@ -163,7 +163,7 @@ def read_accuracy_table(path, *, length: int | None = None, where: str = "--accu
     """
     where = f"{where} {path}"
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark is no column name
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{where}: cannot read ({type(error).__name__}); allowed: a UTF-8 CSV file") from None
     numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1)
