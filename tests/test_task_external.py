@@ -229,3 +229,20 @@ def test_a_byte_order_mark_and_comments_are_not_data(tmp_path):
     text = "\ufeff# from a spreadsheet\nlength,start,end,accuracy,n_cases\n# between rows\n10,0,2,0.5,5\n10,2,4,0.25,4\n"
     table = external.read_accuracy_table(_write(tmp_path, text))
     assert table.lines.tolist() == [4, 5] and table.accuracy.tolist() == [0.5, 0.25]
+
+
+def test_the_figure_says_what_was_fitted_and_what_held_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    from jaxroll.plot import accuracy_table_figure
+
+    table = external.read_accuracy_table(_two_settings(tmp_path))
+    profiles = {50: _profile(50, 5), 100: _profile(100, 6)}
+    result = external.compare_accuracy_table(table, profiles.__getitem__, fit_settings=["docs=5"], resamples=20)
+    figure = accuracy_table_figure(result, level=0.95)
+    fitted, held = figure.axes[:2]
+    assert fitted.get_title().startswith("docs=5: fit") and held.get_title().startswith("docs=10: held out")
+    assert fitted.get_ylabel() == "accuracy" and "context length" in held.get_xlabel()
+    # The predicted line of the held-out panel is the link at the held-out rows, by depth.
+    line = next(item for item in held.get_lines() if item.get_label() == "predicted: link(span mass)")
+    rows = sorted((r for r in result.rows() if r["setting"] == "docs=10"), key=lambda r: r["depth_fraction"])
+    np.testing.assert_allclose(line.get_ydata(), [r["predicted"] for r in rows], rtol=0, atol=1e-12)
