@@ -23,8 +23,7 @@ transformers = pytest.importorskip("transformers")
 from test_patching import HEAD_DIM, HEADS, LAYERS, N, _attentions, _ids, _linear, _run_patched, hand_output, tiny  # noqa: E402,E501
 from test_patching_positions import _causal_softmax, _rescaled  # noqa: E402
 
-from jaxroll.interventions import RotaryRescale, ms_poe_ratios  # noqa: E402
-from jaxroll.interventions.positions import ms_poe_order  # noqa: E402
+from jaxroll.interventions import RotaryRescale, ms_poe_order, ms_poe_ratios  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
 from jaxroll.measure.torch_plan import check  # noqa: E402
 
