@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_patching import HEAD_DIM, HEADS, LAYERS, N, _attentions, _ids, _linear, _run_patched, hand_output, tiny  # noqa: E402,E501
+from test_patching import HEAD_DIM, HEADS, N, _attentions, _ids, _linear, _run_patched, hand_output, tiny  # noqa: E402
 from test_patching_positions import _causal_softmax, _rescaled  # noqa: E402
 
 from jaxroll.interventions import RotaryRescale, ms_poe_order, ms_poe_ratios  # noqa: E402

@@ -181,7 +181,8 @@ def test_compare_task_accuracy_end_to_end(tmp_path, capsys):
     ("length,start,end,accuracy\n10,0,2,0.5\n10,2,4,0.5\n", "missing column 'n_cases'"),
     ("length,accuracy,n_cases\n10,0.5,5\n10,0.4,5\n", "no span in the columns"),
     ("length,start,end,accuracy,n_cases,depth\n10,0,2,0.5,5,1\n10,2,4,0.5,5,1\n", "unknown column 'depth'"),
-    ("length,start,end,accuracy,n_cases\n10,0,2,1.2,5\n10,2,4,0.5,5\n", "line 2: accuracy 1.2; allowed: a number in [0, 1]"),
+    ("length,start,end,accuracy,n_cases\n10,0,2,1.2,5\n10,2,4,0.5,5\n",
+     "line 2: accuracy 1.2; allowed: a number in [0, 1]"),
     ("length,start,end,accuracy,n_cases\n10,0,2,0.5,5\n10,6,4,0.5,5\n", "line 3: start 6 >= end 4"),
     ("length,start,end,accuracy,n_cases\n10,0,2,0.5,5\n10,8,12,0.5,5\n", "line 3: span [8, 12) outside the context"),
     ("length,start_fraction,end_fraction,accuracy,n_cases\n10,0,0.5,0.5,5\n10,0.5,1.1,0.5,5\n",
@@ -226,7 +227,8 @@ def test_task_dir_and_accuracy_one_of_them(tmp_path, capsys):
 
 
 def test_a_byte_order_mark_and_comments_are_not_data(tmp_path):
-    text = "\ufeff# from a spreadsheet\nlength,start,end,accuracy,n_cases\n# between rows\n10,0,2,0.5,5\n10,2,4,0.25,4\n"
+    text = ("\ufeff# from a spreadsheet\nlength,start,end,accuracy,n_cases\n# between rows\n"
+            "10,0,2,0.5,5\n10,2,4,0.25,4\n")
     table = external.read_accuracy_table(_write(tmp_path, text))
     assert table.lines.tolist() == [4, 5] and table.accuracy.tolist() == [0.5, 0.25]
 
@@ -246,3 +248,11 @@ def test_the_figure_says_what_was_fitted_and_what_held_out(tmp_path):
     line = next(item for item in held.get_lines() if item.get_label() == "predicted: link(span mass)")
     rows = sorted((r for r in result.rows() if r["setting"] == "docs=10"), key=lambda r: r["depth_fraction"])
     np.testing.assert_allclose(line.get_ydata(), [r["predicted"] for r in rows], rtol=0, atol=1e-12)
+
+
+def test_one_setting_is_fitted_and_says_nothing_is_held_out(tmp_path):
+    text = HEADER + "".join(f"a,30,{3 * i},{3 * i + 3},{0.3 + 0.05 * i:.2f},20,0,1\n" for i in range(6))
+    table = external.read_accuracy_table(_write(tmp_path, text))
+    result = external.compare_accuracy_table(table, lambda n: _profile(n, 7), resamples=20)
+    assert list(result.scores) == ["fitted"] and result.held_settings == []
+    assert any("no out-of-sample test" in line for line in result.statement())
