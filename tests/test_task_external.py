@@ -256,3 +256,15 @@ def test_one_setting_is_fitted_and_says_nothing_is_held_out(tmp_path):
     result = external.compare_accuracy_table(table, lambda n: _profile(n, 7), resamples=20)
     assert list(result.scores) == ["fitted"] and result.held_settings == []
     assert any("no out-of-sample test" in line for line in result.statement())
+
+
+def test_with_accuracy_the_one_positional_is_the_rollout_config(tmp_path, capsys):
+    import jaxroll
+
+    config = tmp_path / "rollout.yaml"
+    jaxroll.io.save_config(jaxroll.presets.get("bloom-7b1"), config)
+    out = tmp_path / "compare"
+    code, _, stderr = _run(["compare-task", "--accuracy", _two_settings(tmp_path), config, "--resamples", 20,
+                            "--out", out], capsys)
+    assert code == 0, stderr
+    assert json.loads((out / "compare.json").read_text())["source"] == str(config)
