@@ -79,6 +79,9 @@ class PathInfluence:
         relative_standard_error: bound on the relative standard error of each
             squared norm per sequence: 0 exact, ``sqrt(2 / R)`` estimated.
         sequences: how many sequences were averaged.
+        per_sequence: with ``keep_sequences=True``, ``{value, probability,
+            mlp}`` each ``(S, L, K, N)``: the per-sequence norms whose means
+            are the arrays above; else None.
     """
 
     identity: np.ndarray
@@ -89,6 +92,7 @@ class PathInfluence:
     projections: int | None
     relative_standard_error: float
     sequences: int
+    per_sequence: dict | None = None
 
 
 def _check(model, ids, queries, projections):
@@ -229,7 +233,7 @@ def _squared_rows(output, h, query, vectors):
     import torch
 
     chunk = max(1, CHUNK_ELEMENTS // h.numel())
-    total = torch.zeros(h.shape[:2], dtype=torch.float64)
+    total = torch.zeros(h.shape[:2], dtype=torch.float64, device=h.device)
     row = output[:, query, :]
     for start in range(0, len(vectors), chunk):
         batch = torch.stack([vector.expand_as(row) for vector in vectors[start:start + chunk]])
@@ -242,11 +246,12 @@ def _squared_rows(output, h, query, vectors):
 
 
 def _block_paths(resolved, layer, call, h, queries, vectors):
+    """``{path: (S, K, N)}`` per-sequence norms of one block (float64 NumPy)."""
     outputs = _path_outputs(resolved, layer, call, h)
     result = {}
     for name, output in outputs.items():
-        norms = [_squared_rows(output, h, int(q), vectors).sqrt().mean(0) for q in queries]
-        result[name] = np.stack([n.detach().numpy() for n in norms])
+        norms = [_squared_rows(output, h, int(q), vectors).sqrt() for q in queries]
+        result[name] = np.stack([n.detach().cpu().numpy() for n in norms], axis=1)
     return result
 
 
@@ -264,7 +269,8 @@ def _capture_blocks(model, resolved, ids):
     handles = [block.register_forward_pre_hook(capture(t), with_kwargs=True) for t, block in enumerate(resolved.blocks)]
     try:
         with torch.no_grad():
-            model(input_ids=torch.as_tensor(ids, dtype=torch.long), use_cache=False)
+            device = model.get_input_embeddings().weight.device
+            model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=device), use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -277,23 +283,26 @@ def _all_blocks(model, resolved, ids, queries, projections, seed):
     calls = _capture_blocks(model, resolved, ids)
     width, dtype = calls[0][2].shape[-1], calls[0][2].dtype
     if projections is None:
-        vectors = list(torch.eye(width, dtype=dtype))
+        vectors = list(torch.eye(width, dtype=dtype, device=calls[0][2].device))
     else:
         generator = torch.Generator().manual_seed(seed)
         draws = torch.randn(int(projections), ids.shape[0], width, generator=generator, dtype=torch.float64)
-        vectors = list((draws / math.sqrt(int(projections))).to(dtype))  # the sum over R is then the mean
+        # the sum over R is then the mean; the draws on the CPU, so a seed gives the same on every device
+        vectors = list((draws / math.sqrt(int(projections))).to(dtype=dtype, device=calls[0][2].device))
     layers = [_block_paths(resolved, layer, (args, kwargs), h.requires_grad_(True), queries, vectors)
               for layer, (args, kwargs, h) in enumerate(calls)]
     return layers, width
 
 
-def layer_paths(model, token_ids, queries=None, projections=None, seed=0) -> PathInfluence:
+def layer_paths(model, token_ids, queries=None, projections=None, seed=0, keep_sequences=False) -> PathInfluence:
     """Split each block's local influence ``||d h'_i / d h_j||_F`` into identity, value, probability and MLP paths.
 
     See the module docstring for the formulas. `token_ids` is ``(S, N)``
     (no padding); `queries` the K query positions (default: the last);
     `projections` None for exact (D backward passes per block, query and
-    path) or R for the Gaussian estimate (seeded by `seed`).
+    path) or R for the Gaussian estimate (seeded by `seed`);
+    `keep_sequences` also returns the per-sequence norms ``(S, L, K, N)``
+    (`PathInfluence.per_sequence`), whose means over S are the arrays.
 
     Returns:
         `PathInfluence` with ``(L, K, N)`` float64 arrays, means over sequences.
@@ -312,13 +321,15 @@ def layer_paths(model, token_ids, queries=None, projections=None, seed=0) -> Pat
     count, length = ids.shape
     identity = np.zeros((len(layers), len(queries), length))
     identity[:, np.arange(len(queries)), queries] = math.sqrt(width)
+    stacked = {name: np.stack([p[name] for p in layers], axis=1) for name in ("value", "probability", "mlp")}
     return PathInfluence(
         identity=identity,
-        value=np.stack([p["value"] for p in layers]),
-        probability=np.stack([p["probability"] for p in layers]),
-        mlp=np.stack([p["mlp"] for p in layers]),
+        value=stacked["value"].mean(0),
+        probability=stacked["probability"].mean(0),
+        mlp=stacked["mlp"].mean(0),
         queries=queries,
         projections=None if projections is None else int(projections),
         relative_standard_error=0.0 if projections is None else math.sqrt(2.0 / int(projections)),
         sequences=count,
+        per_sequence=stacked if keep_sequences else None,
     )
