@@ -41,14 +41,15 @@ spreads include.
 
 **Where it runs.** After the hooked pass, on the first `PATH_SAMPLES`
 sequences, in `PATH_PROJECTIONS` Gaussian projections (exact, D basis
-vectors, when ``D <= PATH_PROJECTIONS``): its own passes, because the path
-separation recomputes each block with its probabilities or values
-detached, which the pass's activation checkpointing would replay without
-the detachment, and because it needs eager attention. A model loaded with
-an efficient attention (``sdpa``) is switched to eager for these few
-sequences (`eager_view`: the same weights, ``config._attn_implementation``
-set to ``"eager"`` and restored after), so the main pass keeps its
-efficient kernels. The run's interventions (``--intervene``) apply here too.
+vectors, when ``D <= PATH_PROJECTIONS``), in its own passes
+(`jaxroll.measure.additions.add_paths`): the path separation recomputes
+each block alone from its input with its values detached, which the
+pass's activation checkpointing would replay without the detachment, and a
+few sequences suffice where the pass runs all of them. It runs on the
+model as loaded, ``sdpa`` included (`layer_paths` needs no probabilities:
+the value path is the attention's Jacobian minus the probability path's),
+under the run's interventions (``--intervene``); Falcon with ALiBi gets the
+bias once under ``falcon_alibi="once"`` as in the pass.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ import numpy as np
 from ..errors import ConfigError
 from .registry import Statistic, register_statistic
 
-__all__ = ["PATH_SAMPLES", "PATH_PROJECTIONS", "PATH_NAMES", "eager_view", "measure_paths", "path_outputs",
+__all__ = ["PATH_SAMPLES", "PATH_PROJECTIONS", "PATH_NAMES", "measure_paths", "path_outputs",
            "probability_over_value", "branch_share", "path_ingredients"]
 
 PATH_SAMPLES = 4
@@ -88,32 +89,17 @@ def branch_share(identity, value, probability):
 
 
 @contextlib.contextmanager
-def eager_view(model, zero_falcon_alibi: bool = False):
-    """The model with eager attention inside the block (``config._attn_implementation``), as before after it.
-
-    transformers reads the implementation from the config at every forward
-    (the attention interface and the mask builders), so the same weights
-    run eagerly. `zero_falcon_alibi`: Falcon's eager path adds ALiBi twice;
-    a pre-hook passes a zero ``alibi`` to each attention (the bias once, in
-    the mask), as the hooked pass does (`jaxroll.measure.hooks`).
-    """
+def _falcon_alibi_once(model, zero: bool):
+    """Falcon's eager path adds ALiBi twice: a pre-hook passes a zero ``alibi`` to each attention (once, in the
+    mask), as the hooked pass does (`jaxroll.measure.hooks`); nothing for other models."""
+    if not zero:
+        yield
+        return
     from .hooks import Hooks
     from .layer_maps import resolve
 
-    config = model.config
-    previous = getattr(config, "_attn_implementation", None)
-    switch = previous not in (None, "eager")
-    if switch:
-        config._attn_implementation = "eager"
-    try:
-        if zero_falcon_alibi:
-            with Hooks(resolve(model), config, zero_falcon_alibi=True):
-                yield model
-        else:
-            yield model
-    finally:
-        if switch:
-            config._attn_implementation = previous
+    with Hooks(resolve(model), model.config, zero_falcon_alibi=True):
+        yield
 
 
 def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections: int | None = PATH_PROJECTIONS,
@@ -121,9 +107,10 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
     """Per-sequence path sums at the last row of the first `samples` sequences: ``(M, 4, L)`` and the record.
 
     ``per_sequence[s, p, t] = sum_j ||J^p_t(N - 1, j)||_F`` for p in
-    `PATH_NAMES` (module docstring); the model runs under `eager_view` and
-    `patching` (a `jaxroll.measure.patching.Patch`, or None). `projections`
-    None, or ``>= D``: exact.
+    `PATH_NAMES` (module docstring), with the model's own attention
+    implementation, under `patching` (a `jaxroll.measure.patching.Patch`, or
+    None; Falcon's ALiBi as `falcon_alibi` says). `projections` None, or
+    ``>= D``: exact.
 
     Returns:
         ``{"per_sequence": (M, 4, L) float64, "record": dict}`` (the record
@@ -142,12 +129,13 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
     width = int(getattr(model.config, resolved.layer_map.hidden_size))
     exact = projections is None or int(projections) >= width
     falcon = resolved.layer_map.name == "falcon" and resolved.layer_map.position == "alibi"
+    eager = getattr(model.config, "_attn_implementation", "eager") in (None, "eager")
     was_training, flags = model.training, [parameter.requires_grad for parameter in model.parameters()]
     model.eval()  # as the hooked pass: dropout off; no weight gradients (they would only hold memory)
     try:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        with eager_view(model, zero_falcon_alibi=falcon and falcon_alibi == "once"), \
+        with _falcon_alibi_once(model, falcon and eager and falcon_alibi == "once"), \
                 (patching if patching is not None else contextlib.nullcontext()):
             info = layer_paths(model, ids, queries=[-1], projections=None if exact else int(projections),
                                seed=seed, keep_sequences=True)
