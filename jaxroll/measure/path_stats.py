@@ -71,6 +71,7 @@ PATH_PROJECTIONS = 8
 """Gaussian projections R per block, path and sequence (exact when D <= R)."""
 PATH_SEED = 0
 PATH_NAMES = ("identity", "value", "probability", "mlp")
+"""The paths in the order of `path_per_sequence`'s second axis."""
 
 
 def probability_over_value(probability, value):
