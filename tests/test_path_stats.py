@@ -243,6 +243,8 @@ def test_refusals_are_one_line():
     model = tiny("gpt2")
     cases = [(lambda: measure_paths(model, ids(), samples=0), "path_samples"),
              (lambda: measure_paths(model, ids()[0]), "token_ids"),
+             (lambda: measure_paths(model, ids(), projections=0), "path_projections"),
+             (lambda: measure_paths(model, ids(), projections="8"), "path_projections"),
              (lambda: path_ingredients({"lambdas": np.ones(2)}), "paths"),
              (lambda: path_outputs(np.ones((2, 3, 2))), "path_per_sequence")]
     for call, word in cases:

@@ -123,6 +123,9 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
     ids = np.asarray(token_ids)
     if not (isinstance(samples, (int, np.integer)) and not isinstance(samples, bool) and samples >= 1):
         raise ConfigError.of("path_samples", samples, "an integer >= 1")
+    if projections is not None and not (isinstance(projections, (int, np.integer))
+                                        and not isinstance(projections, bool) and projections >= 1):
+        raise ConfigError.of("path_projections", projections, "None (exact) or an integer R >= 1")
     if ids.ndim != 2 or ids.shape[0] < 1:
         raise ConfigError.of("token_ids", tuple(ids.shape), "a (S, N) array of token ids, S >= 1")
     ids = ids[: int(samples)]
