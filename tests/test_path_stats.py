@@ -178,7 +178,7 @@ def test_only_the_first_samples_are_measured_and_the_estimate_is_seeded():
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_an_sdpa_model_is_measured_on_an_eager_view_and_left_as_it_was(family):
+def test_an_sdpa_model_gives_the_eager_paths_through_measure_and_stays_sdpa(family):
     token_ids = ids(2)
     eager = measure_paths(tiny(family), token_ids, projections=None)["per_sequence"]
     model = tiny(family, "sdpa")
