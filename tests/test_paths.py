@@ -234,3 +234,17 @@ def test_the_plain_loop_where_a_batching_rule_is_missing_gives_the_same(monkeypa
     looped = layer_paths(model, token_ids, queries=[-1, 1])
     for name in ("value", "probability", "mlp"):
         np.testing.assert_allclose(getattr(looped, name), getattr(batched, name), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])
+def test_an_efficient_attention_gives_the_eager_paths(family):
+    # the value path is the attention's Jacobian minus the probability path's: no probabilities are read
+    token_ids = ids(3)
+    eager = layer_paths(tiny(family), token_ids, queries=[-1, 3])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(family), attn_implementation="sdpa")
+    model.load_state_dict(tiny(family).state_dict())
+    sdpa = layer_paths(model.double().eval(), token_ids, queries=[-1, 3])
+    assert model.config._attn_implementation == "sdpa"
+    for name in ("value", "probability", "mlp"):
+        np.testing.assert_allclose(getattr(sdpa, name), getattr(eager, name), rtol=1e-9, atol=1e-13)

@@ -7,12 +7,15 @@
 - the refined rollout (``refine``): the switches in ``metadata["refined"]``,
   its profile ``refined_profile`` (`write_measurement` writes it as
   ``refined.csv``) and, with rows, its rows ``refined_rows (K, N)`` in float64
-  (`jaxroll.measure.refinements.refined_rows_from_arrays`).
+  (`jaxroll.measure.refinements.refined_rows_from_arrays`);
+- the layer paths (``paths``): per layer r_t, the branch's share and the
+  path sums at the last row of the first sequences, from their own passes
+  (`jaxroll.measure.path_stats`), under the run's interventions.
 """
 
 from __future__ import annotations
 
-__all__ = ["sink_count", "add_rows", "add_refined", "add_record"]
+__all__ = ["sink_count", "add_rows", "add_refined", "add_record", "add_paths"]
 
 
 def sink_count(changes) -> int:
@@ -56,3 +59,16 @@ def add_refined(result, switches) -> None:
                                                                 result.extra["query_positions"])
         result.metadata["refined"]["rows"] = "refined_rows in measurement.npz"
     result.refined_profile = refined_from_arrays(result.arrays(), switches)
+
+
+def add_paths(result, model, model_ids, *, patching=None, falcon_alibi: str = "once") -> None:
+    """The ``paths`` statistic (`jaxroll.measure.path_stats`) on the first sequences the model ran, into `result`.
+
+    `model_ids` are the ids the model ran (sinks in front, if any); the path
+    sums come from the last row, under `patching` (the run's interventions).
+    """
+    from .path_stats import measure_paths, path_outputs
+
+    measured = measure_paths(model, model_ids, patching=patching, falcon_alibi=falcon_alibi)
+    result.extra.update(path_outputs(measured["per_sequence"]))
+    result.metadata["paths"] = measured["record"]

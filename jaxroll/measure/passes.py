@@ -214,15 +214,19 @@ def measure(
                           "loop_seconds_per_process": [float(seconds) for _, seconds in timing]}
     result = measurement_from_sums(sums, stats, token_ids, indices, slopes.slopes, slopes.bias_scale,
                                    slopes.logit_scale, grid, metadata, shape, sinks)
+    paths = (prepended.model_ids, patching, falcon_alibi) if "paths" in stats else None
     _add(result, model, token_ids, queries=queries, row_target=row_target, refine=refine, record=record,
-         progress=progress is not False and progress is not None)
+         progress=progress is not False and progress is not None, paths=paths)
     return result
 
 
-def _add(result, model, token_ids, *, queries, row_target, refine, record, progress) -> None:
-    """Rows (`queries`), the caller's `record` and the refinement (`refine`), in this order in metadata.json."""
+def _add(result, model, token_ids, *, queries, row_target, refine, record, progress, paths=None) -> None:
+    """Paths, rows (`queries`), the caller's `record` and the refinement (`refine`), in this order in metadata.json."""
     from . import additions
 
+    if paths is not None:  # its own passes, eager, after the hooked one (jaxroll.measure.path_stats)
+        model_ids, patching, falcon_alibi = paths
+        additions.add_paths(result, model, model_ids, patching=patching, falcon_alibi=falcon_alibi)
     if queries is not None:
         additions.add_rows(result, model, token_ids, queries, progress=progress, target=row_target or "probability")
     elif row_target is not None:

@@ -32,24 +32,25 @@ the norm (1.6 % at R = 2000).
 Each block is computed on its own: the model runs forward once with hooks
 capturing each block's input (detached, requiring grad) and the extra
 arguments of its call (attention mask, position embeddings, ALiBi), then
-each block is recomputed alone from its input three times (probabilities
-detached, values detached, nothing detached), so the Jacobian is the
-block's local one. Memory: the (L, K, N) results plus one block's graph;
+each block is recomputed alone from its input twice (values detached,
+nothing detached), so the Jacobian is the block's local one. Per probe u,
+three backward passes give ``u^T dA_i/dh`` (the attention),
+``u^T dA_i/dh |_{V fixed}`` (the probability path) and ``u^T dM_i/dh``; the
+value path's row is the first minus the second (the product rule, exact),
+so no probability is detached and any attention implementation serves
+(eager, ``sdpa``). Memory: the (L, K, N) results plus one block's graph;
 never N x N per layer.
 
-Cost: per block 3 block forwards and ``3 K P`` block backwards (P = D exact,
-R estimate), batched as vmapped backwards. Measured (best of 3, against the
-best of 20 bare passes: the model's forward and the backward of its top
-last-position logit to the input embeddings) on a tiny float64 Llama
-(2 layers, D = 32, N = 16, 4 sequences, K = 1) on the 2-core AMD EPYC CPU of
-the development machine, shared with other work, three times: exact 13-26x
-a bare forward+backward, R = 8 6-17x (before the backwards were batched:
-113x exact). At this size the fixed costs dominate; for large D the time
-grows as ``3 K P`` batched backwards of one block.
+Cost: per block 2 block forwards and ``3 K P`` block backwards (P = D exact,
+R estimate), batched as vmapped backwards (`CHUNK_ELEMENTS`). The cost of
+the ``paths`` statistic that uses it is measured in
+benchmarks/path_stats.py (docs/refinements.md). (Earlier, with the
+softmax detached in eager attention, on a tiny float64 Llama, 2 layers,
+D = 32, N = 16, 4 sequences, K = 1: exact 13-26x a bare forward+backward,
+R = 8 6-17x.)
 
-Needs eager attention (load with ``attn_implementation="eager"``): the
-probabilities are the output of ``torch.nn.functional.softmax`` inside the
-attention module, which the value path replaces by its detached copy.
+Any attention implementation: the values are detached at the layer map's
+value module (`_value_mask`), which every implementation reads.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class PathInfluence:
         relative_standard_error: bound on the relative standard error of each
             squared norm per sequence: 0 exact, ``sqrt(2 / R)`` estimated.
         sequences: how many sequences were averaged.
+        per_sequence: with ``keep_sequences=True``, ``{value, probability,
+            mlp}`` each ``(S, L, K, N)``: the per-sequence norms whose means
+            are the arrays above; else None.
     """
 
     identity: np.ndarray
@@ -89,15 +93,12 @@ class PathInfluence:
     projections: int | None
     relative_standard_error: float
     sequences: int
+    per_sequence: dict | None = None
 
 
 def _check(model, ids, queries, projections):
     if getattr(model, "training", False):
         raise ConfigError.of("model.training", True, "a model in eval mode (model.eval()): dropout is off")
-    implementation = getattr(model.config, "_attn_implementation", "eager")
-    if implementation not in (None, "eager"):
-        raise ConfigError.of("attn_implementation", implementation,
-                             "'eager' (the probability path detaches the softmax output)")
     if ids.ndim != 2 or ids.shape[1] < 1:
         raise ConfigError.of("token_ids", tuple(ids.shape), "a (S, N) array of token ids, N >= 1")
     length = ids.shape[1]
@@ -144,37 +145,6 @@ def _hooked(module, hook):
         handle.remove()
 
 
-@contextlib.contextmanager
-def _detached_softmax(attention, fired):
-    """Inside `attention`'s forward, ``torch.nn.functional.softmax`` returns a detached result."""
-    import torch
-
-    original = torch.nn.functional.softmax
-    inside = [False]
-
-    def softmax(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if inside[0]:
-            fired.append(True)
-            return result.detach()
-        return result
-
-    def enter(module, args):
-        inside[0] = True
-
-    def leave(module, args, output):
-        inside[0] = False
-
-    handles = [attention.register_forward_pre_hook(enter), attention.register_forward_hook(leave)]
-    torch.nn.functional.softmax = softmax
-    try:
-        yield
-    finally:
-        torch.nn.functional.softmax = original
-        for handle in handles:
-            handle.remove()
-
-
 def _block_output(block, args, kwargs, h):
     args = (h,) + tuple(args[1:]) if args else ()
     kwargs = dict(kwargs) if args else dict(kwargs, hidden_states=h)
@@ -183,9 +153,14 @@ def _block_output(block, args, kwargs, h):
 
 
 def _path_outputs(resolved, layer, call, h):
-    """``{value, probability, mlp}``: the three path outputs ``(S, N, D)`` from three recomputations of the block."""
-    block, attention = resolved.blocks[layer], resolved.attentions[layer]
-    projection = resolved.output_projections[layer]
+    """``{attention, probability, mlp}``: outputs ``(S, N, D)`` of two recomputations of the block.
+
+    ``attention`` the attention's update ``A`` and ``mlp = h' - h - A`` from
+    the plain block; ``probability`` the update with the values detached
+    (the value module's value columns, `_value_mask`). The value path is
+    their difference, per probe, in `_squared_rows` (module docstring).
+    """
+    block, projection = resolved.blocks[layer], resolved.output_projections[layer]
     captured = {}
 
     def keep(name):
@@ -193,61 +168,70 @@ def _path_outputs(resolved, layer, call, h):
             captured[name] = output[0] if isinstance(output, tuple) else output
         return hook
 
-    fired = []
-    with _hooked(projection, keep("value")), _detached_softmax(attention, fired):
-        _block_output(block, *call, h)
-    if not fired:
-        raise ConfigError.of("attention", type(attention).__name__,
-                             "an eager attention that calls torch.nn.functional.softmax")
     layer_map = resolved.layer_map
     value_module = block.get_submodule(layer_map.value)
 
     def detach_values(module, args, output):
         mask = _value_mask(layer_map, output.shape[-1], resolved.num_heads, resolved.head_dim,
-                           resolved.config, output.dtype)
+                           resolved.config, output.dtype).to(output.device)
         return output * (1 - mask) + output.detach() * mask
 
     with _hooked(projection, keep("probability")), _hooked(value_module, detach_values):
         _block_output(block, *call, h)
     with _hooked(projection, keep("attention")):
         out = _block_output(block, *call, h)
-    return {"value": captured["value"], "probability": captured["probability"],
+    return {"attention": captured["attention"], "probability": captured["probability"],
             "mlp": out - h - captured["attention"]}
 
 
 CHUNK_ELEMENTS = 2 ** 24
-"""At most this many gradient elements (chunk x S x N x D) held at once: 128 MiB in float64."""
+"""At most this many elements per chunk of probes, counted as chunk x S x (N D + 4 N^2): the gradient and a few
+attention maps of a batched backward (about 128 MiB of gradients in float64 at N^2 << N D)."""
 
 
-def _squared_rows(output, h, query, vectors):
-    """``sum_r ||u_r^T d output[s, query] / d h[s]||^2``, shape (S, N).
+def _gradients(row, h, batch):
+    """``d (u_r . row) / d h`` for each u_r in `batch` ``(c, S, D)``: ``(c, S, N, D)``."""
+    import torch
 
-    One backward pass per vector u_r, a chunk of them at a time as one
-    batched (vmapped) backward (`CHUNK_ELEMENTS`); one at a time where an
-    operation has no batching rule.
+    try:
+        (grads,) = torch.autograd.grad(row, h, grad_outputs=batch, retain_graph=True, is_grads_batched=True)
+    except RuntimeError:  # no batching rule for some operation: the plain loop
+        grads = torch.stack([torch.autograd.grad(row, h, grad_outputs=u, retain_graph=True)[0] for u in batch])
+    return grads
+
+
+def _squared_rows(outputs, h, query, vectors):
+    """``{value, probability, mlp}``: ``sum_r ||u_r^T d path[s, query] / d h[s]||^2``, each (S, N).
+
+    One backward pass per output and vector u_r, a chunk of vectors at a
+    time as one batched (vmapped) backward (`CHUNK_ELEMENTS`, one at a time
+    where an operation has no batching rule); the value path's row is the
+    attention's minus the probability path's (the product rule, exact).
     """
     import torch
 
-    chunk = max(1, CHUNK_ELEMENTS // h.numel())
-    total = torch.zeros(h.shape[:2], dtype=torch.float64)
-    row = output[:, query, :]
+    per_vector = h.numel() + h.shape[0] * h.shape[1] * h.shape[1] * 4  # the gradient and a few (N, N) maps
+    chunk = max(1, CHUNK_ELEMENTS // per_vector)
+    totals = {name: torch.zeros(h.shape[:2], dtype=torch.float64, device=h.device)
+              for name in ("value", "probability", "mlp")}
+    rows = {name: output[:, query, :] for name, output in outputs.items()}
     for start in range(0, len(vectors), chunk):
-        batch = torch.stack([vector.expand_as(row) for vector in vectors[start:start + chunk]])
-        try:
-            (grads,) = torch.autograd.grad(row, h, grad_outputs=batch, retain_graph=True, is_grads_batched=True)
-        except RuntimeError:  # no batching rule for some operation: the plain loop
-            grads = torch.stack([torch.autograd.grad(row, h, grad_outputs=u, retain_graph=True)[0] for u in batch])
-        total += grads.double().pow(2).sum((0, -1))
-    return total
+        batch = torch.stack([vector.expand_as(rows["mlp"]) for vector in vectors[start:start + chunk]])
+        attention = _gradients(rows["attention"], h, batch)
+        probability = _gradients(rows["probability"], h, batch)
+        grads = {"value": attention - probability, "probability": probability,
+                 "mlp": _gradients(rows["mlp"], h, batch)}
+        for name, grad in grads.items():
+            totals[name] += grad.double().pow(2).sum((0, -1))
+    return totals
 
 
 def _block_paths(resolved, layer, call, h, queries, vectors):
+    """``{path: (S, K, N)}`` per-sequence norms of one block (float64 NumPy)."""
     outputs = _path_outputs(resolved, layer, call, h)
-    result = {}
-    for name, output in outputs.items():
-        norms = [_squared_rows(output, h, int(q), vectors).sqrt().mean(0) for q in queries]
-        result[name] = np.stack([n.detach().numpy() for n in norms])
-    return result
+    squared = [_squared_rows(outputs, h, int(q), vectors) for q in queries]
+    return {name: np.stack([rows[name].sqrt().detach().cpu().numpy() for rows in squared], axis=1)
+            for name in ("value", "probability", "mlp")}
 
 
 def _capture_blocks(model, resolved, ids):
@@ -264,7 +248,8 @@ def _capture_blocks(model, resolved, ids):
     handles = [block.register_forward_pre_hook(capture(t), with_kwargs=True) for t, block in enumerate(resolved.blocks)]
     try:
         with torch.no_grad():
-            model(input_ids=torch.as_tensor(ids, dtype=torch.long), use_cache=False)
+            device = model.get_input_embeddings().weight.device
+            model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=device), use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -277,29 +262,32 @@ def _all_blocks(model, resolved, ids, queries, projections, seed):
     calls = _capture_blocks(model, resolved, ids)
     width, dtype = calls[0][2].shape[-1], calls[0][2].dtype
     if projections is None:
-        vectors = list(torch.eye(width, dtype=dtype))
+        vectors = list(torch.eye(width, dtype=dtype, device=calls[0][2].device))
     else:
         generator = torch.Generator().manual_seed(seed)
         draws = torch.randn(int(projections), ids.shape[0], width, generator=generator, dtype=torch.float64)
-        vectors = list((draws / math.sqrt(int(projections))).to(dtype))  # the sum over R is then the mean
+        # the sum over R is then the mean; the draws on the CPU, so a seed gives the same on every device
+        vectors = list((draws / math.sqrt(int(projections))).to(dtype=dtype, device=calls[0][2].device))
     layers = [_block_paths(resolved, layer, (args, kwargs), h.requires_grad_(True), queries, vectors)
               for layer, (args, kwargs, h) in enumerate(calls)]
     return layers, width
 
 
-def layer_paths(model, token_ids, queries=None, projections=None, seed=0) -> PathInfluence:
+def layer_paths(model, token_ids, queries=None, projections=None, seed=0, keep_sequences=False) -> PathInfluence:
     """Split each block's local influence ``||d h'_i / d h_j||_F`` into identity, value, probability and MLP paths.
 
     See the module docstring for the formulas. `token_ids` is ``(S, N)``
     (no padding); `queries` the K query positions (default: the last);
     `projections` None for exact (D backward passes per block, query and
-    path) or R for the Gaussian estimate (seeded by `seed`).
+    path) or R for the Gaussian estimate (seeded by `seed`);
+    `keep_sequences` also returns the per-sequence norms ``(S, L, K, N)``
+    (`PathInfluence.per_sequence`), whose means over S are the arrays.
 
     Returns:
         `PathInfluence` with ``(L, K, N)`` float64 arrays, means over sequences.
 
     Raises:
-        ConfigError: a model in training mode or not eager, bad ids, queries
+        ConfigError: a model in training mode, bad ids, queries
             or projections (before any work).
     """
     ids = np.asarray(token_ids)
@@ -312,13 +300,15 @@ def layer_paths(model, token_ids, queries=None, projections=None, seed=0) -> Pat
     count, length = ids.shape
     identity = np.zeros((len(layers), len(queries), length))
     identity[:, np.arange(len(queries)), queries] = math.sqrt(width)
+    stacked = {name: np.stack([p[name] for p in layers], axis=1) for name in ("value", "probability", "mlp")}
     return PathInfluence(
         identity=identity,
-        value=np.stack([p["value"] for p in layers]),
-        probability=np.stack([p["probability"] for p in layers]),
-        mlp=np.stack([p["mlp"] for p in layers]),
+        value=stacked["value"].mean(0),
+        probability=stacked["probability"].mean(0),
+        mlp=stacked["mlp"].mean(0),
         queries=queries,
         projections=None if projections is None else int(projections),
         relative_standard_error=0.0 if projections is None else math.sqrt(2.0 / int(projections)),
         sequences=count,
+        per_sequence=stacked if keep_sequences else None,
     )

@@ -18,7 +18,7 @@ from typing import Callable
 from ..errors import ConfigError
 
 STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets",
-                     "jaxroll.measure.sequence_rollout")
+                     "jaxroll.measure.sequence_rollout", "jaxroll.measure.path_stats")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
