@@ -2,12 +2,16 @@
 
 The oracle forms each layer from per-head logits written out below (ALiBi's
 ``(-m (i - j) + d [i = j] + b) / tau``, a table's ``f(i - j)``, a dense
-kernel's ``log A``), then ``A_h = rowsoftmax``, ``S_h = |z - zbar|``,
-``B = sum_h w_h (A_h + g A_h S_h)``, ``c = sum_h w_h sum_j A_h S_h`` and the row
-``((1 - lambda) e_i + lambda B_i) / (1 + lambda g c_i)``, and multiplies the
-last row through the layers: nothing of jaxroll's is used in it.
+kernel's ``log A``), ``A_h = rowsoftmax``, the branch weights
+``W_h(i) = 1 - rho + rho sigma_h(i)``, ``B = sum_h w_h W_h A_h``,
+``W = sum_h w_h W_h`` and the row ``((1 - lambda) e_i + lambda B_i) /
+(1 - lambda + lambda W_i)``, and multiplies the last row through the layers:
+nothing of jaxroll's is used in it. Each intervention's oracle transforms the
+logits and the logit gains by hand (``tau``: both divided; SSMax: both times
+``s ln(i + 1)``; slope, distance, rotary, sinks: the logits only).
 """
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -19,11 +23,11 @@ import pytest
 
 import jaxroll
 from jaxroll import interventions as iv
-from jaxroll.engine.probability import MAX_LENGTH, gain_from_ratio, row_spreads
+from jaxroll.engine.probability import share_from_ratio
 from jaxroll.errors import ConfigError
 from jaxroll.kernel_types import DenseKernel, TableKernel
 from jaxroll.metrics import middle_mass
-from jaxroll.model import RolloutModel, with_probability_gains
+from jaxroll.model import RolloutModel, with_probability_path
 
 N = 12
 RNG = np.random.default_rng(53)
@@ -56,32 +60,35 @@ def dense_logits(kernels, n):
         return np.where(block > 0, np.log(block), -np.inf)[:, None]
 
 
-def oracle_layer(logits, weights, lam, gain):
+def softmax_rows(z):
+    a = np.exp(z - z.max(axis=-1, keepdims=True))
+    return a / a.sum(axis=-1, keepdims=True)
+
+
+def oracle_layer(logits, weights, lam, share, gains):
+    """R of one layer: logits (H, n, n), weights (H,), gains (H,) or (H, n) (per row)."""
     n = logits.shape[-1]
     weights = weights / weights.sum()
-    b, c = np.zeros((n, n)), np.zeros(n)
-    for z, w in zip(logits, weights):
-        a = np.exp(z - z.max(axis=1, keepdims=True))
-        a /= a.sum(axis=1, keepdims=True)
-        finite = np.where(np.isfinite(z), z, 0.0)
-        mean = (a * finite).sum(axis=1, keepdims=True)
-        s = np.where(np.isfinite(z), np.abs(finite - mean), 0.0)
-        b += w * (a + gain * a * s)
-        c += w * (a * s).sum(axis=1)
-    return ((1 - lam) * np.eye(n) + lam * b) / (1 + lam * gain * c)[:, None]
+    gains = np.broadcast_to(np.asarray(gains, dtype=float).reshape(len(weights), -1), (len(weights), n))
+    branch, total = np.zeros((n, n)), np.zeros(n)
+    for z, w, sigma in zip(logits, weights, gains):
+        factor = 1 - share + share * sigma  # (n,): row i's
+        branch += w * factor[:, None] * softmax_rows(z)
+        total += w * factor
+    return ((1 - lam) * np.eye(n) + lam * branch) / (1 - lam + lam * total)[:, None]
 
 
-def oracle_profile(logits, weights, lambdas, gains):
+def oracle_profile(logits, weights, lambdas, shares, gains):
     n = logits.shape[-1]
     row = np.zeros(n)
     row[-1] = 1.0
     for t in reversed(range(len(lambdas))):
-        row = row @ oracle_layer(logits[t], weights[t], lambdas[t], gains[t])
+        row = row @ oracle_layer(logits[t], weights[t], lambdas[t], shares[t], gains[t])
     return row / row.sum()
 
 
-def oracle_middle(logits, weights, lambdas, gains):
-    p = oracle_profile(logits, weights, lambdas, gains)
+def oracle_middle(*args):
+    p = oracle_profile(*args)
     k = max(1, round(0.1 * len(p)))
     return p[k: len(p) - k].sum()
 
@@ -90,7 +97,8 @@ def oracle_middle(logits, weights, lambdas, gains):
 
 T, H = 3, 2
 LAMBDAS = np.array([0.3, 0.55, 0.8])
-GAINS = np.array([0.7, 1.5, 0.25])
+SHARES = np.array([0.4, 0.7, 0.2])
+GAINS = np.array([[0.6, 1.5], [0.8, 0.5], [2.0, 1.2]])
 SLOPES = np.array([[0.5, 0.125], [0.3, 0.05], [0.8, 0.2]])
 DIAGONAL = RNG.normal(size=(T, H))
 BASE = RNG.normal(size=(T, H))
@@ -99,30 +107,26 @@ TABLE = RNG.normal(size=(T, H, 2 * N)) - 0.15 * np.arange(1, 2 * N + 1)
 
 
 def dense_array():
-    z = RNG.normal(size=(T, N, N)) * 1.5
-    z = np.where(causal(N), z, -np.inf)
-    a = np.exp(z - z.max(axis=-1, keepdims=True))
-    return a / a.sum(axis=-1, keepdims=True)
+    return softmax_rows(np.where(causal(N), RNG.normal(size=(T, N, N)) * 1.5, -np.inf))
 
 
 DENSE = dense_array()
 
 
 def case(kind):
-    """(plain model, oracle logits (T, H, n, n), oracle weights (T, H))."""
+    """(plain model, oracle logits (T, H, n, n), oracle weights (T, H), logit gains (T, H))."""
     if kind == "alibi":
         model = RolloutModel.create(num_layers=T, num_heads=H, lambdas=LAMBDAS, alibi_slopes=SLOPES,
                                     diagonal_scores=DIAGONAL, base_scores=BASE, head_weights=WEIGHTS,
                                     temperature=1.3, sequence_length=N)
-        return model, alibi_logits(SLOPES, DIAGONAL, BASE, 1.3, N), WEIGHTS
+        return model, alibi_logits(SLOPES, DIAGONAL, BASE, 1.3, N), WEIGHTS, GAINS
     if kind == "table":
         kernel = TableKernel.create(num_layers=T, num_heads=H, offset_scores=TABLE, diagonal_scores=DIAGONAL,
                                     head_weights=WEIGHTS)
-        return RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N), \
-            table_logits(TABLE, DIAGONAL, N), WEIGHTS
-    kernel = DenseKernel.create(DENSE)
-    return RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N), dense_logits(DENSE, N), \
-        np.ones((T, 1))
+        return (RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N), table_logits(TABLE, DIAGONAL, N),
+                WEIGHTS, GAINS)
+    model = RolloutModel.create(kernel=DenseKernel.create(DENSE), lambdas=LAMBDAS, sequence_length=N)
+    return model, dense_logits(DENSE, N), np.ones((T, 1)), GAINS[:, :1]
 
 
 KINDS = ("alibi", "table", "dense")
@@ -130,146 +134,113 @@ KINDS = ("alibi", "table", "dense")
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_extended_rollout_matches_oracle(kind):
-    model, logits, weights = case(kind)
-    extended = with_probability_gains(model, GAINS)
-    expected = oracle_profile(logits, weights, LAMBDAS, GAINS)
+    model, logits, weights, gains = case(kind)
+    extended = with_probability_path(model, SHARES, gains)
+    expected = oracle_profile(logits, weights, LAMBDAS, SHARES, gains)
     for method in ("auto", "dense"):
         np.testing.assert_allclose(jaxroll.influence(extended, method=method), expected, rtol=0, atol=1e-12)
 
 
 def test_matrix_and_transitions_match_oracle():
-    model, logits, weights = case("table")
-    extended = with_probability_gains(model, GAINS)
-    expected = oracle_profile(logits, weights, LAMBDAS, GAINS)
+    model, logits, weights, gains = case("table")
+    extended = with_probability_path(model, SHARES, gains)
+    expected = oracle_profile(logits, weights, LAMBDAS, SHARES, gains)
     matrix = np.asarray(jaxroll.rollout_matrix(extended))
     np.testing.assert_allclose(matrix[-1] / matrix[-1].sum(), expected, rtol=0, atol=1e-12)
     t = 1
-    np.testing.assert_allclose(jaxroll.transition(extended, t), oracle_layer(logits[t], weights[t], LAMBDAS[t], GAINS[t]),
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(jaxroll.transition(extended, t),
+                               oracle_layer(logits[t], weights[t], LAMBDAS[t], SHARES[t], gains[t]), rtol=0, atol=1e-12)
+    kernels = np.asarray(jaxroll.model.layer_kernels(extended, N))
+    np.testing.assert_allclose(kernels.sum(axis=-1), 1.0, rtol=0, atol=1e-13)  # K stays row-stochastic
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_zero_gain_is_todays_rollout(kind):
-    model, _, _ = case(kind)
-    extended = with_probability_gains(model, 0.0)
-    np.testing.assert_allclose(jaxroll.influence(extended), jaxroll.influence(model), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(jaxroll.rollout_matrix(extended), jaxroll.rollout_matrix(model), rtol=0, atol=1e-12)
-    assert np.all(np.asarray(jaxroll.RolloutModel.probability_gains.fget(model)) == 0.0)
-
-
-def test_rows_stay_stochastic_and_kernel_is_k():
-    model, logits, weights = case("alibi")
-    extended = with_probability_gains(model, GAINS)
-    kernels = np.asarray(jaxroll.model.layer_kernels(extended, N))
-    np.testing.assert_allclose(kernels.sum(axis=-1), 1.0, rtol=0, atol=1e-13)
-    for t in range(T):  # K = B / (1 + g c): the layer at lambda = 1
-        np.testing.assert_allclose(kernels[t], oracle_layer(logits[t], weights[t], 1.0, GAINS[t]), rtol=0, atol=1e-12)
+def test_neutral_setting_is_todays_rollout(kind):
+    model, _, _, gains = case(kind)
+    today = jaxroll.influence(model)
+    # At the measured setting (logit gains 1) any share is today's layer; a share of 0 is, at any gains.
+    np.testing.assert_allclose(jaxroll.influence(with_probability_path(model, SHARES)), today, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(jaxroll.influence(with_probability_path(model, 0.0, gains)), today, rtol=0, atol=1e-12)
+    assert np.all(np.asarray(model.probability_shares) == 0.0) and np.all(np.asarray(model.logit_gains) == 1.0)
 
 
 @pytest.mark.parametrize("kind", ["alibi", "dense"])
 def test_gradients_against_central_differences(kind):
-    model, logits, weights = case(kind)
+    model, logits, weights, gains = case(kind)
 
-    def statistic(lambdas, gains):
-        return middle_mass(jaxroll.influence(with_probability_gains(dataclass_lambdas(model, lambdas), gains)))
+    @jax.jit
+    def statistic(lambdas, shares, logit_gains):
+        changed = with_probability_path(dataclasses.replace(model, lambdas=lambdas), shares, logit_gains)
+        return middle_mass(jaxroll.influence(changed))
 
-    grad_lambdas, grad_gains = jax.grad(statistic, argnums=(0, 1))(jnp.asarray(LAMBDAS), jnp.asarray(GAINS))
+    grads = jax.grad(statistic, argnums=(0, 1, 2))(jnp.asarray(LAMBDAS), jnp.asarray(SHARES), jnp.asarray(gains))
     h = 1e-6
     for t in range(T):
         step = np.eye(T)[t] * h
-        numeric_gain = (oracle_middle(logits, weights, LAMBDAS, GAINS + step)
-                        - oracle_middle(logits, weights, LAMBDAS, GAINS - step)) / (2 * h)
-        numeric_lambda = (oracle_middle(logits, weights, LAMBDAS + step, GAINS)
-                          - oracle_middle(logits, weights, LAMBDAS - step, GAINS)) / (2 * h)
-        assert abs(grad_gains[t] - numeric_gain) < 1e-8, (t, grad_gains[t], numeric_gain)
-        assert abs(grad_lambdas[t] - numeric_lambda) < 1e-8, (t, grad_lambdas[t], numeric_lambda)
-
-
-def dataclass_lambdas(model, lambdas):
-    import dataclasses
-    return dataclasses.replace(model, lambdas=lambdas)
+        numeric = [(oracle_middle(logits, weights, LAMBDAS + step, SHARES, gains)
+                    - oracle_middle(logits, weights, LAMBDAS - step, SHARES, gains)) / (2 * h),
+                   (oracle_middle(logits, weights, LAMBDAS, SHARES + step, gains)
+                    - oracle_middle(logits, weights, LAMBDAS, SHARES - step, gains)) / (2 * h)]
+        bump = np.zeros_like(gains)
+        bump[t, -1] = h
+        numeric.append((oracle_middle(logits, weights, LAMBDAS, SHARES, gains + bump)
+                        - oracle_middle(logits, weights, LAMBDAS, SHARES, gains - bump)) / (2 * h))
+        got = [grads[0][t], grads[1][t], grads[2][t, -1]]
+        np.testing.assert_allclose(got, numeric, rtol=0, atol=1e-8)
 
 
 def test_gradient_through_kernel_fields_and_vmap():
-    model, _, _ = case("alibi")
-    extended = with_probability_gains(model, GAINS)
+    model, logits, weights, gains = case("alibi")
+    extended = with_probability_path(model, SHARES, gains)
 
     @jax.jit
     def statistic(slopes):
-        return middle_mass(jaxroll.influence(jaxroll.RolloutModel(extended.lambdas, extended.kernel, N,
-                                                                  alibi_slopes=slopes)))
+        return middle_mass(jaxroll.influence(RolloutModel(extended.lambdas, extended.kernel, N, alibi_slopes=slopes)))
 
     grad = jax.grad(statistic)(jnp.asarray(SLOPES))
     h = 1e-6
     bump = np.zeros_like(SLOPES)
     bump[1, 0] = h
-    numeric = (statistic(SLOPES + bump) - statistic(SLOPES - bump)) / (2 * h)
+    numeric = (oracle_middle(alibi_logits(SLOPES + bump, DIAGONAL, BASE, 1.3, N), weights, LAMBDAS, SHARES, gains)
+               - oracle_middle(alibi_logits(SLOPES - bump, DIAGONAL, BASE, 1.3, N), weights, LAMBDAS, SHARES, gains)) / (2 * h)
     assert abs(grad[1, 0] - numeric) < 1e-8
-    gains = jnp.asarray(np.stack([GAINS * s for s in (0.0, 0.5, 2.0)]))
-    batched = jax.vmap(lambda g: jaxroll.influence(with_probability_gains(model, g)))(gains)
-    _, logits, weights = case("alibi")
-    for row, g in zip(batched, np.asarray(gains)):
-        np.testing.assert_allclose(row, oracle_profile(logits, weights, LAMBDAS, g), rtol=0, atol=1e-12)
+    shares = np.stack([SHARES * s for s in (0.0, 0.5, 1.2)])
+    batched = jax.vmap(lambda rho: jaxroll.influence(with_probability_path(model, rho, gains)))(jnp.asarray(shares))
+    for row, rho in zip(batched, shares):
+        np.testing.assert_allclose(row, oracle_profile(logits, weights, LAMBDAS, rho, gains), rtol=0, atol=1e-12)
 
 
-def test_gain_from_ratio_reproduces_the_measured_ratio():
-    model, logits, weights = case("alibi")
-    ratios = np.array([0.5, 2.0, 1.0])
-    gains = np.asarray(gain_from_ratio(ratios, model))
-    # The last row's probability-path mass over its value-path mass is g c(n - 1): the measured ratio.
-    c_last = np.array([oracle_spread(logits[t], weights[t])[-1] for t in range(T)])
-    np.testing.assert_allclose(gains * c_last, ratios, rtol=1e-12)
-    np.testing.assert_allclose(row_spreads(model.kernel, N), [oracle_spread(logits[t], weights[t]) for t in range(T)],
-                               rtol=0, atol=1e-12)
-    rows = np.array([4, 9])
-    mean_rows = np.asarray(gain_from_ratio(ratios, model, rows=rows))
-    c_rows = np.array([oracle_spread(logits[t], weights[t])[rows].mean() for t in range(T)])
-    np.testing.assert_allclose(mean_rows * c_rows, ratios, rtol=1e-12)
-
-
-def oracle_spread(logits, weights):
-    """c(i) = sum_h w_h sum_j A_h S_h: the oracle's row spreads, ``(n,)``."""
-    n = logits.shape[-1]
-    weights = weights / weights.sum()
-    c = np.zeros(n)
-    for z, w in zip(logits, weights):
-        a = np.exp(z - z.max(axis=1, keepdims=True))
-        a /= a.sum(axis=1, keepdims=True)
-        finite = np.where(np.isfinite(z), z, 0.0)
-        mean = (a * finite).sum(axis=1, keepdims=True)
-        c += w * (a * np.where(np.isfinite(z), np.abs(finite - mean), 0.0)).sum(axis=1)
-    return c
-
-
-def test_refusals_are_one_line():
-    model, _, _ = case("alibi")
-    with pytest.raises(ConfigError) as error:
-        with_probability_gains(model, [0.1, -1.0, 0.2])
-    assert error.value.field == "probability_gains" and "\n" not in str(error.value)
-    with pytest.raises(ConfigError, match="probability_gains"):
-        with_probability_gains(model, [0.1, 0.2])
-    with pytest.raises(ConfigError, match="at most 4096"):
-        jaxroll.influence(with_probability_gains(model, 1.0), MAX_LENGTH + 1)
+def test_share_from_ratio_and_refusals():
+    np.testing.assert_allclose(share_from_ratio(np.array([0.0, 1.0, 3.0])), [0.0, 0.5, 0.75], rtol=0, atol=1e-15)
     with pytest.raises(ConfigError, match="ratio"):
-        gain_from_ratio(-1.0, model)
+        share_from_ratio(-1.0)
+    model, _, _, _ = case("alibi")
+    for shares, gains, field in (([0.1, 1.0, 0.2], 1.0, "probability_shares"), ([0.1, -0.1, 0.2], 1.0, "probability_shares"),
+                                 ([0.1, 0.2], 1.0, "probability_shares"), (0.5, 0.0, "logit_gains"),
+                                 (0.5, np.ones((2, 2)), "logit_gains")):
+        with pytest.raises(ConfigError) as error:
+            with_probability_path(model, shares, gains)
+        assert error.value.field == field and "\n" not in str(error.value), (shares, gains, str(error.value))
 
 
-def test_yaml_round_trip_and_absent_is_zero():
-    model, _, _ = case("alibi")
-    extended = with_probability_gains(model, GAINS)
+def test_yaml_round_trip_and_absent_is_neutral():
+    model, _, _, gains = case("alibi")
+    extended = iv.Temperature(1.7).apply(with_probability_path(model, SHARES, gains))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "config.yaml")
         jaxroll.save_config(extended, path)
         back = jaxroll.load_config(path)
-        np.testing.assert_array_equal(back.probability_gains, GAINS)
-        np.testing.assert_array_equal(jaxroll.influence(back), jaxroll.influence(extended))
+    np.testing.assert_array_equal(back.probability_shares, SHARES)
+    np.testing.assert_array_equal(back.logit_gains, np.asarray(extended.logit_gains))
+    np.testing.assert_array_equal(jaxroll.influence(back), jaxroll.influence(extended))
     config = jaxroll.schema.config_from_model(model)
-    assert "probability_gains" not in config
-    np.testing.assert_array_equal(jaxroll.schema.model_from_config(config).probability_gains, np.zeros(T))
-    config["probability_gains"] = 0.5
-    np.testing.assert_array_equal(jaxroll.schema.model_from_config(config).probability_gains, np.full(T, 0.5))
-    config["probability_gains"] = [0.5, -1.0, 0.0]
-    with pytest.raises(ConfigError, match="probability_gains"):
+    assert "probability_shares" not in config and "logit_gains" not in config
+    config["probability_shares"] = 0.5
+    back = jaxroll.schema.model_from_config(config)
+    np.testing.assert_array_equal(back.probability_shares, np.full(T, 0.5))
+    assert "logit_gains" not in jaxroll.schema.config_from_model(back)  # gains of 1 are not written
+    config["probability_shares"] = [0.5, 1.5, 0.0]
+    with pytest.raises(ConfigError, match="probability_shares"):
         jaxroll.schema.model_from_config(config)
 
 
@@ -320,15 +291,14 @@ def test_temperature_sign_where_the_probability_path_dominates():
     attention = np.exp(logits - logits.max(axis=1, keepdims=True))
     attention /= attention.sum(axis=1, keepdims=True)
     model = RolloutModel.create(kernel=DenseKernel.create(attention[None]), lambdas=[lam], sequence_length=n)
-    gains = gain_from_ratio(ratio, model)
 
-    def predicted(gain):
-        extended = with_probability_gains(model, gain)
+    def predicted(share):
+        extended = with_probability_path(model, share)
         at = [float(middle_mass(jaxroll.influence(iv.Temperature(1 + s * h).apply(extended)))) for s in (1, -1)]
         return (at[0] - at[1]) / (2 * h)
 
-    extended, today = predicted(gains), predicted(0.0)
-    # Measured (run 2026-12-06): -0.174; the extended layer -0.094; today's rollout (g = 0) +0.0067, the wrong sign.
+    extended, today = predicted(share_from_ratio(ratio)), predicted(0.0)
+    # Measured (run 2026-12-06): -0.174; the extended layer -0.084; today's rollout +0.0067, the wrong sign.
     assert ratio > 3.0 and measured < -0.05
     assert extended < 0.0 and abs(extended - measured) < abs(today - measured)
     assert today > 0.0  # today's rollout predicts the opposite sign on this model (the issue's finding)

@@ -337,6 +337,11 @@ class AlibiKernel(AbstractKernel):
                                                                       self.base_scores, self.temperature, n)
         return logits, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
 
+    def reweighted_heads(self, factors):
+        """Head weights ``w_h factors[h]`` (one layer) and ``sum_h (w_h / sum w) factors[h]``."""
+        return (dataclasses.replace(self, head_weights=self.head_weights * factors),
+                jnp.sum(self.head_weights * factors, axis=-1) / jnp.sum(self.head_weights, axis=-1))
+
     def scores_by_offset(self, n: int):
         """``f_h(k) = (-m_h k + d_h [k = 0]) / tau`` (the background cancels in the softmax); causal masks only."""
         if self.mask != "causal":

@@ -136,16 +136,6 @@ class DenseKernel(AbstractKernel):
         weights = jnp.exp(kappa[:, None, None] * score(distance)[None])
         return dataclasses.replace(self, kernels=_row_renormalised(self.kernels * weights))
 
-    def path_logits(self, n: int, field: str = "probability_gains"):
-        """``z = log A`` (``-inf`` where ``A = 0``), one head of weight 1: the logits of a kernel that is one
-        softmax (up to a row constant, which the probability path ignores); for a mean over sequences of
-        softmax rows, the logits of the mean (an approximation, as `temper` is)."""
-        del field
-        kernel = self.kernels[:n, :n]
-        positive = kernel > 0
-        logits = jnp.where(positive, jnp.log(jnp.where(positive, kernel, 1.0)), -jnp.inf)
-        return logits[None], jnp.ones((1,), dtype=logits.dtype)
-
     def to_config(self, kernel_file: str | None = None) -> dict:
         """``kernel_type: dense`` and the npz `kernel_file` that holds the kernels (`file_arrays`)."""
         return {"kernel_config": {"kernel_type": "dense", "file": kernel_file}}

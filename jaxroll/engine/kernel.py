@@ -170,8 +170,8 @@ class AbstractKernel(eqx.Module):
     """A kernel type built around a registered one (`jaxroll.engine.probability`), not a family of its
     own: `kernel_classes` leaves it out (refusals and sweep listings name the families)."""
     mixes_rows: ClassVar[bool] = False
-    """Whether `step` mixes each row with its own weight (the probability path): the layer is then not
-    ``(1 - lambda) I + lambda A`` with one lambda, and a sweep may not expand it in powers of ``A``."""
+    """Whether `step` mixes a layer with weights other than its lambda (the probability path: one per
+    layer or per row): a sweep over the lambdas may then not expand it in powers of ``A``."""
 
     @property
     def mask(self) -> str:
@@ -244,7 +244,7 @@ class AbstractKernel(eqx.Module):
         ``left=False``: ``row^T R`` for row vectors ``(..., n)``, `product(row, self)` = ``row^T A``;
         ``left=True``: ``R @ row`` for a matrix ``(n, m)``, `product(row, self)` = ``A @ row``. Default:
         `jaxroll.engine.step.layer_step` (one lambda for every row); a kernel with `mixes_rows`
-        overrides it (`jaxroll.engine.probability`).
+        overrides it (`jaxroll.engine.probability`), calling `product` with the kernel it mixes in.
         """
         del left
         return layer_step(row, weight, product(row, self))
@@ -318,12 +318,13 @@ class AbstractKernel(eqx.Module):
         del n
         raise self.refusal(field, "has no logits to scale", "head_logits")
 
-    def path_logits(self, n: int, field: str = "probability_gains") -> tuple[Float[Array, "heads n n"], Float[Array, " heads"]]:
-        """One layer's per-head logits at length n with ``-inf`` where a row reads nothing (the mask),
-        and its normalised head weights: what the probability path (`jaxroll.engine.probability`)
-        reads. Default: `head_logits` masked by `mask` and `window` (refused where `head_logits` is)."""
-        logits, weights = self.head_logits(n, field)
-        return jnp.where(allowed(n, self.mask, self.window), logits, -jnp.inf), weights
+    def reweighted_heads(self, factors) -> tuple["AbstractKernel", Float[Array, ""]]:
+        """``(kernel, total)``: one layer with head h's weight multiplied by ``factors[h] > 0`` (``(H,)``), and
+        ``total = sum_h (w_h / sum w) factors[h]`` (what the probability path reads, `jaxroll.engine.probability`).
+        Called on a layer. Default: a one-head kernel is itself (``total = factors[0]``); refused otherwise."""
+        if self.num_heads == 1:
+            return self, jnp.reshape(factors, (-1,))[0]
+        raise self.refusal("logit_gains", "has no head weights to scale", "reweighted_heads")
 
     def scaled_rows(self, scale, row_factor, n: int, field: str = "ssmax_scale") -> "AbstractKernel | None":
         """The kernel with layer t, head h, row i's logits multiplied by ``scale[t, h] row_factor[i]``,
