@@ -244,6 +244,75 @@ def test_yaml_round_trip_and_absent_is_neutral():
         jaxroll.schema.model_from_config(config)
 
 
+# Every rollout transform on the extended layer -------------------------------------------------------
+
+def _log_rows(n):
+    return np.log(np.arange(1, n + 1, dtype=float))  # ln n_i, n_i = i + 1 keys under a causal mask
+
+
+def _interventions():
+    """(name, kind, intervention, oracle (logits, weights, gains, lambdas) -> the same, transformed, at n)."""
+    tau = np.array([0.7, 1.6])
+    scale = np.array([0.5, 1.5])
+    ratio = np.array([1.2, 1.8])
+    kappa = 0.4
+    gamma = np.array([0.5, 2.0, 1.0])
+
+    def tempered(logits, weights, gains, lambdas, n):
+        return logits / tau[None, :, None, None], weights, gains / tau, lambdas
+
+    def dense_tempered(logits, weights, gains, lambdas, n):
+        return logits / 1.4, weights, gains / 1.4, lambdas
+
+    def slopes(logits, weights, gains, lambdas, n):
+        return alibi_logits(SLOPES * scale, DIAGONAL, BASE, 1.3, n), weights, gains, lambdas
+
+    def distance(logits, weights, gains, lambdas, n):
+        offsets = np.maximum(np.arange(n)[:, None] - np.arange(n)[None, :], 0)
+        return logits + kappa * np.log1p(offsets), weights, gains, lambdas
+
+    def branch(logits, weights, gains, lambdas, n):
+        return logits, weights, gains, gamma * lambdas / (gamma * lambdas + 1 - lambdas)
+
+    def ssmax(logits, weights, gains, lambdas, n):
+        factor = scale[None, :, None] * _log_rows(n)[None, None, :]  # (1, H, n): head h, row i
+        finite = np.isfinite(logits)
+        scaled = np.where(finite, np.where(finite, logits, 0.0) * factor[..., None], -np.inf)
+        return scaled, weights, gains[..., None] * factor, lambdas
+
+    def rotary(logits, weights, gains, lambdas, n):
+        k = np.arange(1, TABLE.shape[-1] + 1)
+        table = np.array([[np.interp(k / r, k, TABLE[t, h]) for h, r in enumerate(ratio)] for t in range(T)])
+        return table_logits(table, DIAGONAL, n), weights, gains, lambdas
+
+    def sinks(logits, weights, gains, lambdas, n):
+        return alibi_logits(SLOPES, DIAGONAL, BASE, 1.3, n), weights, gains, lambdas
+
+    return [("tau", "alibi", iv.Temperature(tau), tempered), ("tau", "table", iv.Temperature(tau), tempered),
+            ("tau", "dense", iv.Temperature(1.4), dense_tempered),
+            ("slope_scale", "alibi", iv.SlopeScale(scale), slopes), ("kappa", "alibi", iv.DistanceBias(kappa), distance),
+            ("kappa", "table", iv.DistanceBias(kappa), distance), ("gamma", "alibi", iv.BranchScale(gamma), branch),
+            ("ssmax_scale", "alibi", iv.LengthScaledLogits(scale), ssmax),
+            ("ssmax_scale", "table", iv.LengthScaledLogits(scale), ssmax),
+            ("rotary_ratio", "table", iv.RotaryRescale(ratio), rotary), ("sinks", "alibi", iv.SinkTokens(3), sinks)]
+
+
+@pytest.mark.parametrize("name, kind, change, transform", _interventions(),
+                         ids=[f"{name}-{kind}" for name, kind, _, _ in _interventions()])
+def test_interventions_act_on_the_extended_layer(name, kind, change, transform):
+    model, logits, weights, gains = case(kind)
+    changed = change.apply(with_probability_path(model, SHARES, gains))
+    n = changed.sequence_length
+    logits, weights, gains, lambdas = transform(logits, weights, gains, LAMBDAS, n)
+    expected = oracle_profile(logits, weights, lambdas, SHARES, gains)
+    np.testing.assert_allclose(jaxroll.influence(changed), expected, rtol=0, atol=1e-12)
+    # From the measured setting (logit gains 1), the extended prediction leaves today's only where the
+    # change moves the logits' derivative (temperature, SSMax); position changes act on A alone.
+    today = jaxroll.influence(change.apply(model))
+    moved = np.abs(np.asarray(today) - jaxroll.influence(change.apply(with_probability_path(model, SHARES)))).max()
+    assert (moved > 1e-4) == (name in ("tau", "ssmax_scale")), (name, moved)
+
+
 # Temperature on a tiny torch model where the probability path dominates ------------------------------
 
 def _attention_block(torch, x, values, tau, detach=None):
