@@ -313,6 +313,22 @@ def test_interventions_act_on_the_extended_layer(name, kind, change, transform):
     assert (moved > 1e-4) == (name in ("tau", "ssmax_scale")), (name, moved)
 
 
+def test_sweeps_run_the_extended_layer():
+    """A sweep over lambda_0 and tau of an extended model (equal layers: a plain kernel would take the
+    Krylov path, a polynomial in A over the lambdas) against the oracle, point by point."""
+    n, slopes, shares, gains = 10, np.array([0.4, 0.1]), 0.6, np.array([1.5, 0.5])
+    model = RolloutModel.create(num_layers=2, num_heads=2, lambdas=0.5, alibi_slopes=slopes, diagonal_scores=1.0,
+                                sequence_length=n, probability_shares=shares, logit_gains=gains)
+    result = jaxroll.sweep(model, lambda_0=[0.3, 0.7], beta=[0.0], tau=[0.8, 1.5], progress=False)
+    assert result.method == "vmap"
+    profiles = np.asarray(result.profiles).reshape(2, 2, n)
+    for a, lam in enumerate((0.3, 0.7)):
+        for b, tau in enumerate((0.8, 1.5)):
+            logits = np.stack([alibi_logits(slopes, np.ones(2), np.zeros(2), tau, n)] * 2)
+            expected = oracle_profile(logits, np.full((2, 2), 0.5), [lam] * 2, [shares] * 2, [gains / tau] * 2)
+            np.testing.assert_allclose(profiles[a, b], expected, rtol=0, atol=1e-12)
+
+
 # Temperature on a tiny torch model where the probability path dominates ------------------------------
 
 def _attention_block(torch, x, values, tau, detach=None):
