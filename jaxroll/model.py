@@ -180,8 +180,8 @@ class RolloutModel(eqx.Module):
             if num_layers is not None and check_positive_int("num_layers", num_layers) != kernel.num_layers:
                 raise ConfigError(f"num_layers: got {num_layers}; allowed: the kernel's {kernel.num_layers}")
         if probability_shares is not None or logit_gains is not None:
-            kernel = probability.with_probability_path(kernel, 0.0 if probability_shares is None else probability_shares,
-                                                       1.0 if logit_gains is None else logit_gains)
+            shares = 0.0 if probability_shares is None else probability_shares
+            kernel = probability.with_probability_path(kernel, shares, 1.0 if logit_gains is None else logit_gains)
         lambdas = _per_layer("lambdas", lambdas, kernel.num_layers)
         check_range("lambdas", lambdas, 0.0, 1.0)
         sequence_length = check_positive_int(

@@ -133,7 +133,8 @@ def config_from_model(model: RolloutModel, kernel_file: str | None = None) -> di
               **model.kernel.to_config(kernel_file), "lambda_schedule_config": _schedule_to_config(model.lambdas)}
     if model.kernel.mixes_rows:  # the probability path (absent: none); logit gains of 1 are not written
         shares = np.asarray(model.probability_shares, dtype=np.float64)
-        config["probability_shares"] = [float(shares[0])] if np.all(shares == shares[0]) else [float(x) for x in shares]
+        same = np.all(shares == shares[0])
+        config["probability_shares"] = [float(shares[0])] if same else [float(x) for x in shares]
         gains = np.asarray(model.logit_gains, dtype=np.float64)
         if np.any(gains != 1.0):
             config["logit_gains"] = compact(gains)

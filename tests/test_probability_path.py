@@ -123,8 +123,8 @@ def case(kind):
     if kind == "table":
         kernel = TableKernel.create(num_layers=T, num_heads=H, offset_scores=TABLE, diagonal_scores=DIAGONAL,
                                     head_weights=WEIGHTS)
-        return (RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N), table_logits(TABLE, DIAGONAL, N),
-                WEIGHTS, GAINS)
+        model = RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N)
+        return model, table_logits(TABLE, DIAGONAL, N), WEIGHTS, GAINS
     model = RolloutModel.create(kernel=DenseKernel.create(DENSE), lambdas=LAMBDAS, sequence_length=N)
     return model, dense_logits(DENSE, N), np.ones((T, 1)), GAINS[:, :1]
 
@@ -201,8 +201,9 @@ def test_gradient_through_kernel_fields_and_vmap():
     h = 1e-6
     bump = np.zeros_like(SLOPES)
     bump[1, 0] = h
-    numeric = (oracle_middle(alibi_logits(SLOPES + bump, DIAGONAL, BASE, 1.3, N), weights, LAMBDAS, SHARES, gains)
-               - oracle_middle(alibi_logits(SLOPES - bump, DIAGONAL, BASE, 1.3, N), weights, LAMBDAS, SHARES, gains)) / (2 * h)
+    at = [oracle_middle(alibi_logits(SLOPES + s * bump, DIAGONAL, BASE, 1.3, N), weights, LAMBDAS, SHARES, gains)
+          for s in (1, -1)]
+    numeric = (at[0] - at[1]) / (2 * h)
     assert abs(grad[1, 0] - numeric) < 1e-8
     shares = np.stack([SHARES * s for s in (0.0, 0.5, 1.2)])
     batched = jax.vmap(lambda rho: jaxroll.influence(with_probability_path(model, rho, gains)))(jnp.asarray(shares))
@@ -215,9 +216,9 @@ def test_share_from_ratio_and_refusals():
     with pytest.raises(ConfigError, match="ratio"):
         share_from_ratio(-1.0)
     model, _, _, _ = case("alibi")
-    for shares, gains, field in (([0.1, 1.0, 0.2], 1.0, "probability_shares"), ([0.1, -0.1, 0.2], 1.0, "probability_shares"),
-                                 ([0.1, 0.2], 1.0, "probability_shares"), (0.5, 0.0, "logit_gains"),
-                                 (0.5, np.ones((2, 2)), "logit_gains")):
+    refused = (([0.1, 1.0, 0.2], 1.0, "probability_shares"), ([0.1, -0.1, 0.2], 1.0, "probability_shares"),
+               ([0.1, 0.2], 1.0, "probability_shares"), (0.5, 0.0, "logit_gains"), (0.5, np.ones((2, 2)), "logit_gains"))
+    for shares, gains, field in refused:
         with pytest.raises(ConfigError) as error:
             with_probability_path(model, shares, gains)
         assert error.value.field == field and "\n" not in str(error.value), (shares, gains, str(error.value))
@@ -290,7 +291,8 @@ def _interventions():
 
     return [("tau", "alibi", iv.Temperature(tau), tempered), ("tau", "table", iv.Temperature(tau), tempered),
             ("tau", "dense", iv.Temperature(1.4), dense_tempered),
-            ("slope_scale", "alibi", iv.SlopeScale(scale), slopes), ("kappa", "alibi", iv.DistanceBias(kappa), distance),
+            ("slope_scale", "alibi", iv.SlopeScale(scale), slopes),
+            ("kappa", "alibi", iv.DistanceBias(kappa), distance),
             ("kappa", "table", iv.DistanceBias(kappa), distance), ("gamma", "alibi", iv.BranchScale(gamma), branch),
             ("ssmax_scale", "alibi", iv.LengthScaledLogits(scale), ssmax),
             ("ssmax_scale", "table", iv.LengthScaledLogits(scale), ssmax),
@@ -368,7 +370,8 @@ def test_temperature_sign_where_the_probability_path_dominates():
     # logits), the norm-ratio lambda at the last token, and the measured path ratio r (last query).
     value_path = jacobian(lambda inputs: _attention_block(torch, inputs, values, 1.0, "probabilities")[-1], x)
     probability_path = jacobian(lambda inputs: _attention_block(torch, inputs, values, 1.0, "values")[-1], x)
-    ratio = float(torch.linalg.norm(probability_path, dim=(0, 2)).sum() / torch.linalg.norm(value_path, dim=(0, 2)).sum())
+    ratio = float(torch.linalg.norm(probability_path, dim=(0, 2)).sum()
+                  / torch.linalg.norm(value_path, dim=(0, 2)).sum())
     update = _attention_block(torch, x, values, 1.0)[-1]
     lam = float(torch.linalg.norm(update) / (torch.linalg.norm(x[-1]) + torch.linalg.norm(update)))
     logits = (10.0 * x[:, :1] @ x[:, :1].T).numpy()

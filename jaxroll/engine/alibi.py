@@ -24,7 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Float
 
 import equinox as eqx
 

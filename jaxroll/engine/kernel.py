@@ -60,7 +60,8 @@ from ..errors import ConfigError
 from .plan import Path
 from .step import layer_step
 
-__all__ = ["AbstractKernel", "KERNEL_TYPES", "MASKS", "allowed", "register_kernel", "kernel_classes", "layer_head_values"]
+__all__ = ["AbstractKernel", "KERNEL_TYPES", "MASKS", "allowed", "register_kernel", "kernel_classes",
+           "layer_head_values"]
 
 MASKS = ("causal", "sliding", "full")
 """Attention masks: ``causal`` (j <= i), ``sliding`` (i - W < j <= i), ``full`` (every j)."""
