@@ -33,6 +33,9 @@ the types that can); callers ask the kernel, never test its type:
   ``kernel_config.kernel_type`` of a configuration file), `config_keys` (the
   top-level sections it reads), `to_config`, `from_config` and `file_arrays`
   (what goes into the npz beside the file);
+- the layer step, `step` (default ``(1 - lambda) v + lambda v^T A``; a kernel extended by the
+  probability path mixes with its own lambda, `mixes_rows`), `reweighted_heads` (head weights
+  scaled, what that path reads) and `scaled_rows` (a kernel that forms SSMax's rows itself);
 - `sweep_fields` (the fields a sweep axis may vary, set through `replaced`)
   and `fittable_fields` (the fields `jaxroll.fit` may free, each with its
   parametrisation).
