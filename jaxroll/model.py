@@ -19,9 +19,11 @@ from jaxtyping import Array, Float
 from ._checks import check_positive_int, check_range
 from ._checks import per_layer as _per_layer
 from .errors import ConfigError
+from .engine import probability
 from .kernel_types import AbstractKernel, AlibiKernel, DenseKernel
 
-__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model", "layer_kernels"]
+__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model", "layer_kernels",
+           "with_probability_path"]
 
 class RolloutModel(eqx.Module):
     """Parameters of a residual-aware attention rollout (a PyTree): lambdas plus a kernel.
@@ -104,6 +106,20 @@ class RolloutModel(eqx.Module):
         return self._alibi_field("head_weights")
 
     @property
+    def probability_shares(self) -> Float[Array, " layers"]:
+        """``(T,)``, the probability path's share ``rho_t`` of each attention branch (`jaxroll.engine.probability`);
+        zeros for a kernel without it (today's layer ``(1 - lambda) I + lambda A``)."""
+        shares = probability.probability_shares(self.kernel)
+        return np.zeros(self.num_layers) if shares is None else shares
+
+    @property
+    def logit_gains(self) -> Float[Array, "layers heads"]:
+        """``(T, H)``, the factor on each head's logit derivative relative to the measured setting (``1 / tau``
+        after a temperature); ones for a kernel without the probability path (or once formed by SSMax)."""
+        gains = probability.logit_gains(self.kernel)
+        return np.ones((self.num_layers, self.num_heads)) if gains is None else gains
+
+    @property
     def temperature(self) -> Float[Array, ""]:
         """``()``, the softmax temperature ``tau > 0``."""
         return self._alibi_field("temperature")
@@ -124,6 +140,8 @@ class RolloutModel(eqx.Module):
         mask: str = "causal",
         window: int | None = None,
         sequence_length: int | None = None,
+        probability_shares=None,
+        logit_gains=None,
     ) -> "RolloutModel":
         """Build a checked model, broadcasting per-layer and per-head values.
 
@@ -136,7 +154,11 @@ class RolloutModel(eqx.Module):
         `jaxroll.alibi_slopes(num_heads)`, `head_weights` to uniform.
         `lambdas` is a number or a ``(T,)`` array, each in [0, 1].
         `sequence_length` defaults to a dense kernel's N, else 256, and must
-        be a length the kernel is defined at.
+        be a length the kernel is defined at. `probability_shares` (a number
+        or ``(T,)``, each in [0, 1)) and `logit_gains` (``(T, H)``-broadcast,
+        > 0, default 1) extend every layer by the probability path
+        (`jaxroll.engine.probability.with_probability_path`); both None keep
+        the kernel as it is.
 
         Raises:
             ConfigError: a one-line message naming the field, the value and
@@ -157,6 +179,9 @@ class RolloutModel(eqx.Module):
             kernel.check()
             if num_layers is not None and check_positive_int("num_layers", num_layers) != kernel.num_layers:
                 raise ConfigError(f"num_layers: got {num_layers}; allowed: the kernel's {kernel.num_layers}")
+        if probability_shares is not None or logit_gains is not None:
+            shares = 0.0 if probability_shares is None else probability_shares
+            kernel = probability.with_probability_path(kernel, shares, 1.0 if logit_gains is None else logit_gains)
         lambdas = _per_layer("lambdas", lambdas, kernel.num_layers)
         check_range("lambdas", lambdas, 0.0, 1.0)
         sequence_length = check_positive_int(
@@ -182,9 +207,20 @@ def check_model(value, field: str = "model") -> RolloutModel:
     return value
 
 
+def with_probability_path(model: RolloutModel, shares, logit_gains=1.0) -> RolloutModel:
+    """`model` with every layer extended by the probability path (`jaxroll.engine.probability`): shares
+    ``rho_t`` in [0, 1) of each branch, logit gains ``sigma_{t,h} > 0`` relative to the measured setting, and
+    ``R_t(i, :) = ((1 - lambda_t) e_i + lambda_t sum_h w_h W_h A_h(i, :)) / (1 - lambda_t + lambda_t W)`` with
+    ``W_h = 1 - rho_t + rho_t sigma_{t,h}``, ``W = sum_h w_h W_h``. At ``sigma = 1`` (or ``rho = 0``) it is
+    `model`'s rollout exactly. Pure and differentiable in both (jit, grad, vmap)."""
+    model = check_model(model)
+    return dataclasses.replace(model, kernel=probability.with_probability_path(model.kernel, shares, logit_gains))
+
+
 def layer_kernels(model: RolloutModel, n: int) -> Float[Array, "layers n n"]:
     """The dense layer kernels ``A_t`` at length n, ``(T, n, n)``, one layer at a time (``lax.map``:
-    O(H n^2) live); traceable, so `jax.grad` runs through the kernel's arrays."""
+    O(H n^2) live); traceable, so `jax.grad` runs through the kernel's arrays. With the probability
+    path, ``K_t`` (its lambdas are the kernel's `step`'s, not in this array)."""
     stacked, shared = model.kernel.scan_parts()
     return jax.lax.map(lambda part: eqx.combine(part, shared).dense(n), stacked)
 
@@ -198,6 +234,9 @@ def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
     """
     if model.kernel.stores_dense:
         return model
+    if model.kernel.mixes_rows:  # its rows' own lambdas would be lost in one dense kernel per layer
+        raise ConfigError.of("model.kernel", type(model.kernel).__name__, "a kernel without the probability path "
+                             "(jaxroll.engine.probability.plain_kernel), or a dense kernel extended by it")
     n = model.sequence_length if n is None else check_positive_int("n", n)
     model.kernel.check_length(n)
     kernels = np.array(layer_kernels(model, n), dtype=np.float64)

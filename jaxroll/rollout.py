@@ -24,7 +24,6 @@ from jaxtyping import Array, Float
 
 from . import memory
 from .engine.plan import METHODS, Path, check_length, plan, resolve_method
-from .engine.step import layer_step
 from .errors import ConfigError
 from .model import RolloutModel
 
@@ -45,10 +44,14 @@ def attention_kernel(model: RolloutModel, layer: int, n: int | None = None) -> F
 
 
 def transition(model: RolloutModel, layer: int, n: int | None = None) -> Float[Array, "n n"]:
-    """``R_t = (1 - lambda_t) I + lambda_t A_t`` for layer `layer` (0-based)."""
+    """``R_t = (1 - lambda_t) I + lambda_t A_t`` for layer `layer` (0-based), as the kernel steps it (with the
+    probability path, ``lambda`` per row and ``A_t`` its ``K_t``: `jaxroll.engine.probability`)."""
     n = check_length(model, n)
-    kernel = attention_kernel(model, layer, n)
-    return layer_step(jnp.eye(n, dtype=kernel.dtype), model.lambdas[layer], kernel)
+    if not 0 <= layer < model.num_layers:
+        raise ConfigError(f"layer: got {layer}; allowed: 0 to {model.num_layers - 1}")
+    kernel = model.kernel.layer(layer)
+    dense = kernel.dense(n)  # A @ I = A: the product on the identity is the kernel itself
+    return kernel.step(jnp.eye(n, dtype=dense.dtype), model.lambdas[layer], lambda *_: dense, left=True)
 
 
 def _scan_layers(model: RolloutModel, row, path: Path, product, reverse: bool = True):
@@ -60,7 +63,8 @@ def _scan_layers(model: RolloutModel, row, path: Path, product, reverse: bool = 
 
     def apply_layer(vector, layer):
         weight, part = layer
-        return layer_step(vector, weight, product(vector, eqx.combine(part, shared))), None
+        # The kernel takes the step: one lambda per layer, or per row (the probability path).
+        return eqx.combine(part, shared).step(vector, weight, product, left=not reverse), None
 
     # Reverse mode keeps one row per layer: products without a VJP of their own are checkpointed.
     if path.checkpoint:

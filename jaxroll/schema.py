@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from . import schedules
-from ._checks import as_float_scalar, check_positive_int, check_range
-from .engine.config import check_keys
+from ._checks import as_float_array, as_float_scalar, check_positive_int, check_range
+from .engine.config import check_keys, compact, nested_array
 from .errors import ConfigError
 from .kernel_types import KERNEL_TYPES
 from .model import RolloutModel
@@ -26,6 +26,7 @@ PAPER_KIND = "alibi"
 """The kernel of a configuration without ``kernel_config``: the paper's schema (ALiBi + content)."""
 
 _MODEL_KEYS = {"sequence_length", "num_layers", "lambda_schedule_config", "save_dir"}
+_OPTIONAL_KEYS = {"save_dir", "probability_shares", "logit_gains"}
 _SCHEDULE_KEYS = {
     "constant": {"schedule_type", "lambda_const"},
     "power_decay": {"schedule_type", "lambda_0", "beta"},
@@ -51,15 +52,20 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     ``kernel_config.kernel_type``, or without ``kernel_config`` the paper's
     ``attention_config``, ``content_config`` and ``mask_config``
     (`AlibiKernel`); a ``file`` is resolved relative to `directory` (the
-    config's folder).
+    config's folder). Optional ``probability_shares`` (a number or a list
+    of 1 or ``num_layers`` numbers in [0, 1)) and ``logit_gains`` (nested
+    lists as the per-head fields, > 0, default 1) extend every layer by the
+    probability path (`jaxroll.engine.probability`); absent, the layers are
+    today's.
 
     Raises:
         ConfigError: unknown keys, missing keys, wrong lengths, values out
             of range; one line naming the field.
     """
     kernel_type = _kernel_type(config)
-    check_keys("", config, _MODEL_KEYS | {key for kind in KERNEL_TYPES.values() for key in kind.config_keys},
-               required=_MODEL_KEYS - {"save_dir"} | ({"kernel_config"} if "kernel_config" in config else set()))
+    check_keys("", config, _MODEL_KEYS | _OPTIONAL_KEYS | {key for kind in KERNEL_TYPES.values()
+                                                           for key in kind.config_keys},
+               required=_MODEL_KEYS - _OPTIONAL_KEYS | ({"kernel_config"} if "kernel_config" in config else set()))
     num_layers = check_positive_int("num_layers", config["num_layers"])
     kernel = kernel_type.from_config({key: config[key] for key in kernel_type.config_keys if key in config},
                                      num_layers=num_layers, directory=directory)
@@ -69,12 +75,28 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     if config["sequence_length"] is None:  # create() would take None for the kernel's default length, unsaid
         raise ConfigError.of("sequence_length", None, "an integer >= 1, the N the file's rollouts run at (null is "
                              "not a default: write the length, e.g. 256 as the published files do)")
+    shares = _shares_from_config(config.get("probability_shares"), num_layers)
+    gains = nested_array("logit_gains", config.get("logit_gains"))
     try:
-        return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"])
+        return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"],
+                                   probability_shares=shares, logit_gains=gains)
     except ConfigError as error:
         if error.field in _MODEL_PATHS:
             raise error.renamed(_MODEL_PATHS[error.field]) from None
         raise error.within("kernel_config") if "kernel_config" in config and error.field else error from None
+
+
+def _shares_from_config(value, num_layers: int):
+    """``probability_shares``: absent or null (none), a number, or a list of 1 or T numbers in [0, 1)."""
+    if value is None:
+        return None
+    field = "probability_shares"
+    if isinstance(value, bool) or not isinstance(value, (int, float, list)):
+        raise ConfigError.of(field, value, "a number or a list of 1 or num_layers numbers, each in [0, 1)")
+    shares = as_float_array(field, value).reshape(-1)
+    if shares.shape[0] not in (1, num_layers):
+        raise ConfigError.of(field, value, f"a list of 1 or num_layers ({num_layers}) numbers, each in [0, 1)")
+    return np.broadcast_to(shares, (num_layers,)).copy()
 
 
 def _kernel_type(config) -> type:
@@ -107,8 +129,16 @@ def config_from_model(model: RolloutModel, kernel_file: str | None = None) -> di
     for ALiBi + content, a ``kernel_config`` for the others); its large
     arrays (`kernel_arrays`) go to the npz named `kernel_file`.
     """
-    return {"sequence_length": int(model.sequence_length), "num_layers": int(model.num_layers),
-            **model.kernel.to_config(kernel_file), "lambda_schedule_config": _schedule_to_config(model.lambdas)}
+    config = {"sequence_length": int(model.sequence_length), "num_layers": int(model.num_layers),
+              **model.kernel.to_config(kernel_file), "lambda_schedule_config": _schedule_to_config(model.lambdas)}
+    if model.kernel.mixes_rows:  # the probability path (absent: none); logit gains of 1 are not written
+        shares = np.asarray(model.probability_shares, dtype=np.float64)
+        same = np.all(shares == shares[0])
+        config["probability_shares"] = [float(shares[0])] if same else [float(x) for x in shares]
+        gains = np.asarray(model.logit_gains, dtype=np.float64)
+        if np.any(gains != 1.0):
+            config["logit_gains"] = compact(gains)
+    return config
 
 
 def kernel_arrays(model) -> dict[str, np.ndarray]:

@@ -9,6 +9,8 @@
 - `relative`: the FFT products of relative-position kernels;
 - `plan`: `plan(model, n, method)`, the one place a path is chosen;
 - `step`: the layer step ``(1 - lambda) v + lambda v^T A``, written once.
+- `probability`: the probability path, a kernel type extended by the gradient through the softmax
+  (`with_probability_path`; the kernel then takes the layer step, `AbstractKernel.step`).
 
 `jaxroll.rollout` runs the scans; users reach kernels through `jaxroll.kernel_types`.
 """

@@ -24,7 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Float
 
 import equinox as eqx
 
@@ -33,14 +33,12 @@ from .._checks import as_float_array, check_positive_int, check_range, is_concre
 from ..errors import ConfigError
 from . import structured
 from .config import check_keys, compact, nested_array
-from .kernel import AbstractKernel, layer_head_values, refuses, register_kernel
+from .kernel import MASKS, AbstractKernel, allowed, layer_head_values, refuses, register_kernel
 from .offset import biased_table
 from .plan import Path
 
 __all__ = ["MASKS", "AlibiKernel", "alibi_slopes", "allowed", "head_scores", "layer_kernel"]
 
-MASKS = ("causal", "sliding", "full")
-"""Attention masks: ``causal`` (j <= i), ``sliding`` (i - W < j <= i), ``full`` (every j)."""
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -58,23 +56,6 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     slopes = 2.0 ** (-8.0 * np.arange(1, closest + 1) / closest)
     extra = 2.0 ** (-4.0 * np.arange(1, 2 * (num_heads - closest), 2) / closest)
     return np.concatenate([slopes, extra])
-
-
-def allowed(n: int, mask: str, window: int | None = None) -> Bool[Array, "n n"]:
-    """Which entries a row may read: ``allowed[i, j]``.
-
-    ``causal``: j <= i. ``sliding``: i - W < j <= i (W = `window`). ``full``:
-    every j.
-    """
-    i = jnp.arange(n)[:, None]
-    j = jnp.arange(n)[None, :]
-    if mask == "full":
-        return jnp.ones((n, n), dtype=bool)
-    if mask == "causal":
-        return j <= i
-    if mask == "sliding":
-        return (j <= i) & (j > i - window)
-    raise ValueError(f"mask: got {mask!r}; allowed: one of {', '.join(MASKS)}")
 
 
 def head_scores(
@@ -355,6 +336,11 @@ class AlibiKernel(AbstractKernel):
         logits = jax.vmap(head_scores, in_axes=(0, 0, 0, None, None))(self.alibi_slopes, self.diagonal_scores,
                                                                       self.base_scores, self.temperature, n)
         return logits, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
+
+    def reweighted_heads(self, factors):
+        """Head weights ``w_h factors[h]`` (one layer) and ``sum_h (w_h / sum w) factors[h]``."""
+        return (dataclasses.replace(self, head_weights=self.head_weights * factors),
+                jnp.sum(self.head_weights * factors, axis=-1) / jnp.sum(self.head_weights, axis=-1))
 
     def scores_by_offset(self, n: int):
         """``f_h(k) = (-m_h k + d_h [k = 0]) / tau`` (the background cancels in the softmax); causal masks only."""

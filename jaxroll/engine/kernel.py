@@ -33,6 +33,9 @@ the types that can); callers ask the kernel, never test its type:
   ``kernel_config.kernel_type`` of a configuration file), `config_keys` (the
   top-level sections it reads), `to_config`, `from_config` and `file_arrays`
   (what goes into the npz beside the file);
+- the layer step, `step` (default ``(1 - lambda) v + lambda v^T A``; a kernel extended by the
+  probability path mixes with its own lambda, `mixes_rows`), `reweighted_heads` (head weights
+  scaled, what that path reads) and `scaled_rows` (a kernel that forms SSMax's rows itself);
 - `sweep_fields` (the fields a sweep axis may vary, set through `replaced`)
   and `fittable_fields` (the fields `jaxroll.fit` may free, each with its
   parametrisation).
@@ -53,13 +56,36 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from .._checks import as_float_array, is_concrete, per_layer_and_head
 from ..errors import ConfigError
 from .plan import Path
+from .step import layer_step
 
-__all__ = ["AbstractKernel", "KERNEL_TYPES", "register_kernel", "kernel_classes", "layer_head_values"]
+__all__ = ["AbstractKernel", "KERNEL_TYPES", "MASKS", "allowed", "register_kernel", "kernel_classes",
+           "layer_head_values"]
+
+MASKS = ("causal", "sliding", "full")
+"""Attention masks: ``causal`` (j <= i), ``sliding`` (i - W < j <= i), ``full`` (every j)."""
+
+
+def allowed(n: int, mask: str, window: int | None = None) -> Bool[Array, "n n"]:
+    """Which entries a row may read: ``allowed[i, j]``.
+
+    ``causal``: j <= i. ``sliding``: i - W < j <= i (W = `window`). ``full``:
+    every j.
+    """
+    i = jnp.arange(n)[:, None]
+    j = jnp.arange(n)[None, :]
+    if mask == "full":
+        return jnp.ones((n, n), dtype=bool)
+    if mask == "causal":
+        return j <= i
+    if mask == "sliding":
+        return (j <= i) & (j > i - window)
+    raise ValueError(f"mask: got {mask!r}; allowed: one of {', '.join(MASKS)}")
+
 
 KERNEL_TYPES: dict[str, type] = {}
 """The kernel types the YAML schema and the command line know, by `config_kind` (`register_kernel`)."""
@@ -90,7 +116,7 @@ def kernel_classes() -> tuple[type, ...]:
         stack = [cls]
         while stack:
             current = stack.pop(0)
-            if not getattr(current, "__abstractmethods__", None) and current not in found:
+            if not getattr(current, "__abstractmethods__", None) and current not in found and not current.extension:
                 found.append(current)
             stack.extend(current.__subclasses__())
     return tuple(found)
@@ -143,6 +169,13 @@ class AbstractKernel(eqx.Module):
     @abc.abstractmethod
     def num_heads(self) -> int:
         """H, the heads mixed in each layer (1 for a measured head average)."""
+
+    extension: ClassVar[bool] = False
+    """A kernel type built around a registered one (`jaxroll.engine.probability`), not a family of its
+    own: `kernel_classes` leaves it out (refusals and sweep listings name the families)."""
+    mixes_rows: ClassVar[bool] = False
+    """Whether `step` mixes a layer with weights other than its lambda (the probability path: one per
+    layer or per row): a sweep over the lambdas may then not expand it in powers of ``A``."""
 
     @property
     def mask(self) -> str:
@@ -208,6 +241,17 @@ class AbstractKernel(eqx.Module):
     def settled_rung(self, dtype):
         """Which of `plan`'s ``rungs`` a traced kernel takes (when ``settled`` is None)."""
         raise NotImplementedError(f"{type(self).__name__} plans no run-time rungs")
+
+    def step(self, row, weight, product: Callable, left: bool = False):
+        """One layer of the rollout, ``R = (1 - lambda) I + lambda A``, on `row` (this layer's kernel).
+
+        ``left=False``: ``row^T R`` for row vectors ``(..., n)``, `product(row, self)` = ``row^T A``;
+        ``left=True``: ``R @ row`` for a matrix ``(n, m)``, `product(row, self)` = ``A @ row``. Default:
+        `jaxroll.engine.step.layer_step` (one lambda for every row); a kernel with `mixes_rows`
+        overrides it (`jaxroll.engine.probability`), calling `product` with the kernel it mixes in.
+        """
+        del left
+        return layer_step(row, weight, product(row, self))
 
     # What the kernel can do beyond the rollout, declared here with defaults that refuse.
 
@@ -277,6 +321,22 @@ class AbstractKernel(eqx.Module):
         on a layer (`layer`, or a step of `scan_parts`). Refused by default."""
         del n
         raise self.refusal(field, "has no logits to scale", "head_logits")
+
+    def reweighted_heads(self, factors) -> tuple["AbstractKernel", Float[Array, ""]]:
+        """``(kernel, total)``: one layer with head h's weight multiplied by ``factors[h] > 0`` (``(H,)``), and
+        ``total = sum_h (w_h / sum w) factors[h]`` (what the probability path reads, `jaxroll.engine.probability`).
+        Called on a layer. Default: a one-head kernel is itself (``total = factors[0]``); refused otherwise."""
+        if self.num_heads == 1:
+            return self, jnp.reshape(factors, (-1,))[0]
+        raise self.refusal("logit_gains", "has no head weights to scale", "reweighted_heads")
+
+    def scaled_rows(self, scale, row_factor, n: int, field: str = "ssmax_scale") -> "AbstractKernel | None":
+        """The kernel with layer t, head h, row i's logits multiplied by ``scale[t, h] row_factor[i]``,
+        formed at length n by the kernel itself; None (the default): the caller forms the softmax rows
+        (`jaxroll.interventions.LengthScaledLogits`). A kernel whose layer is more than its softmax
+        rows (the probability path) forms it here."""
+        del scale, row_factor, n, field
+        return None
 
     def scores_by_offset(self, n: int) -> tuple[Float[Array, "layers heads n"], Float[Array, "layers heads"]] | None:
         """``(f, w)``: the scores ``f[t, h, k]`` of offsets k = 0..n-1 of a causal Toeplitz kernel

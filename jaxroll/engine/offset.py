@@ -88,6 +88,11 @@ class RelativeKernel(AbstractKernel):
         offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
         return self.scores(n)[:, offsets], self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)
 
+    def reweighted_heads(self, factors):
+        """Head weights ``w_h factors[h]`` (one layer) and ``sum_h (w_h / sum w) factors[h]``."""
+        return (dataclasses.replace(self, head_weights=self.head_weights * factors),
+                jnp.sum(self.head_weights * factors, axis=-1) / jnp.sum(self.head_weights, axis=-1))
+
     def scores_by_offset(self, n: int):
         scores = jax.vmap(lambda layer: layer.scores(n))(self)
         return scores, self.head_weights / jnp.sum(self.head_weights, axis=-1, keepdims=True)

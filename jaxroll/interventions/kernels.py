@@ -82,7 +82,10 @@ class LengthScaledLogits(AbstractIntervention):
     changed kernel is no longer of either family (each row has its own
     temperature), so it is formed densely at the model's `sequence_length`
     as a `DenseKernel`: O(T N^2) memory, the plain O(N^2) product per layer.
-    Refused on a measured `DenseKernel` (its logits are not known).
+    Refused on a measured `DenseKernel` (its logits are not known). On a
+    kernel extended by the probability path the kernel forms the changed
+    layers itself (`AbstractKernel.scaled_rows`: attention and spread per
+    layer, gains kept), so the spreads are those of the scaled logits.
     """
 
     name, parameter, order, lowest = "ssmax_scale", "scale", 50, (0.0, True)  # no neutral value: s ln n_i != 1
@@ -99,6 +102,9 @@ class LengthScaledLogits(AbstractIntervention):
         n = model.sequence_length
         keep = allowed(n, kernel.mask, kernel.window)
         row_log_length = jnp.log(jnp.sum(keep, axis=1).astype(jnp.result_type(float)))  # ln n_i, (n,)
+        formed = kernel.scaled_rows(scale, row_log_length, n, "ssmax_scale")  # a layer beyond its softmax rows
+        if formed is not None:
+            return _replace_kernel(model, formed)
         stacked, shared = kernel.scan_parts()
 
         def layer_kernel(inputs):  # one layer at a time: O(H n^2) memory, not O(T H n^2)

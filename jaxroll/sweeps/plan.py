@@ -278,7 +278,9 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     # One point gains nothing from T + 1 Krylov rows over its own T products.
     # gamma changes lambda_t alone (`Plan.chunk_leaves`): the layers still share one kernel.
     mixing = set(mixing_axes())
-    method = "krylov" if count > 1 and set(names) <= _LAMBDA_AXES | mixing and _equal_layers(model) else "vmap"
+    # A kernel that mixes each row with its own weight (the probability path) is no polynomial in A.
+    method = ("krylov" if count > 1 and set(names) <= _LAMBDA_AXES | mixing and _equal_layers(model)
+              and not model.kernel.mixes_rows else "vmap")
     evaluated = lengths if lengths is not None else (model.sequence_length,)
     devices = mesh.devices.size
     if batch_size is None:
