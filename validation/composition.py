@@ -34,7 +34,8 @@ Compared by W1 / noise against ``m``, so that the error splits into steps that c
     -> the measured gradient of f (the readout: final norm, unembedding, the target's direction).
 
 Writes ``results.json``, ``table.md``, ``profiles.csv`` and ``composition.png`` into ``--out`` (the
-measurements under ``--out/<family>/``).
+measurements under ``--out/<family>/``). The run and what it means: docs/validation.md, "The composition
+test" (S = 32: 24 min of wall time on the shared 2-core machine at load 10-14, most of it the local Jacobians).
 """
 
 from __future__ import annotations
@@ -480,8 +481,10 @@ def layer_table(model: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SHOWN = (("today (jaxroll rollout)", "tab:blue", "-"), ("rows, product of means", "tab:orange", "-"),
-         ("norms, per sequence", "tab:green", "--"), ("norm of the product", "tab:red", ":"))
+SHOWN = (("today (jaxroll rollout)", "tab:blue", "-", "today: jaxroll rollout (R_t)"),
+         ("rows, product of means", "tab:orange", "-", "local ||dh'/dh||, rows normalised, product of means"),
+         ("norms, per sequence", "tab:green", "--", "local ||dh'/dh||, product of norms per sequence"),
+         ("norm of the product", "tab:red", ":", "norm of the product of the block Jacobians"))
 
 
 def figure(results: dict, path: Path) -> Path:
@@ -500,11 +503,13 @@ def figure(results: dict, path: Path) -> Path:
         low, high = np.asarray(model["band"])
         axis.fill_between(positions, low, high, color="0.8", label="measured, 95 % bootstrap band")
         axis.plot(positions, model["profiles"]["measured"], color="black", lw=1.6, label="measured ||df/de_j||")
-        for name, colour, style in SHOWN:
+        for name, colour, style, label in SHOWN:
             ratio = model["scores"][name]["ratio"]
             axis.plot(positions, model["profiles"][name], color=colour, ls=style, lw=1.3,
-                      label=f"{name}: W1 = {ratio:.1f} x noise")
+                      label=f"{label}: W1 = {ratio:.1f} x noise")
         axis.set_yscale("log")
+        low_y, high_y = axis.get_ylim()
+        axis.set_ylim(low_y, high_y * 8)  # headroom above the profiles for the legend
         axis.set_xlabel("source position j (query: last, N - 1 = 63)")
         axis.set_ylabel("influence on the last position (sums to 1)")
         axis.set_title(f"{family}-trained, S = {model['sequences']}: measured vs composed local influence")
@@ -533,7 +538,7 @@ def parse(argv=None):
     parser.add_argument("--force", action="store_true", help="write into an existing --out")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--samples", type=int, default=32, help="held-out sequences per model (S)")
-    parser.add_argument("--path-queries", type=int, default=8, help="query rows at which the paths are split")
+    parser.add_argument("--path-queries", type=int, default=4, help="query rows at which the paths are split")
     parser.add_argument("--boots", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     return parser.parse_args(argv)
