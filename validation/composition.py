@@ -117,7 +117,7 @@ def composed_profiles(local, transitions=None) -> dict[str, np.ndarray]:
     return out
 
 
-def _normalised(vector):
+def _normalised(vector):  # a profile: sums to 1
     return vector / vector.sum()
 
 
@@ -374,7 +374,20 @@ def layer_rows(local, paths, queries, lambdas, lambda_gradient, transitions) -> 
 
 CHAIN = ("today (jaxroll rollout)", "R_t, mean attention", "R_t, per sequence", "rows, product of means",
          "norms, product of means", "rows, per sequence", "norms, per sequence", "norm of the product")
-"""The predictions in the order of the split; each step changes one thing (module docstring)."""
+
+STEPS = (("today (jaxroll rollout)", "R_t, mean attention"), ("R_t, mean attention", "R_t, per sequence"),
+         ("R_t, mean attention", "rows, product of means"), ("rows, product of means", "norms, product of means"),
+         ("rows, product of means", "rows, per sequence"), ("norms, product of means", "norms, per sequence"),
+         ("norms, per sequence", "norm of the product"), ("norm of the product", "measured"))
+"""The split: each pair changes one thing (kernel, R_t per sequence, layer model, normalisation, ..., readout)."""
+
+
+def steps(profiles: dict, noise: float) -> dict[str, float]:
+    """``W1(a, b) / noise`` for each pair of `STEPS` (`profiles` by name, ``measured`` included)."""
+    from jaxroll.measure.uncertainty import wasserstein
+
+    return {f"{a} -> {b}": float(wasserstein(np.asarray(profiles[a]), np.asarray(profiles[b]))) / noise
+            for a, b in STEPS}
 
 
 def study(family: str, arguments, log) -> dict:
@@ -382,7 +395,7 @@ def study(family: str, arguments, log) -> dict:
     import torch
     import transformers
 
-    from jaxroll.measure.uncertainty import profile_band, score, wasserstein
+    from jaxroll.measure.uncertainty import profile_band, score
 
     seconds = {}
     clock = time.perf_counter()
@@ -428,8 +441,7 @@ def study(family: str, arguments, log) -> dict:
               "noise": noise, "noise_q95": scores[CHAIN[0]].noise_q95, "n_eff": scores[CHAIN[0]].n_eff,
               "scores": {name: {"w1": s.w1, "ratio": s.ratio, "ratio_interval": list(s.ratio_interval),
                                 "p_value": s.p_value} for name, s in scores.items()},
-              "steps": {f"{a} -> {b}": float(wasserstein(profiles[a], profiles[b])) / noise
-                        for a, b in zip(CHAIN, CHAIN[1:])},
+              "steps": steps({**profiles, "measured": pooled_profile(measured)}, noise),
               "layers": layer_rows(local, paths, queries, arrays["lambdas"],
                                    sequences["lambda_gradient"].mean(0), transitions),
               "checks": checks, "seconds": seconds,
@@ -508,8 +520,7 @@ def figure(results: dict, path: Path) -> Path:
             axis.plot(positions, model["profiles"][name], color=colour, ls=style, lw=1.3,
                       label=f"{label}: W1 = {ratio:.1f} x noise")
         axis.set_yscale("log")
-        low_y, high_y = axis.get_ylim()
-        axis.set_ylim(low_y, high_y * 8)  # headroom above the profiles for the legend
+        axis.set_ylim(axis.get_ylim()[0], axis.get_ylim()[1] * 8)  # headroom above the profiles for the legend
         axis.set_xlabel("source position j (query: last, N - 1 = 63)")
         axis.set_ylabel("influence on the last position (sums to 1)")
         axis.set_title(f"{family}-trained, S = {model['sequences']}: measured vs composed local influence")
@@ -554,7 +565,7 @@ def check(arguments) -> None:
     for family in families:
         if not (arguments.models / f"{family}-trained" / "config.json").is_file():
             raise ConfigError.of("--models", str(arguments.models), f"a folder with {family}-trained/ (saved model)")
-    if not (arguments.models / "held_out.jsonl").is_file():
+    if not (arguments.models / "held_out.jsonl").is_file():  # before any work: the texts are there
         raise ConfigError.of("--models", str(arguments.models), "a folder with held_out.jsonl")
     if arguments.samples < 2 or not 1 <= arguments.path_queries <= LENGTH or arguments.boots < 2:
         raise ConfigError.of("--samples/--path-queries/--boots",
