@@ -93,12 +93,31 @@ class Measurement:
         sum to 1 within ~1e-7). Only where a row misses 1 by more than
         `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
         rows divided by their sums.
+
+        A measurement with ``paths`` (`jaxroll.measure.path_stats`) extends
+        every layer by the probability path (`jaxroll.model.with_probability_path`):
+        shares ``rho_t = r_t / (1 + r_t)`` from the measured ratio ``r_t`` of
+        probability-path to value-path influence, logit gains 1 (the measured
+        setting), so the unchanged prediction is the plain rollout's exactly
+        and a temperature or SSMax moves the branch's share (docs/design.md,
+        "The probability path").
         """
+        if self.lambdas is None:
+            raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
+        model = self._kernel_model(sequence_length)
+        if "probability_over_value" not in self.extra:
+            return model
+        from ..model import with_probability_path
+
+        # share_from_ratio's rho = r / (1 + r), in float64 here (the config keeps every digit).
+        ratio = np.nan_to_num(np.asarray(self.extra["probability_over_value"], dtype=np.float64), nan=0.0)
+        return with_probability_path(model, ratio / (1.0 + ratio))
+
+    def _kernel_model(self, sequence_length):
+        """The plain rollout model of the measured lambdas and kernel (`to_rollout_model` without the paths)."""
         from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
         from ..model import RolloutModel
 
-        if self.lambdas is None:
-            raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
             attention = self.attention_mean
             sums = attention.sum(axis=-1, keepdims=True)
