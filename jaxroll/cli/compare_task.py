@@ -35,20 +35,23 @@ def add_parser(commands) -> None:
 def _run_compare(arguments) -> None:
     import dataclasses
 
-    import jax
     import numpy as np
+
+    from ..task import grid
+
+    rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)  # refused before JAX loads
+    if not rows:
+        raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
+                          "--out of jaxroll task")
+    import jax
 
     if arguments.float64:
         jax.config.update("jax_enable_x64", True)
 
     from .. import io
     from ..rollout import influence
-    from ..task import grid, versus_influence
+    from ..task import versus_influence
 
-    rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
-    if not rows:
-        raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
-                          "--out of jaxroll task")
     task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
     config = arguments.config
     if arguments.measured is not None:
