@@ -257,6 +257,8 @@ def check_input_files(arguments) -> None:
     from .._readers import read_text
 
     for name in INPUT_FILES:
+        if name == "config" and (getattr(arguments, "preset", None) or getattr(arguments, "published", None)):
+            continue  # CONFIG with --preset or --published: `model_from_arguments` refuses the pair first
         value = getattr(arguments, name, None)
         for path in value if isinstance(value, list) else [value]:
             if isinstance(path, Path) and not path.is_file():

@@ -92,8 +92,12 @@ def _run_small(arguments, model) -> None:
     """`_run_rollout` in NumPy float64 (`jaxroll.numpy_rollout`): the same files, summary and --json, no JAX."""
     import numpy as np
 
+    import sys
+
     from .. import io, memory, numpy_rollout
 
+    if "jax" in sys.modules:  # JAX already loaded in this process: --device says where it may compute, as ever
+        _common.device_context(arguments.device, command_line=getattr(arguments, "command_line", False))
     limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
     memory.check_fits(numpy_rollout.working_bytes(model), f"rollout: N = {model.sequence_length}", limit)
     options = _Options(method=arguments.method, figure=not arguments.no_figure, changes={}, sinks=None,
