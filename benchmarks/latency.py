@@ -114,8 +114,9 @@ def _rows(arguments, work: Path, inputs: dict[str, Path]) -> dict[str, tuple[lis
         environment.pop("JAXROLL_NO_CACHE", None)
         out = work / f"out-{tree_name}"
         for name, (argv, status) in commands.items():
+            # cwd: a folder of no checkout (``python -m`` puts the working folder first on sys.path).
             rows[f"{name} [{tree_name}]"] = ([sys.executable, "-m", "jaxroll",
-                                               *(a.replace("{out}", str(out)) for a in argv)], environment, None, status)
+                                               *(a.replace("{out}", str(out)) for a in argv)], environment, work, status)
     return rows
 
 
@@ -175,11 +176,11 @@ def phases(arguments) -> None:
     """Where a whole `jaxroll rollout example.yaml` of the `--before` tree spends its time, phase by phase
     (one fresh process per round, the compilation cache cold in the first round and warm after)."""
     with tempfile.TemporaryDirectory(prefix="jaxroll-phases-") as folder:
-        environment = {**os.environ, "PYTHONPATH": str(arguments.before)}
+        environment = {**os.environ, "PYTHONPATH": str(arguments.before), "JAXROLL_CACHE_DIR": folder}
         runs = []
         for _ in range(arguments.rounds):
             result = subprocess.run([sys.executable, "-c", _PHASES, str(EXAMPLE), folder], env=environment,
-                                    capture_output=True, text=True, check=True)
+                                    capture_output=True, text=True, check=True, cwd=folder)
             runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
     print(f"phases of jaxroll rollout example.yaml at {arguments.before} (s; cold cache, then the median of "
           f"{len(runs) - 1} warm):\n")
