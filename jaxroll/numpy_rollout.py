@@ -98,7 +98,7 @@ class SmallModel:
         return 1 if self.kind == "dense" else int(self.alibi_slopes.shape[1])
 
     def with_length(self, n: int) -> "SmallModel":
-        """The model at length `n` (``--length``); None-free: a dense kernel takes a causal prefix only."""
+        """The model at length `n` (``--length``); a dense kernel is defined there only where `check_length` says."""
         return dataclasses.replace(self, sequence_length=int(n))
 
     def check_length(self, n: int) -> bool:

@@ -156,7 +156,10 @@ def test_a_dense_kernel_file_is_rolled_out_as_the_engine_does(tmp_path):
     model = jaxroll.RolloutModel.create(kernel=jaxroll.DenseKernel.create(kernels), lambdas=[0.2, 0.7, 0.5])
     jaxroll.save_config(model, tmp_path / "config.yaml")
     small = numpy_rollout.read_config(tmp_path / "config.yaml")
-    assert small.kind == "dense"
+    assert small.kind == "dense" and small.check_length(7) and not small.check_length(11)
+    from jaxroll.engine import dense
+
+    assert numpy_rollout._DENSE_TOLERANCE == dense.ROW_SUM_TOLERANCE  # the same rows refused
     with jax.enable_x64(True):
         expected = np.asarray(jaxroll.influence_with_mass(dataclasses.replace(model, sequence_length=7))[0])
     np.testing.assert_allclose(numpy_rollout.influence_with_mass(small, 7)[0], expected, atol=1e-14)
