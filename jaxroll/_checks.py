@@ -6,19 +6,28 @@ inside `jit` or `grad` are never inspected, so transformations stay pure.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import sys
+
 import numpy as np
 
 from .errors import ConfigError
 
 
 def is_concrete(value) -> bool:
-    """True when `value` holds numbers rather than JAX tracers (nested lists looked into)."""
-    if isinstance(value, jax.core.Tracer):
+    """True when `value` holds numbers rather than JAX tracers (nested lists looked into).
+
+    A process that has not imported JAX holds no tracer: the answer is then
+    True without importing it, so that the checks serve JAX-free callers
+    (`jaxroll.numpy_rollout`, the NumPy commands) at no import cost.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return True
+    tracer = jax.core.Tracer
+    if isinstance(value, tracer):
         return False
     if isinstance(value, (list, tuple)):
-        return not any(isinstance(leaf, jax.core.Tracer) for leaf in _leaves(value))
+        return not any(isinstance(leaf, tracer) for leaf in _leaves(value))
     return True
 
 
@@ -168,6 +177,8 @@ def _where(mask: np.ndarray) -> str:
 
 def per_layer(name: str, value, num_layers: int):
     if not is_concrete(value):
+        import jax.numpy as jnp  # a traced value: JAX is loaded already
+
         return jnp.broadcast_to(value, (num_layers,))
     array = as_float_array(name, value)
     if array.ndim == 0:
@@ -182,6 +193,8 @@ def per_layer(name: str, value, num_layers: int):
 
 def per_layer_and_head(name: str, value, num_layers: int, num_heads: int):
     if not is_concrete(value):
+        import jax.numpy as jnp  # a traced value: JAX is loaded already
+
         return jnp.broadcast_to(value, (num_layers, num_heads))
     array = as_float_array(name, value)
     if array.ndim > 2:

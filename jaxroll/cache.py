@@ -44,6 +44,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,23 +89,31 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     those over 1 s). Returns the folder of JAX's entries, or None when the
     cache is turned off (``JAXROLL_NO_CACHE=1`` and no `path`). Call it
     before the first compilation: JAX opens the cache once per process.
+    Called before JAX is imported, it imports nothing: the settings go into
+    JAX's environment variables (``JAX_COMPILATION_CACHE_DIR``, ...), which
+    JAX reads when it loads (and which processes started from this one inherit).
     """
     root = Path(path) if path is not None else directory()
     if root is None:
         return None
     folder = root / _SUBFOLDER
-    import jax
-
     try:
         import filelock  # noqa: F401  (JAX locks the folder only when it can, and only with a size limit)
 
         limit = MAX_BYTES
     except ImportError:  # pragma: no cover - filelock comes with the install
         limit = -1
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    jax.config.update("jax_compilation_cache_max_size", limit)
+    settings = {"jax_compilation_cache_dir": str(folder), "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_persistent_cache_min_entry_size_bytes": -1, "jax_compilation_cache_max_size": limit}
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    else:
+        # JAX not loaded yet (a command that may answer in NumPy alone, `jaxroll.numpy_rollout`): JAX reads
+        # each setting from its upper-case environment variable when it loads, so the cache costs no import.
+        for name, value in settings.items():
+            os.environ[name.upper()] = str(value)
     global _executables
     _executables = folder / _EXECUTABLES
     return folder

@@ -17,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from typing import TYPE_CHECKING
+
 from . import _readers
 from .errors import ConfigError
-from .model import RolloutModel
-from .schema import config_from_model, kernel_arrays, model_from_config
+
+if TYPE_CHECKING:  # the model and the schema import JAX: loaded where a model is read or written, so that
+    from .model import RolloutModel  # reading YAML and profiles (the NumPy commands) does not load it
 
 __all__ = ["load_config", "save_config", "read_profile", "write_profile", "read_yaml", "read_text",
-           "prepare_output_dir", "check_output_dir", "discard_created"]
+           "prepare_output_dir", "check_output_dir", "discard_created", "write_yaml"]
 
 PROFILE_HEADER = ("token_position", "probability")
 ROUNDING = 1e-4
@@ -172,6 +175,8 @@ def load_config(path) -> RolloutModel:
         ConfigError: a missing file, a directory, malformed YAML or any
             schema violation; the message names the file and the field.
     """
+    from .schema import model_from_config
+
     data = read_yaml(path)
     try:
         return model_from_config(data, Path(path).parent)
@@ -202,6 +207,8 @@ def save_config(model: RolloutModel, path, *, overwrite: bool = False,
         ConfigError: when `path` (or the kernel npz) exists and `overwrite` is
             false, or `schedule` does not give the model's lambdas.
     """
+    from .schema import config_from_model, kernel_arrays
+
     path = Path(path)
     if schedule is not None:
         from .schema import schedule_from_config
@@ -222,6 +229,14 @@ def save_config(model: RolloutModel, path, *, overwrite: bool = False,
         with open(companion, "wb") as handle:
             np.savez(handle, **arrays)
     path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_yaml(config: dict, path) -> Path:
+    """Write a configuration mapping (plain Python numbers, lists, mappings) as `save_config` writes a model's
+    (the same text for the same mapping); for writers that hold no `RolloutModel` (`jaxroll.numpy_rollout`)."""
+    path = Path(path)
+    path.write_text(_dump_yaml(config), encoding="utf-8")
     return path
 
 

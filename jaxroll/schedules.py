@@ -11,12 +11,15 @@ NumPy arrays (exact, so configurations round-trip); given JAX arrays (inside
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
 import numpy as np
-from jaxtyping import Array, Float
 
 from ._checks import as_float_array, as_float_scalar, check_positive_int, check_range, is_concrete
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: jaxtyping's Array imports JAX
+    from jaxtyping import Array, Float
 
 __all__ = ["constant", "power_decay", "custom"]
 
@@ -33,6 +36,8 @@ def constant(value, num_layers: int) -> Float[Array, " layers"]:
     """
     num_layers = check_positive_int("num_layers", num_layers)
     if not is_concrete(value):
+        import jax.numpy as jnp  # traced: JAX is loaded already
+
         return jnp.clip(jnp.full((num_layers,), value), 0.0, 1.0)
     value = as_float_scalar("lambda_const", value)
     check_range("lambda_const", value)
@@ -55,6 +60,8 @@ def power_decay(lambda_0, beta, num_layers: int) -> Float[Array, " layers"]:
     """
     num_layers = check_positive_int("num_layers", num_layers)
     if not (is_concrete(lambda_0) and is_concrete(beta)):
+        import jax.numpy as jnp  # traced: JAX is loaded already
+
         t = jnp.arange(num_layers)
         return jnp.clip(lambda_0 / (t + 1.0) ** beta, 0.0, 1.0)
     lambda_0 = as_float_scalar("lambda_0", lambda_0)
@@ -75,6 +82,8 @@ def custom(values) -> Float[Array, " layers"]:
         An array of shape ``(T,)``.
     """
     if not is_concrete(values):
+        import jax.numpy as jnp  # traced: JAX is loaded already
+
         return jnp.asarray(values)
     values = as_float_array("lambdas_custom", values)
     if values.ndim != 1 or values.size == 0:

@@ -142,7 +142,7 @@ FLOORS = [
     ("metrics", "theory"),
     ("interventions",),
     ("fitting", "sweeps", "designs"),     # fit and sweep (and design, which fits)
-    ("io", "schema", "plot", "published"),
+    ("io", "schema", "plot", "published", "numpy_rollout"),  # numpy_rollout: small rollouts of io's files, no JAX
     ("measure",),                         # the torch side: measure -> task
     ("task",),
     ("cli",),

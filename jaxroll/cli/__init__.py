@@ -51,6 +51,7 @@ def main(argv=None) -> int:
         # command_line: a fresh process, where a command may set JAX's platforms (set before parsing:
         # the parsed arguments are read, never changed).
         arguments = parser.parse_args(argv, namespace=argparse.Namespace(command_line=argv is None))
+        _common.check_input_files(arguments)  # a mistyped path is refused before JAX or torch loads
         if argv is None and getattr(arguments, "uses_jax", True):  # the command line, not a caller's main([...])
             from .. import cache as compilation_cache
 

@@ -166,16 +166,30 @@ def add_retired_argument(parser, old: str, replacement: str, *, takes_value: boo
 
 
 class RegisteredText:
-    """Text from the intervention registry, formed only when argparse expands ``%(...)s`` in a help (it loads
-    JAX then, not when the parser is built): set it as an attribute of the action the help names."""
+    """Text from the intervention registry, formed only when argparse expands ``%(...)s`` in a help: set it as
+    an attribute of the action the help names.
+
+    The registry imports JAX; a process that has not loaded it (``jaxroll design --help``) reads the
+    built-in types from `_names` instead (the same names: tests/test_latency.py), so a help answers without
+    JAX. Once loaded, the registry is read: it may hold types registered in this process.
+    """
 
     def __init__(self, form, kinds: str = "intervention_types"):
         self.form, self.kinds = form, kinds
 
     def __str__(self) -> str:
-        from .. import interventions
+        import sys
 
-        return self.form(getattr(interventions, self.kinds)())
+        if "jaxroll.interventions" in sys.modules:
+            return self.form(getattr(sys.modules["jaxroll.interventions"], self.kinds)())
+        import types
+
+        from ._names import DESIGNABLE, INTERVENTIONS
+
+        built_in = ([types.SimpleNamespace(name=name, options=(), box=box) for name, box in DESIGNABLE]
+                    if self.kinds == "designable" else
+                    [types.SimpleNamespace(name=name, options=options) for name, options in INTERVENTIONS])
+        return self.form(built_in)
 
 
 INTERVENTION_NAMES = RegisteredText(lambda kinds: ", ".join(
@@ -226,6 +240,29 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--max-memory", default=None, metavar="SIZE",
                         help="refuse runs whose estimated memory exceeds SIZE (e.g. 8G; "
                              "default: the memory available on this machine)")
+
+
+INPUT_FILES = ("config", "more_configs", "spec", "first", "second", "profile")
+"""The parsed arguments that name files a command reads whole (CONFIG, SPEC.yaml, A.csv B.csv, PROFILE.csv):
+`check_input_files` refuses a missing one before the command imports JAX or torch."""
+
+
+def check_input_files(arguments) -> None:
+    """Refuse, in one line, an input file of `INPUT_FILES` that is missing or a folder, before any heavy import.
+
+    The message is the one the command would give on reading it (`jaxroll._readers.read_text`:
+    ``PATH: no such file``, ``PATH: is a directory; allowed: a file``), only sooner: a user who
+    mistypes a path waits for no JAX (0.7-1 s) to learn it.
+    """
+    from .._readers import read_text
+
+    for name in INPUT_FILES:
+        if name == "config" and (getattr(arguments, "preset", None) or getattr(arguments, "published", None)):
+            continue  # CONFIG with --preset or --published: `model_from_arguments` refuses the pair first
+        value = getattr(arguments, name, None)
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, Path) and not path.is_file():
+                read_text(path, "a file")  # raises: no such file, or a directory
 
 
 def model_from_arguments(arguments, *, config=None, length=None):

@@ -6,7 +6,8 @@
 tests/test_lazy_imports.py checks that they equal ``presets.names()``,
 ``presets.DEFAULT``, ``published.names()``, ``published.DATASETS``, the fit
 module's ``FIELDS``, ``SCHEDULES``, ``CONTENTS``, ``LOSSES`` and
-``kernel_fit.FAMILIES``; tests/test_refinements.py checks the refinement
+``kernel_fit.FAMILIES``; tests/test_latency.py checks `INTERVENTIONS` and `DESIGNABLE` against the
+intervention registry (``intervention_types()``, ``designable()``); tests/test_refinements.py checks the refinement
 names against ``refinements.SWITCHES``, ``refinements.STATS_FOR`` and the
 statistics `jaxroll.measure.refinements` registers.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 __all__ = ["PRESETS", "DEFAULT_PRESET", "PUBLISHED", "DATASETS", "FIT_FIELDS", "FIT_SCHEDULES",
            "FIT_CONTENTS", "FIT_LOSSES", "KERNEL_FAMILIES", "REFINEMENT_SWITCHES", "REFINEMENT_STATS",
-           "REFINEMENT_STAT_FOR"]
+           "REFINEMENT_STAT_FOR", "INTERVENTIONS", "DESIGNABLE"]
 
 PRESETS = ("bloom-176b", "bloom-7b1", "mpt-7b", "mpt-30b", "falcon-rw-7b")
 DEFAULT_PRESET = "bloom-176b"
@@ -32,3 +33,8 @@ REFINEMENT_STATS = ("attention_heads", "lambda_positions", "lambda_mlp", "norm_k
 REFINEMENT_STAT_FOR = {"position": "lambda_positions", "mlp": "lambda_mlp", "norm": "norm_kernels",
                        "heads": "head_norms", "gradient": "lambda_gradient", "head_positions": "head_norms_positions",
                        "input_norm": "input_norm_gains"}
+INTERVENTIONS = (("sinks", ()), ("rotary_ratio", ()), ("tau", ()), ("slope_scale", ()),
+                 ("kappa", ("kappa_form", "kappa_k")), ("ssmax_scale", ()), ("gamma", ()))
+"""The built-in interventions (name, options) in the order they apply: the --intervene helps before JAX loads."""
+DESIGNABLE = (("tau", (0.25, 4.0)), ("slope_scale", (0.0, 4.0)), ("kappa", (-2.0, 2.0)), ("gamma", (0.0, 4.0)))
+"""The built-in designable interventions (name, box): ``jaxroll design --help`` before JAX loads."""

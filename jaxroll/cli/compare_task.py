@@ -46,15 +46,9 @@ def add_parser(commands) -> None:
 def _run_compare(arguments) -> None:
     import dataclasses
 
-    import jax
     import numpy as np
 
-    if arguments.float64:
-        jax.config.update("jax_enable_x64", True)
-
-    from .. import io
-    from ..rollout import influence
-    from ..task import grid, versus_influence
+    from ..task import grid
 
     if arguments.accuracy is not None and arguments.task_dir is not None and arguments.config is None:
         # With --accuracy there is no TASK_DIR: argparse gave the one positional, CONFIG, to its first slot.
@@ -62,14 +56,25 @@ def _run_compare(arguments) -> None:
     if (arguments.task_dir is None) == (arguments.accuracy is None):
         raise ConfigError("compare-task: give TASK_DIR or --accuracy FILE, one of them; allowed: the --out of "
                           "jaxroll task, or an accuracy table (CSV)")
+    if arguments.accuracy is None and arguments.fit_settings is not None:
+        raise ConfigError("--fit-settings: applies to --accuracy only")
+    rows = None
+    if arguments.accuracy is None:
+        rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)  # refused before JAX loads
+        if not rows:
+            raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: "
+                              "the --out of jaxroll task")
+    import jax
+
+    if arguments.float64:
+        jax.config.update("jax_enable_x64", True)
     if arguments.accuracy is not None:
         return _run_accuracy(arguments)
-    if arguments.fit_settings is not None:
-        raise ConfigError("--fit-settings: applies to --accuracy only")
-    rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)
-    if not rows:
-        raise ConfigError(f"TASK_DIR {arguments.task_dir}: no {grid.CASES_FILE} with scored cases; allowed: the "
-                          "--out of jaxroll task")
+
+    from .. import io
+    from ..rollout import influence
+    from ..task import versus_influence
+
     task, length, _ = versus_influence.select_rows(rows, arguments.task, arguments.length)
     config = _config_of(arguments)
     model, source = _common.model_from_arguments(arguments, config=config, length=length)

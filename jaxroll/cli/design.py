@@ -130,9 +130,37 @@ def _results(result, model, source: str, free: str, out: Path) -> dict:
             "out": str(out), "wrote": list(OUTPUTS)}
 
 
+def _check_free_names(free: str) -> None:
+    """``--free NAME=SHAPE,...``: an unknown NAME or SHAPE refused before JAX loads, as `jaxroll.design` words it
+    (the built-in designable names, `_names.DESIGNABLE`; once the registry is loaded, `design` checks alone)."""
+    import sys
+
+    if "jaxroll.interventions" in sys.modules:
+        return
+    from ._names import DESIGNABLE
+
+    names = [name for name, _ in DESIGNABLE]
+    for entry in free.split(","):
+        name, equals, shape = (part.strip() for part in entry.partition("="))
+        if not equals:
+            return  # not NAME=SHAPE: `design` words that refusal
+        if name not in names:
+            raise ConfigError(f"--free {name}: unknown parameter; allowed: one of {', '.join(names)}")
+        if shape not in SHAPES:
+            raise ConfigError(f"--free {name}: shape {shape!r}; allowed: one of {', '.join(SHAPES)}")
+
+
 def _run_design(arguments) -> None:
     import json
 
+    # The refusals that need no model, before JAX loads.
+    if arguments.kl_budget is not None and arguments.goal is None:
+        raise ConfigError("--kl-budget: applies to --goal only")
+    if arguments.goal is not None and arguments.target is not None:
+        raise ConfigError("--goal: give --target or --goal, not both")
+    if arguments.goal is None and arguments.target is None:
+        raise ConfigError("design: no objective; allowed: --target flat|PROFILE.csv or --goal middle_mass|u_index")
+    _check_free_names(arguments.free)
     import jax
 
     if arguments.float64:
@@ -142,12 +170,6 @@ def _run_design(arguments) -> None:
     from .. import io, plot
     from ..designs import design
 
-    if arguments.kl_budget is not None and arguments.goal is None:
-        raise ConfigError("--kl-budget: applies to --goal only")
-    if arguments.goal is not None and arguments.target is not None:
-        raise ConfigError("--goal: give --target or --goal, not both")
-    if arguments.goal is None and arguments.target is None:
-        raise ConfigError("design: no objective; allowed: --target flat|PROFILE.csv or --goal middle_mass|u_index")
     model, source = _common.model_from_arguments(arguments)
     target, target_name = _read_target(arguments.target, model.sequence_length)
     # Refuse an existing --out before the (long) optimisation; nothing is written until it has finished.

@@ -31,7 +31,7 @@ def add_parser(commands) -> None:
                     "--predicted-baseline is given. Refused in one line: the same folder twice, other models, "
                     "another N, other token ids (unless --unpaired), a baseline measured under --intervene "
                     "(swapped folders). Writes effect.json (every number) and effect.png into "
-                    "--out. Seeded; NumPy but for the rollout of BASELINE/config.yaml (JAX) "
+                    "--out. Seeded; NumPy, the rollout of BASELINE/config.yaml included at small N (JAX beyond) "
                     "(docs/interventions.md, 'Scoring a predicted change').")
     effect.add_argument("--measured", type=Path, action="append", default=[], metavar="DIR",
                         help="twice, in this order: the measurement of the baseline model, then of the intervened "

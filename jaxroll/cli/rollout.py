@@ -18,7 +18,9 @@ def add_parser(commands) -> None:
         description="Compute the influence profile p_T(j) = P_T[N-1, j] of a rollout "
                     "configuration (or a built-in preset) and write profile.csv, "
                     "profile.png and config.yaml into --out. At small N (hundreds of positions) the CPU "
-                    "is the faster device: --device cpu.")
+                    "is the faster device: --device cpu. A small ALiBi CONFIG (at most about 8 million kernel "
+                    "entries formed, e.g. the paper's 64-token example) is rolled out in NumPy float64 without "
+                    "loading JAX; its numbers equal --float64's to 1e-12.")
     _common.add_model_arguments(rollout)
     rollout.add_argument("more_configs", nargs="*", type=Path, metavar="CONFIG ...",
                          help="more rollout YAML files, run in one process (compiled programs shared): "
@@ -70,7 +72,57 @@ def _intervene_error(error: ConfigError) -> ConfigError:
     return error
 
 
+def _small_model(arguments):
+    """The configuration as a `jaxroll.numpy_rollout.SmallModel` when NumPy answers this run faster (one ALiBi
+    CONFIG file, small enough: `numpy_rollout.is_small`; no --intervene, --method, accelerator or batch),
+    else None: the JAX path then runs, and says in one line what it refuses."""
+    if (arguments.config is None or arguments.more_configs or arguments.intervene or arguments.method != "auto"
+            or arguments.device not in ("auto", "cpu") or arguments.preset or arguments.published
+            or arguments.content != "none" or arguments.dataset != "fineweb-edu" or arguments.no_residual):
+        return None
+    from .. import numpy_rollout
+
+    model = numpy_rollout.read_config(arguments.config)
+    if model is None or model.kind != "alibi":
+        return None
+    if arguments.length is not None:
+        model = model.with_length(arguments.length)
+    return model if numpy_rollout.is_small(model) else None
+
+
+def _run_small(arguments, model) -> None:
+    """`_run_rollout` in NumPy float64 (`jaxroll.numpy_rollout`): the same files, summary and --json, no JAX."""
+    import numpy as np
+
+    import sys
+
+    from .. import io, memory, numpy_rollout
+
+    if "jax" in sys.modules:  # JAX already loaded in this process: --device says where it may compute, as ever
+        _common.device_context(arguments.device, command_line=getattr(arguments, "command_line", False))
+    limit = None if arguments.max_memory is None else memory.parse_size(arguments.max_memory)
+    memory.check_fits(numpy_rollout.working_bytes(model), f"rollout: N = {model.sequence_length}", limit)
+    options = _Options(method=arguments.method, figure=not arguments.no_figure, changes={}, sinks=None,
+                       quiet=arguments.json)
+    out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    profile, mass = numpy_rollout.influence_with_mass(model)
+    attention_only = numpy_rollout.influence_with_mass(dataclasses.replace(model, lambdas=np.ones_like(model.lambdas)))[0]
+    source = str(arguments.config)
+    io.write_profile(profile, out / "profile.csv", overwrite=True)
+    numpy_rollout.save_config(model, out / "config.yaml")
+    if options.figure:
+        _draw_profile(out / "profile.png", model, profile, attention_only, None, source, "", options)
+    results = _results(model, profile, mass, source, out, options, None, kernel_file=False)
+    if arguments.json:
+        _common.print_json(results)
+    else:
+        _print_summary(results, "")
+
+
 def _run_rollout(arguments) -> None:
+    small = _small_model(arguments)
+    if small is not None:  # a small ALiBi file: NumPy answers before JAX would have loaded
+        return _run_small(arguments, small)
     # Everything here runs on the main thread: no import runs in a thread that could outlive it
     # (interpreter shutdown stopping a daemon thread inside a native import aborts the process with
     # "terminate called without an active exception", signal 6, instead of exit status 2). A
@@ -170,7 +222,10 @@ def _write_rollout(model, source, out, options: _Options, influence_with_mass, i
             sort_keys=False), encoding="utf-8")
     if options.figure:
         _draw_profile(out / "profile.png", model, profile, attention_only, baseline, source, changed, options)
-    results = _results(model, profile, float(mass), source, out, options, sink_mass)
+    from ..schema import kernel_arrays
+
+    results = _results(model, profile, float(mass), source, out, options, sink_mass,
+                       kernel_file=bool(kernel_arrays(model)))
     note = _mean_kernel_note(baseline, options)
     if not options.quiet:
         _print_summary(results, changed)
@@ -202,19 +257,17 @@ def _draw_profile(path, model, profile, attention_only, baseline, source, change
     plot.plot_intervened_profile(path, before, profile, change=changed, title=title)
 
 
-def _results(model, profile, mass, source, out, options: _Options, sink_mass) -> dict:
-    """The numbers of one run's summary (the table and --json show the same)."""
+def _results(model, profile, mass, source, out, options: _Options, sink_mass, *, kernel_file: bool) -> dict:
+    """The numbers of one run's summary (the table and --json show the same); `kernel_file`: config.yaml has
+    a config.kernels.npz beside it."""
     import numpy as np
 
-    from ..metrics import edge_count
-    from ..schema import kernel_arrays
-
     n = profile.size
-    k = edge_count(n, 0.1)
+    k = max(1, round(0.1 * n))  # jaxroll.metrics.edge_count(n), which imports JAX (tests/test_latency.py pins it)
     # The names and definitions of jaxroll.metrics (first_mass, middle_mass,
     # last_mass), so the summary, `jaxroll compare` and the sweep table agree.
     files = ["profile.csv", *(["profile.png"] if options.figure else []), "config.yaml",
-             *(["config.kernels.npz"] if kernel_arrays(model) else []),
+             *(["config.kernels.npz"] if kernel_file else []),
              *([CHANGES_FILE] if options.changes else []), *(["sinks.yaml"] if sink_mass is not None else [])]
     return {"source": source, "interventions": options.changes, "N": n, "T": model.num_layers,
             "H": model.num_heads, "mask": model.mask, "lambda_sum": float(np.sum(model.lambdas)), "mass": mass,

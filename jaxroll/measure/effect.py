@@ -341,16 +341,18 @@ def baseline_prediction(directory, length: int):
     """The rollout's profile ``p_B (length,)`` of a baseline measurement: its config.yaml rolled out at `length`.
 
     What ``jaxroll rollout DIRECTORY/config.yaml --length N`` writes into
-    profile.csv (`jaxroll.bucket.influence_with_mass`, the default method
-    and precision), as NumPy float64 divided by its sum (float32 rounding). JAX is imported here only. A one-line
-    `ConfigError` (field ``--predicted-baseline``) when the folder has no
-    config.yaml (measured without lambda) or it cannot be rolled out at `length`.
+    profile.csv, divided by its sum: at small N (an ALiBi or measured dense
+    kernel, `jaxroll.numpy_rollout.is_small`) the NumPy float64 rollout, equal
+    to the JAX one in float64 to 1e-12 and imported without JAX; otherwise
+    `jaxroll.bucket.influence_with_mass` (the default method and precision,
+    float32 rounding), JAX imported here only. A one-line `ConfigError` (field
+    ``--predicted-baseline``) when the folder has no config.yaml (measured
+    without lambda) or it cannot be rolled out at `length`.
     """
     import dataclasses
     from pathlib import Path
 
-    from .. import io
-    from ..bucket import influence_with_mass
+    from .. import numpy_rollout
 
     path = Path(directory) / "config.yaml"
     if not path.is_file():
@@ -358,6 +360,13 @@ def baseline_prediction(directory, length: int):
                           "config.yaml to roll out; allowed: --predicted-baseline PROFILE.csv (the profile.csv of "
                           "jaxroll rollout on the baseline model)", field="--predicted-baseline", value=None,
                           allowed="--predicted-baseline PROFILE.csv")
+    small = numpy_rollout.read_config(path)
+    if small is not None and small.check_length(int(length)) and numpy_rollout.is_small(small, int(length)):
+        profile = numpy_rollout.influence_with_mass(small, int(length))[0]
+        return profile / profile.sum()
+    from .. import io
+    from ..bucket import influence_with_mass
+
     try:
         model = dataclasses.replace(io.load_config(path), sequence_length=int(length))
         model.kernel.check_length(int(length))

@@ -101,13 +101,18 @@ def _few_ticks(axes) -> None:
         axes.yaxis.set_major_locator(MaxNLocator(6, steps=(1, 2, 5, 10)))
 
 
+def edge_count(n: int, fraction: float = 0.1) -> int:
+    """``k = max(1, round(fraction * n))``: `jaxroll.metrics.edge_count`, repeated here because `jaxroll.metrics`
+    imports JAX and a figure of the NumPy commands (score, effect, a small rollout) must not (tests/
+    test_latency.py pins the two equal)."""
+    return max(1, round(fraction * n))
+
+
 def _regions(axes, n: int) -> None:
     """Shade the first and last k positions and the middle between them, as the
     printed statistics define them (`jaxroll.metrics`): ``first_mass = sum p[:k]``,
     ``middle_mass = sum p[k:n-k]``, ``last_mass = sum p[n-k:]``,
     ``k = metrics.edge_count(n)`` (a tenth of n, at least 1)."""
-    from ..metrics import edge_count
-
     k = edge_count(n)
     axes.axvspan(-0.5, k - 0.5, color="0.82", zorder=0,
                  label=f"first / last {k} positions (first_mass, last_mass)")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import edge_count
-from ._canvas import INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _regions
+from ._canvas import INFLUENCE_LABEL, POSITION_LABEL, _figure, _log_axis, _regions, edge_count
 
 
 _SHOWN_VALUES = 8  # values of one parameter written in the box; more are counted (interventions.yaml has all)

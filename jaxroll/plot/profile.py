@@ -81,7 +81,7 @@ def intervened_profile_figure(baseline, changed, *, change: str, title: str = ""
     Both ``(N,)`` over the same N positions (with sinks, the changed profile over the original
     positions, renormalised).
     """
-    from ..metrics import edge_count
+    from ._canvas import edge_count
 
     baseline, changed = (np.asarray(p, dtype=np.float64) for p in (baseline, changed))
     n = baseline.size
