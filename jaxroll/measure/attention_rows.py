@@ -21,10 +21,29 @@ rows. Rotary: ``R q = q cos + rotate_half(q) sin`` (`rotate`), the
 convention of Hugging Face's ``apply_rotary_pos_emb``, with ``(cos, sin)``
 captured from the module the layer map's ``rotary`` names (`RotaryCapture`).
 
-The eager path stays where the recomputation is not the model's own
-attention: nothing here reproduces attention dropout, soft-capping or
-per-layer scale changes (GPT-2's ``scale_attn_by_inverse_layer_idx`` is
-refused by its layer map).
+Partial rotary (GPT-NeoX's ``rotary_pct``): the captured ``cos, sin`` are
+``(B, N, r)`` with r < d, and only the first r dimensions of q and k turn.
+
+Where the rows are recomputed (`recomputable`): on every attention
+implementation, eager included, for the families whose logit the layer map
+states exactly, ALiBi through `key_bias` (BLOOM, MPT, Falcon with
+``alibi=True``), learned positions (GPT-2, OPT: the logit is ``s q . k``)
+and rotary families whose map names the ``rotary`` module (Llama, Mistral,
+Qwen2, GPT-NeoX). The hooked eager probabilities ``(B, H, N, N)`` are read
+(copied to float64) only where the recomputation is not the model's own
+attention: rotary families without a named ``rotary`` module (GPT-J's
+interleaved rotation, Qwen3 and Gemma's QK-norms and soft-capping, Phi-3,
+StableLM, StarCoder2, Mixtral, OLMo 2, Falcon without ALiBi), and
+registered statistics that read probabilities without ``observe_rows``.
+Nothing here reproduces attention dropout (measurements run in eval mode),
+soft-capping or per-layer scale changes (GPT-2's
+``scale_attn_by_inverse_layer_idx`` is refused by its layer map).
+
+Working memory: one chunk of c rows is ``8 B H c N`` bytes, at most
+`CHUNK_BYTES` (`CHUNK_BYTES_CUDA` on a GPU, where fewer, larger chunks keep
+the kernels busy); the logits are scaled, biased, masked and normalised in
+place in that one buffer, so a chunk costs about one such buffer plus what
+each statistic's sums gather from it.
 """
 
 from __future__ import annotations
@@ -35,15 +54,41 @@ from ..errors import ConfigError
 from .layer_maps import Resolved
 
 __all__ = ["probability_rows", "row_chunks", "chunk_rows", "key_bias", "rotate", "RotaryCapture",
-           "rotary_module", "sliding_window"]
+           "rotary_module", "sliding_window", "recomputable", "CHUNK_BYTES", "CHUNK_BYTES_CUDA"]
 
-CHUNK_BYTES = 64 * 2**20
-"""Float64 bytes of one chunk of rows ``(B, H, chunk, N)`` (a few such buffers are live at once)."""
+CHUNK_BYTES = 16 * 2**20
+"""Float64 bytes of one chunk of rows ``(B, H, chunk, N)`` on the CPU (about two such buffers are live at once).
+
+16 MiB: at N = 32768 with 4 heads a chunk is 16 rows, and the statistics'
+working set (about 40 MiB) stays small beside the model's own pass
+(benchmarks/measure.py, docs/performance.md "Long context by default")."""
+CHUNK_BYTES_CUDA = 256 * 2**20
+"""The same on a CUDA device: fewer, larger chunks (each chunk is a handful of kernel launches)."""
 
 
-def chunk_rows(batch: int, heads: int, length: int, budget: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: ``max(1, budget // (8 B H N))``, at most N."""
+def chunk_rows(batch: int, heads: int, length: int, budget: int | None = None, device=None) -> int:
+    """Rows per chunk: ``max(1, budget // (8 B H N))``, at most N.
+
+    `budget` defaults to `CHUNK_BYTES` (`CHUNK_BYTES_CUDA` when `device`
+    is a CUDA device), read when called.
+    """
+    if budget is None:
+        budget = CHUNK_BYTES_CUDA if getattr(device, "type", None) == "cuda" else CHUNK_BYTES
     return int(max(1, min(length, budget // (8 * batch * heads * length))))
+
+
+def recomputable(layer_map) -> bool:
+    """Whether `layer_map` states its logit exactly, so that rows from q and k are the model's own.
+
+    ALiBi families with a `key_bias`, learned positions, and rotary families
+    whose map names the ``rotary`` module (module docstring); False for the
+    other rotary families, whose statistics read the eager probabilities.
+    """
+    if layer_map.position == "alibi":
+        return layer_map.key_bias is not None
+    if layer_map.position == "learned":
+        return True
+    return layer_map.rotary is not None
 
 
 def key_bias(model, resolved: Resolved, length: int, falcon_alibi: str = "once") -> torch.Tensor | None:
@@ -72,11 +117,19 @@ def sliding_window(config, layer_map_name: str) -> int | None:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x cos + rotate_half(x) sin`` for ``x (B, N, H, d)`` and ``cos, sin (B, N, d)``, in float64."""
+    """``x cos + rotate_half(x) sin`` for ``x (B, N, H, d)`` and ``cos, sin (B, N, r)``, in float64.
+
+    ``r = d``: the whole head turns; ``r < d`` (partial rotary, GPT-NeoX's
+    ``rotary_pct``): the first r dimensions turn and the other ``d - r``
+    pass unchanged, as Hugging Face's ``apply_rotary_pos_emb`` does.
+    """
     x = x.double()
-    half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.double()[:, :, None, :] + turned * sin.double()[:, :, None, :]
+    width = cos.shape[-1]
+    turning, passing = x[..., :width], x[..., width:]
+    half = width // 2
+    turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
+    rotated = turning * cos.double()[:, :, None, :] + turned * sin.double()[:, :, None, :]
+    return rotated if passing.shape[-1] == 0 else torch.cat((rotated, passing), dim=-1)
 
 
 def probability_rows(q: torch.Tensor, k: torch.Tensor, *, scale: float, bias: torch.Tensor | None = None,
@@ -90,12 +143,22 @@ def probability_rows(q: torch.Tensor, k: torch.Tensor, *, scale: float, bias: to
     logits ``s q . k``, the bias, the positions and the keys each row sees,
     and gives ``a s q . k + c b + d``: the rows of the intervened model.
     """
-    n = k.shape[1]
-    stop = n if stop is None else stop
-    queries = q[:, start:stop].double().transpose(1, 2)  # (B, H, c, d)
-    keys = k.double().transpose(1, 2)  # (B, H, N, d)
-    logits = scale * (queries @ keys.transpose(-1, -2))
-    bias = None if bias is None else bias.to(logits.device)[None, :, None, :]
+    queries, keys = _heads_first(q), _heads_first(k)
+    return _rows(queries, keys, scale=scale, bias=bias, start=start, stop=keys.shape[2] if stop is None else stop,
+                 window=window, change=change)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    # (B, N, H, d) -> (B, H, N, d) float64, contiguous: converted once per layer, read by every chunk.
+    return x.double().transpose(1, 2).contiguous()
+
+
+def _rows(queries, keys, *, scale, bias, start, stop, window, change):
+    """`probability_rows` on ``(B, H, N, d)`` float64 queries and keys: one ``(B, H, c, N)`` buffer, in place."""
+    n = keys.shape[2]
+    logits = torch.matmul(queries[:, :, start:stop], keys.transpose(-1, -2))  # (B, H, c, N): the one buffer
+    logits.mul_(scale)
+    bias = None if bias is None else bias.to(device=logits.device, dtype=logits.dtype)[None, :, None, :]
     rows = torch.arange(start, stop, device=logits.device)
     columns = torch.arange(n, device=logits.device)
     i, j = rows[:, None], columns[None, :]
@@ -106,17 +169,25 @@ def probability_rows(q: torch.Tensor, k: torch.Tensor, *, scale: float, bias: to
         counts = (~hidden).sum(-1)[None, None, :, None]  # n_i, the keys row i sees
         logits = change(logits, bias, rows, columns, counts)
     elif bias is not None:
-        logits = logits + bias
-    return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+        logits.add_(bias)
+    # softmax in place: exp(z - max) / sum; the diagonal is always visible, so no row is all -inf.
+    logits.masked_fill_(hidden, float("-inf"))
+    logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+    return logits.div_(logits.sum(dim=-1, keepdim=True))
 
 
 def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None, change=None):
-    """Yield ``(start, rows)`` over all N rows, ``rows = probability_rows(q, k, start, start + chunk)``."""
+    """Yield ``(start, rows)`` over all N rows, ``rows = probability_rows(q, k, start, start + chunk)``.
+
+    `chunk` rows at a time (default `chunk_rows` of the batch, the heads and
+    N on q's device); q and k are converted to float64 once, not per chunk.
+    """
     batch, n, heads, _ = q.shape
-    chunk = chunk or chunk_rows(batch, heads, n)
+    chunk = chunk or chunk_rows(batch, heads, n, device=q.device)
+    queries, keys = _heads_first(q), _heads_first(k)
     for start in range(0, n, chunk):
-        yield start, probability_rows(q, k, scale=scale, bias=bias, start=start, stop=min(n, start + chunk),
-                                      window=window, change=change)
+        yield start, _rows(queries, keys, scale=scale, bias=bias, start=start, stop=min(n, start + chunk),
+                           window=window, change=change)
 
 
 def rotary_module(model, resolved: Resolved):

@@ -8,8 +8,13 @@ For layer l, head h and a sequence of N tokens with attention probabilities
 
 averaged over sequences: ``attention_offsets (L, H, N)``. Accumulated row
 chunk by row chunk (the rows recomputed from q and k under an efficient
-attention, `jaxroll.measure.attention_rows`, or the eager probabilities):
-no ``(N, N)`` array is kept. A rotary or learned-position model's mean
+attention or an eager one whose logit the family states exactly,
+`jaxroll.measure.attention_rows`; the hooked eager probabilities only where
+it does not): no ``(N, N)`` array is kept, and the working memory is one
+chunk of rows and one gathered copy of it per head. The default statistic
+of a model without ALiBi beyond `registry.DENSE_DEFAULT_BYTES`
+(`registry.default_stats`): its measurement's config.yaml is the
+`offset_rollout_model` below. A rotary or learned-position model's mean
 attention is close to a function of the offset when content averages out;
 `offset_rollout_model` turns the summary into a rollout whose layer kernel is
 
@@ -46,9 +51,10 @@ def offset_sums(start: int, rows):
     i = torch.arange(start, start + count, device=rows.device)[:, None]
     o = torch.arange(n, device=rows.device)[None, :]
     keys = i - o  # (c, N)
-    valid = keys >= 0
-    gathered = torch.gather(rows, 2, keys.clamp(min=0).expand(heads, -1, -1))
-    return torch.where(valid, gathered, 0.0).sum(dim=1)
+    hidden = keys < 0
+    # One gathered buffer the size of the chunk, zeroed in place where the key would precede token 0.
+    gathered = torch.gather(rows, 2, keys.clamp_(min=0).expand(heads, -1, -1))
+    return gathered.masked_fill_(hidden, 0.0).sum(dim=1)
 
 
 def _allocate(shape: Shapes) -> dict:

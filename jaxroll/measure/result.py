@@ -93,12 +93,25 @@ class Measurement:
         sum to 1 within ~1e-7). Only where a row misses 1 by more than
         `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
         rows divided by their sums.
+
+        Such a model measured with ``attention_offsets`` and without
+        ``attention`` (the default above `registry.DENSE_DEFAULT_BYTES`) gets
+        the offset kernel, `jaxroll.measure.offsets.offset_rollout_model`: a
+        `TableKernel` with scores ``log a_{t,h}(o)``, layer kernel
+        ``K_t[i, j] = (1 / H) sum_h a_{t,h}(i - j) / sum_{o <= i} a_{t,h}(o)``,
+        defined up to the measured N.
         """
         from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
         from ..model import RolloutModel
 
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
+        offsets = self.extra.get("attention_offsets")
+        if (self.attention_mean is None and offsets is not None
+                and self.metadata.get("position_encoding") != "alibi"):
+            from .offsets import offset_rollout_model
+
+            return offset_rollout_model(offsets, self.lambdas, sequence_length or self.sequence_length)
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
             attention = self.attention_mean
             sums = attention.sum(axis=-1, keepdims=True)
