@@ -439,6 +439,7 @@ class _Step:
         from .attention_rows import rotate, row_chunks
 
         rows = self.rows
+        dtype = q.dtype  # the model's: the precision of the logits (attention_rows.work_dtype), before rotation
         if rows["rotary"] is not None:  # the rotation the attention applies after the projections
             cos, sin = rows["rotary"].cos, rows["rotary"].sin
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -454,12 +455,14 @@ class _Step:
                     if statistic.observe_rows is not None and statistic.name not in self.hooked]
         n = q.shape[1]
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
+        # reuse: every consumer below sums (or copies) a chunk before the next one overwrites it.
         for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["windows"][layer],
-                                       change=change):
+                                       change=change, reuse=True, precision=dtype):
             if "attention" in self.stats and "attention" not in self.hooked:
                 if layer not in self.attention:
                     self.attention[layer] = chunk.new_zeros((n, n))
-                self.attention[layer][start:start + chunk.shape[2]] += chunk.mean(1).sum(0)
+                stop = start + chunk.shape[2]  # keys after the chunk's last row are 0: not summed
+                self.attention[layer][start:stop, :stop] += chunk[..., :stop].sum(dim=(0, 1)).div_(chunk.shape[1])
             for statistic in watching:
                 for row, state in enumerate(self.states):
                     statistic.observe_rows(state[statistic.name], layer, start, chunk[row:row + 1])

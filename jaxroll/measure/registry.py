@@ -74,10 +74,13 @@ class Statistic:
         observe_rows: ``(state, layer, start, rows)``, optional: the
             probabilities of one sequence's query rows ``start ..``,
             ``(1, H, c, N)`` float64, chunk by chunk in order, recomputed from
-            q and k (`jaxroll.measure.attention_rows`) when the model runs an
-            efficient attention. A statistic that reads probabilities and has
-            it runs without eager attention; its `attach`, if any, is then
-            called with ``recomputed=True`` and must not hook probabilities.
+            q and k (`jaxroll.measure.attention_rows`) on an efficient
+            attention, and on an eager one wherever the family's logit is
+            stated exactly (`attention_rows.recomputable`). `rows` is
+            overwritten by the next chunk: sum it, or copy what is kept. A
+            statistic that reads probabilities and has it runs without eager
+            attention; its `attach`, if any, is then called with
+            ``recomputed=True`` and must not hook probabilities.
     """
 
     name: str
