@@ -225,25 +225,51 @@ def _rows(queries, keys, *, scale, bias, start, stop, window, change, buffers=No
 
 
 def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None, change=None, reuse: bool = False,
-               precision: torch.dtype | None = None):
+               precision: torch.dtype | None = None, rotary=None, buffers: dict | None = None):
     """Yield ``(start, rows)`` over all N rows, ``rows = probability_rows(q, k, start, start + chunk)``.
 
     `chunk` rows at a time (default `chunk_rows` of the batch, the heads and
     N on q's device); q and k are converted to the `work_dtype` of
-    `precision` (default q's dtype) once, not per chunk.
-    With `reuse` the chunks share two buffers, so each ``rows`` is valid
-    only until the next one is yielded (the measuring pass, whose
-    statistics sum each chunk before the next, reads them so).
+    `precision` (default q's dtype) once, not per chunk. `rotary`, ``(cos,
+    sin)`` ``(B, N, r)``: q and k (unrotated) are turned here, in the working
+    dtype and heads-first (as `rotate`, the model's own rotation in its
+    precision). With `reuse` the chunks share two buffers, so each ``rows``
+    is valid only until the next one is yielded (the measuring pass, whose
+    statistics sum each chunk before the next, reads them so); `buffers`, a
+    dict the caller keeps, holds them from call to call (fresh pages are
+    costly on a CPU).
     """
     batch, n, heads, _ = q.shape
     chunk = chunk or chunk_rows(batch, heads, n, device=q.device)
     work = work_dtype(precision or q.dtype)
     queries, keys = _heads_first(q, work), _heads_first(k, work)
-    size = batch * heads * min(chunk, n) * n
-    buffers = (queries.new_empty(size), queries.new_zeros(size, dtype=torch.float64)) if reuse else None
+    if rotary is not None:
+        queries, keys = (_turn(x, *rotary) for x in (queries, keys))
+    scratch = None
+    if reuse:
+        size = batch * heads * min(chunk, n) * n
+        scratch = (buffers if buffers is not None else {}).get((size, work, queries.device))
+        if scratch is None:
+            scratch = (queries.new_empty(size), queries.new_zeros(size, dtype=torch.float64))
+            if buffers is not None:
+                buffers.clear()  # one pair at a time: the last shape's
+                buffers[(size, work, queries.device)] = scratch
+        else:
+            scratch[1].zero_()
     for start in range(0, n, chunk):
         yield start, _rows(queries, keys, scale=scale, bias=bias, start=start, stop=min(n, start + chunk),
-                           window=window, change=change, buffers=buffers)
+                           window=window, change=change, buffers=scratch)
+
+
+def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`rotate` on heads-first ``x (B, H, N, d)`` in x's dtype: ``cos, sin (B, N, r)`` broadcast over the heads."""
+    width = cos.shape[-1]
+    cos, sin = (t.to(x.dtype)[:, None] for t in (cos, sin))
+    turning = x[..., :width]
+    half = width // 2
+    turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
+    rotated = turning * cos + turned * sin
+    return rotated if width == x.shape[-1] else torch.cat((rotated, x[..., width:]), dim=-1)
 
 
 def rotary_module(model, resolved: Resolved):

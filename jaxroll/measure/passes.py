@@ -383,6 +383,7 @@ class _Step:
         self.registered = [registered()[name] for name in stats if name in registered()]
         self.hooked = tuple(hooked)  # statistics that read the hooked eager probabilities, not recomputed rows
         self.rows = None  # {scale, bias, windows, rotary, change}: recompute attention rows from q, k
+        self.buffers = {}  # row_chunks' two chunk buffers, kept from layer to layer and batch to batch
         self.reset(1)
 
     def reset(self, batch):
@@ -440,11 +441,13 @@ class _Step:
 
         rows = self.rows
         dtype = q.dtype  # the model's: the precision of the logits (attention_rows.work_dtype), before rotation
-        if rows["rotary"] is not None:  # the rotation the attention applies after the projections
+        turn = None  # the rotation the attention applies after the projections, done by row_chunks
+        if rows["rotary"] is not None:
             cos, sin = rows["rotary"].cos, rows["rotary"].sin
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             ratios = None if rows["change"] is None else rows["change"].rotary_ratios
+            turn = (cos, sin) if ratios is None else None
             if ratios is not None:  # a rotary rescale: at p / r per head, as the patched attention rotates
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
                 from .patching import rerotate
 
                 positions = torch.arange(q.shape[1], device=q.device)
@@ -457,7 +460,8 @@ class _Step:
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
         # reuse: every consumer below sums (or copies) a chunk before the next one overwrites it.
         for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["windows"][layer],
-                                       change=change, reuse=True, precision=dtype):
+                                       change=change, reuse=True, precision=dtype, rotary=turn,
+                                       buffers=self.buffers):
             if "attention" in self.stats and "attention" not in self.hooked:
                 if layer not in self.attention:
                     self.attention[layer] = chunk.new_zeros((n, n))
