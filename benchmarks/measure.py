@@ -39,11 +39,29 @@ Three tables, each printed and written as CSV into --out:
    metadata.json) and of the whole command (startup and loading included);
    target ratio <= 0.6; alternating repetitions, medians. Both runs' outputs are checked equal first.
 
+6. ``measure_defaults_time.csv``, ``measure_defaults_peak.csv`` and
+   ``measure_long.csv`` (issue 55, "Long context by default"): `measure`
+   with its default statistics (``stats=None``: `default_stats` at the run's
+   N and depth) on a tiny Llama (sdpa, float32, 1 thread) against the bare
+   batched forward + backward of the same model. Time at N = 512 (4 layers,
+   hidden 128, S = 16, the batch `measure` chooses, interleaved repetitions,
+   medians; the dense mean ``attention`` is the default there), beside
+   ``lambda,influence`` (no kernel) and the offsets forced; peak memory at
+   N = 4096 (offsets by default; and the dense ``attention``, the default
+   before issue 55) and at N = 32768 (2 layers, hidden 32), each process
+   fresh, one sequence: the peak RSS of the process
+   (``getrusage(RUSAGE_SELF).ru_maxrss``, imports and weights included) and
+   its growth during the measured call over a warm-up at N = 8
+   (``VmHWM - VmRSS``), with the call's seconds. The library function is
+   called directly (batch 1), so the command's memory refusal, whose
+   estimate another table checks, does not enter. Targets: time <= 1.5x at
+   N = 512, peak <= 1.5x at N = 4096 and N = 32768.
+
 Correctness first: each family's influence is checked to sum to 1 and the
 checkpointed run to equal the plain one before anything is timed.
 
     python3 benchmarks/measure.py [--length 128] [--samples 8] [--out benchmarks/results]
-                                  [--tables cost,memory,falcon,targets,parallel]
+                                  [--tables cost,memory,falcon,targets,parallel,defaults,long]
 """
 
 from __future__ import annotations
@@ -79,6 +97,18 @@ def tiny(family, layers=2, seed=0, implementation="eager", **extra):
     }
     torch.manual_seed(seed)
     return T.AutoModelForCausalLM.from_config(configs[family](), attn_implementation=implementation).eval()
+
+
+def llama(layers, hidden, implementation="sdpa", seed=0):
+    """A tiny Llama (HEADS heads, 2 key-value heads, MLP 2 x hidden), float32, eval mode."""
+    import torch
+    import transformers as T
+
+    config = T.LlamaConfig(num_hidden_layers=layers, num_attention_heads=HEADS, num_key_value_heads=2,
+                           hidden_size=hidden, intermediate_size=2 * hidden, vocab_size=VOCAB,
+                           max_position_embeddings=65536)
+    torch.manual_seed(seed)
+    return T.AutoModelForCausalLM.from_config(config, attn_implementation=implementation).eval()
 
 
 def bare_forward_backward(model, ids):
@@ -307,6 +337,87 @@ def peak_table(length):
     return rows
 
 
+def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
+    """Issue 55, time: measure with its default statistics / the bare batched forward+backward, same batches."""
+    import torch
+
+    from jaxroll.measure import measure
+
+    torch.set_num_threads(1)
+    ids = np.random.default_rng(0).integers(0, VOCAB, (samples, length))
+    model = llama(layers, hidden)
+    default = measure(model, ids[:2]).metadata["stats"]  # warm-up; the default at this N and depth
+    batch = min(samples, measure(model, ids).metadata["batch_size"])
+    batches = [ids[first:first + batch] for first in range(0, samples, batch)]
+    kernel = [name for name in default if name in ("attention", "attention_offsets")]
+    runs = {"bare": lambda: bare_batches(model, batches),
+            "default": lambda: measure(model, ids, batch_size=batch),
+            "no_kernel": lambda: measure(model, ids, stats=("lambda", "influence"), batch_size=batch),
+            "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets"),
+                                       batch_size=batch)}
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for repeat in range(repeats):  # interleaved and rotated: the machine's load hits all alike
+        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    median = {name: float(np.median(values)) for name, values in times.items()}
+    return [{"model": f"llama L={layers} D={hidden} H={HEADS} sdpa", "length": length, "samples": samples,
+             "batch": batch, "repeats": repeats, "default_kernel": "+".join(kernel), "bare_s": median["bare"],
+             "default_s": median["default"], "ratio_default": median["default"] / median["bare"],
+             "ratio_no_kernel": median["no_kernel"] / median["bare"],
+             "ratio_offsets": median["offsets"] / median["bare"]}]
+
+
+DEFAULTS_CHILD = r"""
+import json, resource, sys, time, numpy as np, torch
+sys.path.insert(0, {bench!r})
+from measure import bare_batches, llama, reset_peak_rss, rss
+from jaxroll.measure import measure
+torch.set_num_threads(1)
+what, length, layers, hidden = {what!r}, {length}, {layers}, {hidden}
+model = llama(layers, hidden)
+ids = np.random.default_rng(0).integers(0, 256, (1, length))
+stats = {{"default": None, "dense": ("lambda", "influence", "attention")}}.get(what)
+measure(model, ids[:, :8], stats=stats, batch_size=1)  # imports and allocator warm-up, on both sides
+bare_batches(model, [ids[:, :8]])
+reset_peak_rss()
+before = rss("VmRSS:")
+start = time.perf_counter()
+if what == "bare":
+    bare_batches(model, [ids])
+    used = None
+else:
+    used = measure(model, ids, stats=stats, batch_size=1).metadata["stats"]
+seconds = time.perf_counter() - start
+print(json.dumps({{"growth": rss("VmHWM:") - before, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                   "seconds": seconds, "stats": used, "attention": model.config._attn_implementation}}))
+"""
+
+
+def _child(what, length, layers, hidden):
+    code = DEFAULTS_CHILD.format(bench=str(Path(__file__).resolve().parent), what=what, length=length,
+                                 layers=layers, hidden=hidden)
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def defaults_peak_table(length, layers, hidden, whats=("default", "dense")):
+    """Issue 55, memory: peak RSS of a fresh process, default statistics (and `whats`) against the bare pass."""
+    bare = _child("bare", length, layers, hidden)
+    rows = []
+    for what in whats:
+        report = _child(what, length, layers, hidden)
+        rows.append({"model": f"llama L={layers} D={hidden} H={HEADS} {report['attention']}", "length": length,
+                     "run": what, "stats": "+".join(report["stats"]), "bare_peak_MiB": bare["peak"] / 2**20,
+                     "peak_MiB": report["peak"] / 2**20, "ratio_peak": report["peak"] / bare["peak"],
+                     "bare_growth_MiB": bare["growth"] / 2**20, "growth_MiB": report["growth"] / 2**20,
+                     "ratio_growth": report["growth"] / bare["growth"], "bare_s": bare["seconds"],
+                     "seconds": report["seconds"], "ratio_time": report["seconds"] / bare["seconds"]})
+    return rows
+
+
 def parallel_table(length, samples, layers, hidden, repeats):
     import os
     import shutil
@@ -384,7 +495,10 @@ def main():
     parser.add_argument("--parallel-samples", type=int, default=16)
     parser.add_argument("--parallel-length", type=int, default=256)
     parser.add_argument("--parallel-repeats", type=int, default=3)
-    parser.add_argument("--tables", default="cost,memory,falcon,targets,parallel")
+    parser.add_argument("--defaults-length", type=int, default=512)
+    parser.add_argument("--defaults-samples", type=int, default=16)
+    parser.add_argument("--long-length", type=int, default=32768)
+    parser.add_argument("--tables", default="cost,memory,falcon,targets,parallel,defaults,long")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     arguments = parser.parse_args()
     arguments.out.mkdir(parents=True, exist_ok=True)
@@ -408,6 +522,19 @@ def main():
         show(f"issue 29, memory: peak RSS growth, default statistics against the bare forward + backward "
              f"(N = {arguments.peak_length}, one sequence, float32)",
              peak_table(arguments.peak_length), arguments.out / "measure_peak.csv")
+    if "defaults" in tables:
+        show(f"issue 55, time: measure with its default statistics against the bare batched forward + backward "
+             f"(tiny Llama, N = {arguments.defaults_length}, S = {arguments.defaults_samples}, float32, 1 thread, "
+             f"median of {arguments.repeats})",
+             defaults_time_table(arguments.defaults_length, arguments.defaults_samples, arguments.repeats),
+             arguments.out / "measure_defaults_time.csv")
+        show(f"issue 55, memory: peak RSS of a fresh process, default statistics (and the dense mean, the old "
+             f"default) against the bare forward + backward (tiny Llama, N = {arguments.peak_length}, one sequence)",
+             defaults_peak_table(arguments.peak_length, 4, 128), arguments.out / "measure_defaults_peak.csv")
+    if "long" in tables:
+        show(f"issue 55, long context: default statistics against the bare sdpa forward + backward (Llama 2 x 32, "
+             f"N = {arguments.long_length}, one sequence, float32, 1 thread)",
+             defaults_peak_table(arguments.long_length, 2, 32, whats=("default",)), arguments.out / "measure_long.csv")
     if "parallel" in tables:
         show(f"1 process against torchrun --nproc-per-node 2 (gloo, 1 thread each, float64, "
              f"N = {arguments.parallel_length}, S = {arguments.parallel_samples}, median of {arguments.parallel_repeats})",

@@ -2,8 +2,9 @@
 
 Oracles: the offsets of the measured dense mean attention read in NumPy
 (linear, so the per-head summary averaged over heads equals the offsets of
-the head-averaged ``attention_mean``: 1e-12 in float64); sdpa (rows
-recomputed from q, k) against eager (1e-6, the eager float32 softmax); the
+the head-averaged ``attention_mean``: 1e-12 in float64); sdpa against eager
+(both recompute their rows from q, k since issue 55; the model's own eager
+probabilities are the oracle of tests/test_chunked_stats.py); the
 rollout against a NumPy float64 rollout with the kernel written out,
 ``K[i, j] = mean_h a_h(i - j) / sum_{o <= i} a_h(o)`` (1e-5, float32 JAX).
 """

@@ -45,8 +45,10 @@ def add_parser(commands) -> None:
                          help="comma-separated subset of lambda,content,influence,attention,qk,sinks,"
                               "attention_offsets,"
                               f"{','.join(_names.REFINEMENT_STATS)} "
-                              "(default: what the architecture supports of lambda,content,influence: "
-                              "lambda,influence for rotary models)")
+                              "(default: lambda,content,influence for ALiBi models; lambda,influence (rotary) or "
+                              "lambda,content,influence (learned positions) plus the measured kernel otherwise: "
+                              "attention while 8 L N^2 bytes fit 64 MiB, else attention_offsets; "
+                              "docs/measuring.md)")
     measure.add_argument("--refine", default=None, metavar="SWITCHES",
                          help="also write refined.csv, the refined rollout's profile with these switches on "
                               f"(comma-separated subset of {','.join(_names.REFINEMENT_SWITCHES)}; "
@@ -145,7 +147,9 @@ def _request(arguments, target: Target, world) -> Request:
     plan = measure.inspect_model(target.model)
     changes = tuple(parse_for(arguments.intervene, plan.config))
     sinks = sink_count(changes)
-    stats, refine = _stats_and_refine(arguments, given or plan.default, given is not None)
+    # The default at this N and depth: the dense mean kernel while it is cheap, else the offsets (default_stats).
+    default = measure.default_stats(plan.position, arguments.length, plan.num_layers)
+    stats, refine = _stats_and_refine(arguments, given or default, given is not None)
     measure.check_stats_allowed(stats, plan.layer_map, plan.position)
     _check_length(arguments, plan.config, sinks, plan.max_length)
     if "content" in stats and arguments.length < 2:
@@ -537,7 +541,8 @@ def _measure_series(arguments) -> None:
 def _series_checkpoints(arguments) -> list:
     """The series' ``(step, folder)`` pairs, every refusal of a series made before anything is created."""
     from .. import io
-    from ..measure import inspect_model, load_tokenizer, parse_stats, read_texts, select_sequences, series
+    from ..measure import (default_stats, inspect_model, load_tokenizer, parse_stats, read_texts, select_sequences,
+                           series)
     from ..measure.distributed import from_environment
 
     if from_environment().distributed:
@@ -547,7 +552,8 @@ def _series_checkpoints(arguments) -> list:
     plans = {folder: inspect_model(folder) for _, folder in checkpoints}
     series.check_same_architecture(plans)
     first = next(iter(plans.values()))
-    stats = parse_stats(arguments.stats) if arguments.stats is not None else first.default
+    stats = (parse_stats(arguments.stats) if arguments.stats is not None
+             else default_stats(first.position, arguments.length, first.num_layers))
     missing = [name for name in ("lambda", "influence") if name not in stats]
     if missing:
         raise ConfigError(f"--stats {arguments.stats}: no {missing[0]}; allowed: --stats including lambda and "

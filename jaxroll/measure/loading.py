@@ -26,7 +26,9 @@ class ModelPlan:
         position: ``alibi``, ``rope`` or ``learned``.
         num_layers, num_heads, hidden_size, vocab_size: from the config.
         allowed: the statistics this architecture can give.
-        default: the default ``--stats`` (`default_stats`).
+        default: the default ``--stats`` at an unknown length (`default_stats`
+            without N: ``attention_offsets`` for a model without ALiBi);
+            ``jaxroll measure`` asks `default_stats` at its ``--length``.
         max_length: the longest N the model accepts (None: unbounded here).
     """
 
@@ -92,7 +94,8 @@ def attention_implementation(config, stats, falcon_alibi: str = "once") -> str:
     tensor per head on the flash and memory-efficient kernels) serves them.
     ``attention``, ``sinks``, ``attention_offsets``, ``attention_heads`` and
     ``norm_kernels`` recompute their rows in chunks from q and k
-    (`jaxroll.measure.attention_rows`), so they too run on ``"sdpa"``.
+    (`jaxroll.measure.attention_rows`; on an eager model too, where the
+    family's logit is stated exactly), so they too run on ``"sdpa"``.
     ``"eager"`` for registered statistics that read probabilities without
     ``observe_rows``, for Falcon's ``doubled`` ALiBi (its
     eager path), and for architectures whose transformers class has no SDPA

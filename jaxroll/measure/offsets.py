@@ -8,8 +8,13 @@ For layer l, head h and a sequence of N tokens with attention probabilities
 
 averaged over sequences: ``attention_offsets (L, H, N)``. Accumulated row
 chunk by row chunk (the rows recomputed from q and k under an efficient
-attention, `jaxroll.measure.attention_rows`, or the eager probabilities):
-no ``(N, N)`` array is kept. A rotary or learned-position model's mean
+attention or an eager one whose logit the family states exactly,
+`jaxroll.measure.attention_rows`; the hooked eager probabilities only where
+it does not): no ``(N, N)`` array is kept, and the working memory is one
+chunk of rows and one zero-padded copy of it per head (`offset_sums`). The default statistic
+of a model without ALiBi beyond `registry.DENSE_DEFAULT_BYTES`
+(`registry.default_stats`): its measurement's config.yaml is the
+`offset_rollout_model` below. A rotary or learned-position model's mean
 attention is close to a function of the offset when content averages out;
 `offset_rollout_model` turns the summary into a rollout whose layer kernel is
 
@@ -37,18 +42,21 @@ FLOOR = 1e-30
 def offset_sums(start: int, rows):
     """``sum_i A[i, i - o]`` over the rows ``start ..`` of ``rows (H, c, N)``: ``(H, N)`` (torch, float64).
 
-    Row i's entry at key ``j = i - o`` is gathered for every offset o;
-    offsets beyond i (keys before 0) count 0.
+    Row i's entry at key ``j = i - o`` for every offset o, offsets beyond i
+    (keys before 0) counting 0, read without an index: the rows are copied
+    behind N zeros, ``P[h, r, N + j] = A[start + r, j]``, so that
+    ``A[start + r, start + r - o] = P[h, r, start + r + 1 + p]`` with
+    ``p = N - 1 - o``, a strided view (strides ``2 c N, 2 N + 1, 1``) whose
+    sum over r is the sums by p, read backwards. One ``(H, c, 2 N)`` buffer.
     """
     import torch
 
     heads, count, n = rows.shape
-    i = torch.arange(start, start + count, device=rows.device)[:, None]
-    o = torch.arange(n, device=rows.device)[None, :]
-    keys = i - o  # (c, N)
-    valid = keys >= 0
-    gathered = torch.gather(rows, 2, keys.clamp(min=0).expand(heads, -1, -1))
-    return torch.where(valid, gathered, 0.0).sum(dim=1)
+    padded = rows.new_empty((heads, count, 2 * n))
+    padded[..., :n].zero_()
+    padded[..., n:].copy_(rows)
+    diagonals = padded.as_strided((heads, count, n), (2 * count * n, 2 * n + 1, 1), start + 1)
+    return torch.flip(diagonals.sum(dim=1), dims=(-1,))
 
 
 def _allocate(shape: Shapes) -> dict:

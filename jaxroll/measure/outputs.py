@@ -38,7 +38,9 @@ def write_measurement(measurement: Measurement, directory, *, overwrite: bool = 
     and, where the stats allow, ``config.yaml`` (needs lambda; its first line
     a comment naming the interventions, when it was measured under some; for a model
     without ALiBi measured with attention, a dense-kernel config with its
-    kernels in ``config.kernels.npz``),
+    kernels in ``config.kernels.npz``; measured with attention_offsets and
+    without attention, the offset kernel's table-kernel config, its table in
+    ``config.kernels.npz``: `Measurement.to_rollout_model`),
     ``influence.csv`` (``token_position,probability``), ``lambdas.png``,
     ``influence.png``; ``refined.csv``, the refined rollout's profile, when
     it was measured with ``refine`` (``measurement.refined_profile``).

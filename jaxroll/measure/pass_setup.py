@@ -138,20 +138,37 @@ class AttentionMode(NamedTuple):
     variant: str | None     # Falcon ALiBi: "once" or "doubled"; None for other families
     zero_falcon_alibi: bool
     bias_multiplier: float  # c in the logit formula: 2 for Falcon's doubled eager path
+    hooked: tuple = ()      # the statistics that read the hooked eager probabilities (B, H, N, N)
+
+
+def _reads_probabilities(name: str, extra: dict) -> bool:
+    return name == "attention" or (name in extra and (extra[name].needs_eager
+                                                      or "probabilities" in extra[name].hooks))
 
 
 def attention_mode(config, layer_map, stats, falcon_alibi) -> AttentionMode:
-    """Under an efficient attention, attention and statistics with observe_rows get their rows recomputed in
-    chunks from q and k (`jaxroll.measure.attention_rows`); the rest need eager, as does Falcon's doubled path."""
+    """Which statistics get their rows recomputed in chunks from q and k, which read the eager probabilities.
+
+    ``attention`` and the statistics with ``observe_rows`` are recomputed
+    (`jaxroll.measure.attention_rows`: ``O(chunk N)`` float64 per head) on
+    every implementation where the layer map states the logit exactly
+    (`attention_rows.recomputable`), and under an efficient attention in
+    any case (a family that cannot be recomputed exactly is loaded eager by
+    `loading.attention_implementation`). The rest (a family whose rows are
+    not recomputable, a registered statistic without ``observe_rows``)
+    read the hooked eager probabilities: eager attention only, as does
+    Falcon's doubled path.
+    """
+    from .attention_rows import recomputable
+
     implementation = getattr(config, "_attn_implementation", "eager")
     extra = {name: statistic for name, statistic in registered().items() if name in stats}
-    reading = [name for name in stats if name == "attention" or (
-        name in extra and (extra[name].needs_eager or "probabilities" in extra[name].hooks))]
-    recompute = bool(reading) and implementation != "eager"
-    if recompute:
-        reading = [name for name in reading if name != "attention" and extra[name].observe_rows is None]
-    if reading and implementation != "eager":
-        raise ConfigError(f"stats: {', '.join(reading)} read the attention probabilities; the model uses "
+    reading = [name for name in stats if _reads_probabilities(name, extra)]
+    rows = [name for name in reading if name == "attention" or extra[name].observe_rows is not None]
+    recompute = bool(rows) and (implementation != "eager" or recomputable(layer_map))
+    hooked = tuple(name for name in reading if not (recompute and name in rows))
+    if hooked and implementation != "eager":
+        raise ConfigError(f"stats: {', '.join(hooked)} read the attention probabilities; the model uses "
                           f"{implementation!r} attention; allowed: a model loaded with attn_implementation='eager'")
     variant, zero_falcon_alibi, bias_multiplier = None, False, 1.0
     if layer_map.name == "falcon" and layer_map.position == "alibi":
@@ -165,7 +182,7 @@ def attention_mode(config, layer_map, stats, falcon_alibi) -> AttentionMode:
             bias_multiplier = 2.0
         else:
             zero_falcon_alibi = implementation == "eager"
-    return AttentionMode(implementation, extra, recompute, variant, zero_falcon_alibi, bias_multiplier)
+    return AttentionMode(implementation, extra, recompute, variant, zero_falcon_alibi, bias_multiplier, hooked)
 
 
 class Slopes(NamedTuple):

@@ -16,6 +16,14 @@ tokens (the measurements of arXiv 2602.16837):
   when asked for, on every `positions`-th position.
 - ``"attention"``: the head-averaged attention probabilities ``(L, N, N)``,
   averaged over sequences.
+- attention probabilities, wherever a statistic reads them (``attention``,
+  ``attention_offsets``, ``sinks``, ``attention_heads``, ``norm_kernels``,
+  ``sequence_rollout``): recomputed from the hooked q and k in row chunks,
+  ``O(chunk N)`` float64 per head, on the eager and the efficient
+  attention alike wherever the family's logit is stated exactly
+  (`jaxroll.measure.attention_rows.recomputable`; each layer with its own
+  sliding window); the hooked eager ``(B, H, N, N)`` probabilities
+  otherwise (`jaxroll.measure.pass_setup.attention_mode`).
 - influence: ``f = max_v softmax(logits_{N-1})_v`` (softmax in float32, or
   float64 for a float64 model), ``influence_j = ||df / de_j||_2`` with
   ``e_j`` the token embedding at j (before any embedding LayerNorm); the mean
@@ -70,7 +78,7 @@ from . import pass_setup as setup
 from .layer_maps import LayerMap, resolve
 from .partial_sums import PartialSums
 from .precision import full_precision
-from .registry import DEFAULT_STATS, HOOK_KINDS, Shapes, parse_stats, registered
+from .registry import HOOK_KINDS, Shapes, default_stats, parse_stats, registered
 from .result import Measurement, measurement_from_sums
 
 __all__ = ["measure", "influence_gradients"]
@@ -81,7 +89,7 @@ def measure(
     model,
     sequences,
     *,
-    stats=DEFAULT_STATS,
+    stats=None,
     tokenizer=None,
     length: int | None = None,
     samples: int | None = None,
@@ -109,17 +117,22 @@ def measure(
         model: a Hugging Face ``*ForCausalLM`` (eval mode is set for the run
             and restored after), on any device or spread over several
             (``device_map``); inputs go to its embedding's device and every
-            sum is accumulated in float64 on the CPU. Under an efficient
-            attention (``sdpa``) ``"attention"`` and ``"sinks"`` recompute
+            sum is accumulated in float64 on the CPU. ``"attention"`` and
+            the registered statistics with ``observe_rows`` (sinks,
+            attention_offsets, attention_heads, norm_kernels) recompute
             their rows in chunks from the hooked q and k
-            (`jaxroll.measure.attention_rows`), as do the registered
-            statistics with ``observe_rows`` (attention_heads, norm_kernels,
-            attention_offsets).
+            (`jaxroll.measure.attention_rows`) on any attention
+            implementation where the family's logit is stated exactly (the
+            module docstring), so eager and ``sdpa`` give the same rows.
         sequences: token ids ``(S, N)`` (array or list of equal-length
             lists), or texts (a list of str) with `tokenizer` and `length`:
             documents in order, those with at least N tokens, their first N.
         stats: a subset of `statistic_names()`: ``lambda, content, influence,
-            attention, qk`` and the registered ones (``sinks``).
+            attention, qk`` and the registered ones (``sinks``); None:
+            `default_stats` of the model's position encoding at this N and
+            depth (ALiBi: ``lambda, content, influence``; otherwise the
+            measured kernel too, ``attention`` while ``8 L N^2`` bytes fit
+            `registry.DENSE_DEFAULT_BYTES`, else ``attention_offsets``).
         samples: with texts, stop after this many kept documents.
         falcon_alibi: ``"once"`` (Falcon's intended formula, its SDPA path,
             default) or ``"doubled"`` (its eager path, which adds the ALiBi
@@ -168,12 +181,14 @@ def measure(
         ConfigError: bad input, a model outside the layer maps, a statistic
             the architecture cannot give; one line.
     """
-    stats = parse_stats(stats)
+    stats = None if stats is None else parse_stats(stats)
     setup.check_options(falcon_alibi, positions, batch_size)
     resolved = resolve(model, layer_map)
     patching, described, sinks = _patch(model, interventions, resolved)
     token_ids, indices = setup.token_ids_of(sequences, tokenizer, length, samples, model.config, document_indices)
     num_sequences, length = token_ids.shape
+    if stats is None:
+        stats = default_stats(resolved.layer_map.position, length, len(resolved.blocks))
     # SinkTokens: k ids in front of every sequence; the model runs at N + k (module docstring).
     prepended = setup.prepend_sinks(token_ids, sinks, tokenizer, model.config)
     setup.check_lengths(resolved.layer_map, model.config, stats, length, prepended.run_length)
@@ -191,7 +206,7 @@ def measure(
     if resume and checkpoint_path is not None and Path(checkpoint_path).is_file():
         sums.load(Path(checkpoint_path), fingerprint)
     grid = np.arange(0, prepended.run_length, positions)
-    step = _Step(stats, shape.layers, prepended.run_length, grid, skip=sinks)
+    step = _Step(stats, shape.layers, prepended.run_length, grid, skip=sinks, hooked=mode.hooked)
     rotary = _recompute_rows(step, model, resolved, mode, slopes, falcon_alibi, patching, prepended.run_length)
     metadata["attention_rows"] = "recomputed from q, k in chunks" if mode.recompute else None
     hooks = _hooks(step, resolved, model.config, stats, mode, checkpointing)
@@ -254,18 +269,20 @@ def _recompute_rows(step, model, resolved, mode, slopes, falcon_alibi, patching,
     """Under recomputed rows, what `_Step` needs to form them from q and k; the rotary capture (or None)."""
     if not mode.recompute:
         return None
-    from .attention_rows import RotaryCapture, key_bias, sliding_window
+    from .attention_rows import RotaryCapture, key_bias
 
     rotary = RotaryCapture(model, resolved) if resolved.layer_map.position == "rope" else None
+    # Each layer's own window (Qwen2's layer_types: sliding layers from max_window_layers on).
     step.rows = {"scale": slopes.logit_scale, "bias": key_bias(model, resolved, run_length, falcon_alibi),
-                 "window": sliding_window(model.config, resolved.layer_map.name), "rotary": rotary,
+                 "windows": list(resolved.windows), "rotary": rotary,
                  "change": patching.plan.change if patching is not None else None}
     return rotary
 
 
 def _hooks(step, resolved, config, stats, mode, checkpointing) -> Hooks:
     """The hooks the stats need: block input and attention output (lambda), q and k (content, qk, rows),
-    probabilities (attention, unless recomputed), and each registered statistic's kinds."""
+    probabilities (only for the statistics that read them hooked: `AttentionMode.hooked`), and each
+    registered statistic's other kinds."""
     wants = {kind: any(kind in statistic.hooks for statistic in mode.extra.values()) for kind in HOOK_KINDS}
     return Hooks(
         resolved, config,
@@ -273,8 +290,7 @@ def _hooks(step, resolved, config, stats, mode, checkpointing) -> Hooks:
         on_attention_output=step.attention_output if ("lambda" in stats or wants["attention_output"]) else None,
         on_query_key=step.query_key if ("content" in stats or "qk" in stats or wants["query_key"]
                                         or mode.recompute) else None,
-        on_probabilities=step.probabilities if not mode.recompute and ("attention" in stats
-                                                                       or wants["probabilities"]) else None,
+        on_probabilities=step.probabilities if mode.hooked else None,
         zero_falcon_alibi=mode.zero_falcon_alibi,
         checkpointing=checkpointing and "influence" in stats,
     )
@@ -364,12 +380,14 @@ class _Step:
     sequence ran alone.
     """
 
-    def __init__(self, stats, num_layers, length, grid, skip=0):
+    def __init__(self, stats, num_layers, length, grid, skip=0, hooked=()):
         self.stats = stats
         self.skip = skip  # sink tokens in front: lambda and content read the positions after them
         self.grid = torch.as_tensor(grid)
         self.registered = [registered()[name] for name in stats if name in registered()]
-        self.rows = None  # {scale, bias, window, rotary, change}: recompute attention rows from q, k
+        self.hooked = tuple(hooked)  # statistics that read the hooked eager probabilities, not recomputed rows
+        self.rows = None  # {scale, bias, windows, rotary, change}: recompute attention rows from q, k
+        self.buffers = {}  # row_chunks' two chunk buffers, kept from layer to layer and batch to batch
         self.reset(1)
 
     def reset(self, batch):
@@ -384,7 +402,8 @@ class _Step:
 
     def _observe(self, kind, layer, *tensors):
         for statistic in self.registered:
-            if kind in statistic.hooks:
+            # Probabilities go only to the statistics that read them hooked (the rest get recomputed rows).
+            if kind in statistic.hooks and (kind != "probabilities" or statistic.name in self.hooked):
                 for row, state in enumerate(self.states):
                     statistic.observe(state[statistic.name], kind, layer, *(t[row:row + 1] for t in tensors))
 
@@ -425,11 +444,14 @@ class _Step:
         from .attention_rows import rotate, row_chunks
 
         rows = self.rows
-        if rows["rotary"] is not None:  # the rotation the attention applies after the projections
+        dtype = q.dtype  # the model's: the precision of the logits (attention_rows.work_dtype), before rotation
+        turn = None  # the rotation the attention applies after the projections, done by row_chunks
+        if rows["rotary"] is not None:
             cos, sin = rows["rotary"].cos, rows["rotary"].sin
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             ratios = None if rows["change"] is None else rows["change"].rotary_ratios
+            turn = (cos, sin) if ratios is None else None
             if ratios is not None:  # a rotary rescale: at p / r per head, as the patched attention rotates
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
                 from .patching import rerotate
 
                 positions = torch.arange(q.shape[1], device=q.device)
@@ -437,21 +459,25 @@ class _Step:
                 q = rerotate(q.transpose(1, 2), positions, inv_freq, ratios[layer]).transpose(1, 2)
                 keys = rows["change"].key_rotary_ratios[layer]  # k is repeated per query head: its group's first
                 k = rerotate(k.transpose(1, 2), positions, inv_freq, keys).transpose(1, 2)
-        watching = [statistic for statistic in self.registered if statistic.observe_rows is not None]
+        watching = [statistic for statistic in self.registered
+                    if statistic.observe_rows is not None and statistic.name not in self.hooked]
         n = q.shape[1]
         change = None if rows["change"] is None else functools.partial(rows["change"].logits, layer)
-        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["window"],
-                                       change=change):
-            if "attention" in self.stats:
+        # reuse: every consumer below sums (or copies) a chunk before the next one overwrites it.
+        for start, chunk in row_chunks(q, k, scale=rows["scale"], bias=rows["bias"], window=rows["windows"][layer],
+                                       change=change, reuse=True, precision=dtype, rotary=turn,
+                                       buffers=self.buffers):
+            if "attention" in self.stats and "attention" not in self.hooked:
                 if layer not in self.attention:
                     self.attention[layer] = chunk.new_zeros((n, n))
-                self.attention[layer][start:start + chunk.shape[2]] += chunk.mean(1).sum(0)
+                stop = start + chunk.shape[2]  # keys after the chunk's last row are 0: not summed
+                self.attention[layer][start:stop, :stop] += chunk[..., :stop].sum(dim=(0, 1)).div_(chunk.shape[1])
             for statistic in watching:
                 for row, state in enumerate(self.states):
                     statistic.observe_rows(state[statistic.name], layer, start, chunk[row:row + 1])
 
     def probabilities(self, layer, p):
-        if "attention" in self.stats:
+        if "attention" in self.hooked:
             self.attention[layer] = p.double().mean(1).sum(0)  # head mean, summed over the batch
         self._observe("probabilities", layer, p)
 

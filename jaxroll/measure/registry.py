@@ -26,7 +26,7 @@ BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
 
 `statistic_names` adds the registered statistics to these."""
 DEFAULT_STATS = ("lambda", "content", "influence")
-"""What `measure` measures unless told otherwise (rotary models: see `default_stats`)."""
+"""The statistics every default starts from (ALiBi models measure exactly these; see `default_stats`)."""
 HOOK_KINDS = ("block_input", "attention_output", "query_key", "probabilities")
 # Statistics that read q.k before the position encoding: meaningless under rotary.
 _NEEDS_RAW_QK = ("content", "qk")
@@ -74,10 +74,13 @@ class Statistic:
         observe_rows: ``(state, layer, start, rows)``, optional: the
             probabilities of one sequence's query rows ``start ..``,
             ``(1, H, c, N)`` float64, chunk by chunk in order, recomputed from
-            q and k (`jaxroll.measure.attention_rows`) when the model runs an
-            efficient attention. A statistic that reads probabilities and has
-            it runs without eager attention; its `attach`, if any, is then
-            called with ``recomputed=True`` and must not hook probabilities.
+            q and k (`jaxroll.measure.attention_rows`) on an efficient
+            attention, and on an eager one wherever the family's logit is
+            stated exactly (`attention_rows.recomputable`). `rows` is
+            overwritten by the next chunk: sum it, or copy what is kept. A
+            statistic that reads probabilities and has it runs without eager
+            attention; its `attach`, if any, is then called with
+            ``recomputed=True`` and must not hook probabilities.
     """
 
     name: str
@@ -135,17 +138,44 @@ def statistic_names() -> tuple[str, ...]:
     return BUILTIN_STATS + tuple(registered())
 
 
-def default_stats(position: str) -> tuple[str, ...]:
-    """What ``--stats`` is by default for a model whose positions enter as `position`.
+DENSE_DEFAULT_BYTES = 64 * 2**20
+"""The line between the dense and the offset default: ``8 L N^2`` bytes of float64 mean attention.
 
-    ``lambda, content, influence`` for ALiBi. A model whose positions are not
-    ALiBi (rotary, learned) also measures ``attention``: its config.yaml is
-    then the measured mean kernel (a dense-kernel configuration), not a flat
-    ALiBi kernel that nobody measured. Rotary models drop content, whose raw
-    ``q.k`` the rotation changes.
+Below it a model without ALiBi measures the dense mean ``attention`` by
+default (its config a `DenseKernel`, the measured kernel exactly), above it
+``attention_offsets`` (``O(L H N)``, a `TableKernel`). 64 MiB is where the
+dense kernel stops being cheap: the run holds its ``(L, N, N)`` float64 sums
+twice (the batch's and the total), ``config.kernels.npz`` stores it again
+(64 MiB on disk per measurement), and every rollout, fit or sweep point
+reads all of it (``L N^2`` per profile; an intervention forms a changed copy).
+The line falls at N = 1448 for 4 layers, 836 for 12, 512 for 32: the
+lengths at which measured kernels were validated (docs/measuring.md)."""
+
+
+def dense_default(length: int | None, layers: int | None) -> bool:
+    """Whether ``8 layers length^2 <= DENSE_DEFAULT_BYTES``; False when either is unknown (None)."""
+    return length is not None and layers is not None and 8 * int(layers) * int(length) ** 2 <= DENSE_DEFAULT_BYTES
+
+
+def default_stats(position: str, length: int | None = None, layers: int | None = None) -> tuple[str, ...]:
+    """What ``--stats`` is by default for a model whose positions enter as `position`, at N = `length`, L = `layers`.
+
+    ``lambda, content, influence`` for ALiBi: its config.yaml is the ALiBi +
+    content kernel the paper measures. A model whose positions are not ALiBi
+    (rotary, learned) also measures its attention kernel, so that its
+    config.yaml is a measured kernel rather than a flat ALiBi kernel that
+    nobody measured: the dense mean ``attention`` (a `DenseKernel` config)
+    while ``8 L N^2 <= DENSE_DEFAULT_BYTES`` (`dense_default`), else the mean
+    attention by offset, ``attention_offsets`` (``O(L H N)``; a `TableKernel`
+    config, `jaxroll.measure.offsets.offset_rollout_model`), which a long
+    context can afford. Without `length` or `layers`: the offsets (the
+    default at any N). Rotary models drop content, whose raw ``q.k`` the
+    rotation changes.
     """
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
-    return names if position == "alibi" else names + ("attention",)
+    if position == "alibi":
+        return names
+    return names + ("attention" if dense_default(length, layers) else "attention_offsets",)
 
 
 def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:

@@ -94,6 +94,13 @@ class Measurement:
         `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
         rows divided by their sums.
 
+        Such a model measured with ``attention_offsets`` and without
+        ``attention`` (the default above `registry.DENSE_DEFAULT_BYTES`) gets
+        the offset kernel, `jaxroll.measure.offsets.offset_rollout_model`: a
+        `TableKernel` with scores ``log a_{t,h}(o)``, layer kernel
+        ``K_t[i, j] = (1 / H) sum_h a_{t,h}(i - j) / sum_{o <= i} a_{t,h}(o)``,
+        defined up to the measured N.
+
         A measurement with ``paths`` (`jaxroll.measure.path_stats`) extends
         every layer by the probability path (`jaxroll.model.with_probability_path`):
         shares ``rho_t = r_t / (1 + r_t)`` from the measured ratio ``r_t`` of
@@ -118,6 +125,12 @@ class Measurement:
         from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
         from ..model import RolloutModel
 
+        offsets = self.extra.get("attention_offsets")
+        if (self.attention_mean is None and offsets is not None
+                and self.metadata.get("position_encoding") != "alibi"):
+            from .offsets import offset_rollout_model
+
+            return offset_rollout_model(offsets, self.lambdas, sequence_length or self.sequence_length)
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
             attention = self.attention_mean
             sums = attention.sum(axis=-1, keepdims=True)

@@ -17,9 +17,11 @@ causal, N tokens) of every layer l and head h:
   ``sink_first_boost(k) = sink_first_share(k) / u(k)`` with
   ``u(k) = mean_i min(k, i + 1) / (i + 1)`` (row i spreads 1 over i + 1 keys).
 
-Reads the probabilities: from an eager attention (`_observe`), or row chunks
-recomputed from q and k under an efficient one (`_observe_rows`, the same
-sums chunk by chunk).
+Reads the probabilities as row chunks recomputed from q and k
+(`_observe_rows`, the same sums chunk by chunk: `jaxroll.measure.attention_rows`,
+on an efficient attention and on an eager one whose logit the family states
+exactly), or, where the rows cannot be recomputed exactly, from the hooked
+eager probabilities (`_observe`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _observe_rows(state, layer, start, rows):
     partial = state.setdefault("partial", {})
     received, share = partial.get(layer, (0.0, 0.0))
     received = received + rows.sum(dim=1)  # sum over these queries, per key
-    share = share + rows.cumsum(dim=-1).sum(dim=(0, 1))
+    share = share + rows.sum(dim=(0, 1)).cumsum(dim=-1)  # the cumulative sum after the sum: no (H, c, N) copy
     if start + rows.shape[1] < n:
         partial[layer] = (received, share)
         return

@@ -98,9 +98,10 @@ def _measure(model, ids, stats, queries, step):
     from .layer_maps import layer_map_for
 
     if stats is None:
+        from .layer_maps import resolve
         from .registry import default_stats
 
-        stats = default_stats(layer_map_for(model).position)
+        stats = default_stats(layer_map_for(model).position, ids.shape[1], len(resolve(model).blocks))
     started = time.perf_counter()
     result = measure(model, ids, stats=stats, source=f"step {step}")
     if queries is not None:
@@ -121,10 +122,10 @@ def _extends(model, ids, stats, out: Path, step: int) -> tuple:
     from .series_check import architecture_of, check_extends
 
     layer_map = layer_map_for(model)
-    stats = parse_stats(stats) if stats is not None else default_stats(layer_map.position)
     config = model.config
     layers = (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
               or getattr(config, "n_layers", 0))
+    stats = parse_stats(stats) if stats is not None else default_stats(layer_map.position, ids.shape[1], layers)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     check_extends(out, token_ids=ids, stats=stats, dtype=dtype, steps=[step],
                   architecture=architecture_of(layer_map.name, layers, getattr(config, layer_map.num_heads)))
