@@ -37,14 +37,14 @@ def test_the_line_between_the_dense_and_the_offset_default():
         content = ("content",) if position == "learned" else ()
         base = ("lambda", *content, "influence")
         # 8 L N^2 = 64 MiB exactly at L = 2, N = 2048; one more token is past it.
-        assert registry.default_stats(position, 2048, 2) == base + ("attention",)
-        assert registry.default_stats(position, 2049, 2) == base + ("attention_offsets",)
+        assert registry.default_stats(position, 2048, 2) == base + ("attention", "paths")
+        assert registry.default_stats(position, 2049, 2) == base + ("attention_offsets", "paths")
         assert 8 * 2 * 2048 ** 2 == LINE
-        assert registry.default_stats(position, 512, 32) == base + ("attention",)
-        assert registry.default_stats(position, 513, 32) == base + ("attention_offsets",)
-        assert registry.default_stats(position) == base + ("attention_offsets",)  # N unknown: the one that scales
+        assert registry.default_stats(position, 512, 32) == base + ("attention", "paths")
+        assert registry.default_stats(position, 513, 32) == base + ("attention_offsets", "paths")
+        assert registry.default_stats(position) == base + ("attention_offsets", "paths")  # N unknown: the one that scales
     for length in (None, 64, 10**6):
-        assert registry.default_stats("alibi", length, 4) == ("lambda", "content", "influence")
+        assert registry.default_stats("alibi", length, 4) == ("lambda", "content", "influence", "paths")
 
 
 def _llama():
@@ -71,8 +71,11 @@ def _dense_offsets(model, token_ids):
     return out
 
 
-def _numpy_rollout(offsets, lambdas, tau=1.0):
+def _numpy_rollout(offsets, lambdas, tau=1.0, ratios=None):
+    """The offset kernel's rollout; with `ratios` r_t the probability path's share form (docs/design.md):
+    ``W = 1 - rho + rho / tau``, ``R = ((1 - lambda) I + lambda W K) / (1 - lambda + lambda W)``."""
     layers, heads, n = offsets.shape
+    shares = np.zeros(layers) if ratios is None else ratios / (1.0 + ratios)
     product = np.eye(n)
     for t in range(layers):
         kernel = np.zeros((n, n))
@@ -80,7 +83,9 @@ def _numpy_rollout(offsets, lambdas, tau=1.0):
             for i in range(n):
                 row = offsets[t, h, i - np.arange(i + 1)] ** (1.0 / tau)
                 kernel[i, : i + 1] += row / row.sum() / heads
-        product = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * kernel) @ product
+        weight = 1.0 - shares[t] + shares[t] / tau
+        layer = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * weight * kernel) / (1 - lambdas[t] + lambdas[t] * weight)
+        product = layer @ product
     return product[-1]
 
 
@@ -89,7 +94,7 @@ def test_the_default_measurement_of_a_rotary_model_past_the_line_is_its_offset_k
     model = _llama().double().eval()
     token_ids = np.random.default_rng(0).integers(0, VOCAB, (3, N))
     result = measure(model, token_ids)  # stats: the default at this N and depth
-    assert result.metadata["stats"] == ["lambda", "influence", "attention_offsets"]
+    assert result.metadata["stats"] == ["lambda", "influence", "attention_offsets", "paths"]
     assert result.attention_mean is None
     offsets = _dense_offsets(model, token_ids)
     np.testing.assert_allclose(result.extra["attention_offsets"], offsets, rtol=0, atol=1e-10)
@@ -101,10 +106,14 @@ def test_the_default_measurement_of_a_rotary_model_past_the_line_is_its_offset_k
     expected = _numpy_rollout(offsets, np.clip(result.lambdas, 0, 1))
     assert abs(expected.sum() - 1) < 1e-12
     np.testing.assert_allclose(np.asarray(jaxroll.influence(loaded)), expected, rtol=0, atol=1e-10)
-    # The interventions read it: tau divides every score, a^(1 / tau) renormalised per row.
+    # The interventions read it: tau divides every score, a^(1 / tau) renormalised per row, and the
+    # probability path (the default's `paths`) moves each branch's share by 1 / tau.
+    ratios = np.asarray(result.extra["probability_over_value"], dtype=np.float64)
     tempered = jaxroll.interventions.apply_all(loaded, jaxroll.interventions.parse("tau=1.5"))
-    np.testing.assert_allclose(np.asarray(jaxroll.influence(tempered)),
-                               _numpy_rollout(offsets, np.clip(result.lambdas, 0, 1), tau=1.5), rtol=0, atol=1e-10)
+    expected = _numpy_rollout(offsets, np.clip(result.lambdas, 0, 1), tau=1.5, ratios=ratios)
+    np.testing.assert_allclose(np.asarray(jaxroll.influence(tempered)), expected, rtol=0, atol=1e-10)
+    plain = _numpy_rollout(offsets, np.clip(result.lambdas, 0, 1), tau=1.5)
+    assert np.abs(expected - plain).max() > 1e-6  # the shares matter under a temperature
 
 
 def _write_texts(path):
@@ -133,7 +142,8 @@ def test_jaxroll_measure_writes_the_offset_config_and_jaxroll_rollout_reads_it(m
         offsets, lambdas = data["attention_offsets"], data["lambdas"]
     import json
 
-    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention_offsets"]
+    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention_offsets",
+                                                                         "paths"]
     code = main(["rollout", str(out / "config.yaml"), "--out", str(tmp_path / "rolled")])
     assert code == 0, capsys.readouterr().err
     np.testing.assert_allclose(_profile(tmp_path / "rolled" / "profile.csv"),

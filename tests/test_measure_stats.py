@@ -309,7 +309,7 @@ def test_default_stats_fit_the_architecture_and_progress_goes_to_stderr(saved, t
     assert code == 0, captured.err
     import json
 
-    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention"]
+    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention", "paths"]
     # A rotary model's default config is its measured kernel, not a flat ALiBi kernel (issue 46).
     config = (out / "config.yaml").read_text()
     assert "kernel_type: dense" in config and "alibi_slopes" not in config

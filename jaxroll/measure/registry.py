@@ -170,12 +170,17 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     config, `jaxroll.measure.offsets.offset_rollout_model`), which a long
     context can afford. Without `length` or `layers`: the offsets (the
     default at any N). Rotary models drop content, whose raw ``q.k`` the
-    rotation changes.
+    rotation changes. Every family ends with ``paths``
+    (`jaxroll.measure.path_stats`): the probability path's share of each
+    layer's branch, which config.yaml carries so that a temperature or SSMax
+    is predicted by the extended layer (docs/design.md, "The probability
+    path"); it runs after the pass on a few sequences, a fixed cost of about
+    50 bare forward+backward passes.
     """
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
-    if position == "alibi":
-        return names
-    return names + ("attention" if dense_default(length, layers) else "attention_offsets",)
+    if position != "alibi":
+        names += ("attention" if dense_default(length, layers) else "attention_offsets",)
+    return names + ("paths",)
 
 
 def check_stats_allowed(stats, layer_map_name: str, position: str) -> None:
