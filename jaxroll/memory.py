@@ -12,7 +12,8 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["available_bytes", "resident_bytes", "influence_bytes", "model_influence_bytes", "check_fits", "parse_size", "format_size"]
+__all__ = ["available_bytes", "resident_bytes", "influence_bytes", "model_influence_bytes", "check_fits", "parse_size",
+           "format_size"]
 
 # Working set of one structured influence pass per position, in array
 # elements: a chunk of 16 heads with a few buffers each (scan carries,

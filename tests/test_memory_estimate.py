@@ -88,6 +88,29 @@ def test_the_rows_chunks_are_bounded_whatever_n():
     assert batching.chunk_bytes(heads=4, length=4096, batch=1, stats=("lambda", "influence")) == 0
 
 
+def test_eager_probabilities_read_whole_cost_float64_copies():
+    n, batch, heads = 1024, 2, 4
+    offsets = batching.chunk_bytes(heads=heads, length=n, batch=batch, stats=("attention_offsets",), recompute=False)
+    assert offsets == 3 * 8 * heads * n * n
+    both = batching.chunk_bytes(heads=heads, length=n, batch=batch, stats=("attention", "sinks"), recompute=False)
+    assert both == 3 * 8 * heads * n * n + 8 * batch * heads * n * n
+    # ... and the checkpointed forward then holds the eager scores and probabilities beside them.
+    seq = _sequence(n, eager=True)
+    forward = 2 * n * 32 * 4 + 4 * n * 32 * 8 + heads * n * n * (4 + 4) + n * n * 4
+    assert batching.pass_bytes(layers=2, hidden=32, heads=heads, length=n, batch=1, itemsize=4, per_sequence=seq,
+                               checkpointing=True, stats=("attention_offsets",), eager=True,
+                               recompute=False) == max(seq, forward + offsets)
+
+
+def test_rows_are_recomputed_for_statistics_that_read_them_on_sdpa():
+    config = _llama_config()
+    assert batching.rows_recomputed(config, "sdpa", ("lambda", "influence", "attention_offsets"))
+    assert batching.rows_recomputed(config, "sdpa", ("lambda", "attention"))
+    assert not batching.rows_recomputed(config, "sdpa", ("lambda", "influence"))
+    # The caller's config is not changed.
+    assert getattr(_llama_config(), "_attn_implementation", None) == getattr(config, "_attn_implementation", None)
+
+
 def test_pass_bytes_is_the_larger_phase_plus_attention_sums():
     n, layers, hidden = 4096, 2, 32
     seq = _sequence(n)

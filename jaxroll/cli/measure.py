@@ -417,7 +417,7 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     """
     from .. import memory
     from ..measure import stats_bytes
-    from ..measure.batching import free_bytes, largest_fitting, measure_peak
+    from ..measure.batching import free_bytes, largest_fitting, measure_peak, rows_recomputed
     from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
@@ -432,14 +432,15 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     if arguments.device_map is not None:
         return  # spread over several devices: each holds a part, not estimated here
     itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}[arguments.dtype]
-    eager = attention_implementation(plan.config, stats, arguments.falcon_alibi) == "eager"
+    implementation = attention_implementation(plan.config, stats, arguments.falcon_alibi)
+    eager, recompute = implementation == "eager", rows_recomputed(plan.config, implementation, stats)
     resident = memory.resident_bytes() if device == "cpu" else 0
 
     def estimate(n, batch):
         return measure_peak(plan.config, stats=stats, length=n, batch=batch, samples=arguments.samples,
                             itemsize=itemsize, eager=eager, checkpointing=not arguments.no_checkpointing,
                             positions=arguments.positions, queries=0 if queries is None else len(queries),
-                            device=device, resident=resident)
+                            device=device, resident=resident, recompute=recompute)
 
     batch = arguments.batch_size or 1
     peak = estimate(length, batch)

@@ -29,10 +29,12 @@ estimated as
   about 17 bytes per score element).
 - ``fwd``: one sequence in the checkpointed forward pass, ``L N D s + 4 N D 8``
   (``seq`` without checkpointing), beside the ``chunks`` (`chunk_bytes`) of
-  the statistics that read probabilities: they recompute their rows from
-  q, k in chunks of ``CHUNK_BYTES`` (`jaxroll.measure.attention_rows`),
+  the statistics that read probabilities: where they recompute their rows
+  from q, k in chunks of ``CHUNK_BYTES`` (`jaxroll.measure.attention_rows`),
   `CHUNK_BUFFERS` such buffers live at once (logits, softmax, a
-  statistic's gathers), once per pass whatever B.
+  statistic's gathers), once per pass whatever B; where they read eager
+  probabilities whole, `EAGER_COPIES` float64 ``(H, N, N)`` buffers, and
+  ``fwd`` holds the eager forward's scores ``H N^2 (s + 4) + N^2 s``.
 - ``held``: ``attention`` keeps each layer's ``(N, N)`` float64 sum of the
   batch, ``L N^2 8``, through the pass.
 - ``sums``: the float64 sums (`jaxroll.measure.registry.stats_bytes`, the
@@ -62,6 +64,8 @@ STAT_VECTORS = 4
 """Float64 ``(N, D)`` transients of the statistics per sequence (q, k, the running key sum, norms)."""
 CHUNK_BUFFERS = 5
 """Chunks of recomputed rows ``(B, H, c, N)`` float64 live at once (logits, softmax, a statistic's gathers)."""
+EAGER_COPIES = 3
+"""Float64 ``(H, N, N)`` buffers a statistic makes of eager probabilities read whole (the copy, its gathers)."""
 LATER_LIBRARIES = 56 * 2**20
 """Bytes that load after the decision: tokenizers, safetensors, matplotlib (measured: 56 MiB at N = 16)."""
 
@@ -113,31 +117,59 @@ def sequence_bytes(*, layers: int, hidden: int, heads: int, intermediate: int, l
     return int(graph + STAT_VECTORS * n * hidden * 8)
 
 
-def chunk_bytes(*, heads: int, length: int, batch: int, stats=()) -> int:
-    """The recomputed rows' chunks of a pass (module docstring): ``CHUNK_BUFFERS * 8 B H c N``, 0 without them.
+def chunk_bytes(*, heads: int, length: int, batch: int, stats=(), recompute: bool = True) -> int:
+    """What the statistics reading probabilities hold beside the forward pass (module docstring); 0 without them.
 
-    ``c = max(1, min(N, CHUNK_BYTES // (8 B H N)))`` (`attention_rows.chunk_rows`),
-    for statistics that read probabilities.
+    Rows recomputed from q, k (`recompute`): ``CHUNK_BUFFERS * 8 B H c N``
+    with ``c = max(1, min(N, CHUNK_BYTES // (8 B H N)))``
+    (`attention_rows.chunk_rows`). Eager probabilities read whole:
+    ``EAGER_COPIES * 8 H N^2`` (a registered statistic's float64 copy of one
+    row's ``(H, N, N)`` and its gathers), plus ``8 B H N^2`` for
+    ``attention`` (the batch's float64 copy).
     """
     if not any(name in _PROBABILITY_STATS for name in stats):
         return 0
+    if not recompute:
+        copies = EAGER_COPIES * 8 * heads * length * length if any(
+            name in _PROBABILITY_STATS and name != "attention" for name in stats) else 0
+        return int(copies + (8 * batch * heads * length * length if "attention" in stats else 0))
     from .attention_rows import chunk_rows
 
     return int(CHUNK_BUFFERS * 8 * batch * heads * chunk_rows(batch, heads, length) * length)
 
 
+def rows_recomputed(config, implementation: str, stats) -> bool:
+    """Whether `measure` recomputes probability rows from q, k (`pass_setup.attention_mode`) under `implementation`."""
+    import copy
+
+    from ..errors import ConfigError
+    from .layer_maps import layer_map_for
+    from .pass_setup import attention_mode
+
+    config = copy.copy(config)
+    config._attn_implementation = implementation
+    try:
+        layer_map = layer_map_for(type("Unloaded", (), {"config": config})())
+        return bool(attention_mode(config, layer_map, tuple(stats), "once").recompute)
+    except ConfigError:
+        return implementation != "eager"
+
+
 def pass_bytes(*, layers: int, hidden: int, heads: int, length: int, batch: int, itemsize: int, per_sequence: int,
-               checkpointing: bool, stats=()) -> int:
+               checkpointing: bool, stats=(), eager: bool = False, recompute: bool = True) -> int:
     """``pass``: a batch's peak in its pass (module docstring), ``max(B seq, B fwd + chunks) + held``.
 
-    ``fwd = L N D s + 4 N D 8`` per sequence while the forward pass
-    (checkpointed) recomputes rows (`chunk_bytes`), ``seq`` = `per_sequence`
-    in the backward pass; ``held = L N^2 8`` with ``attention`` (each layer's
-    ``(N, N)`` float64 sum of the batch).
+    ``fwd = L N D s + 4 N D 8`` per sequence in the checkpointed forward
+    pass, plus eager attention's forward scores ``H N^2 (s + 4) + N^2 s``
+    where probabilities are read whole (not `recompute`); ``seq`` =
+    `per_sequence` in the backward pass; `chunk_bytes`; ``held = L N^2 8``
+    with ``attention`` (each layer's ``(N, N)`` float64 sum of the batch).
     """
     n = length
     forward = layers * n * hidden * itemsize + STAT_VECTORS * n * hidden * 8 if checkpointing else per_sequence
-    chunks = chunk_bytes(heads=heads, length=n, batch=batch, stats=stats)
+    if eager and not recompute and checkpointing:
+        forward += heads * n * n * (itemsize + 4) + n * n * itemsize
+    chunks = chunk_bytes(heads=heads, length=n, batch=batch, stats=stats, recompute=recompute)
     held = layers * n * n * 8 if "attention" in stats else 0
     return int(max(batch * per_sequence, batch * forward + chunks) + held)
 
@@ -161,7 +193,7 @@ def model_sizes(config) -> dict:
 
 def choose_batch_size(model, length: int, stats, remaining: int, *, checkpointing: bool = True,
                       free: int | None = None) -> int:
-    """Sequences per pass: the largest B whose `pass_bytes` fit ``SAFETY free``, within ``[1, min(remaining, MAX_BATCH)]``.
+    """Sequences per pass: the largest B whose `pass_bytes` fit ``SAFETY free``, in ``[1, min(remaining, MAX_BATCH)]``.
 
     The weights are loaded and the sums allocated, so `free` (default
     `free_bytes` of the model's device) already excludes them.
@@ -176,9 +208,11 @@ def choose_batch_size(model, length: int, stats, remaining: int, *, checkpointin
     free = free_bytes(device) if free is None else free
     upper = max(1, min(remaining, MAX_BATCH))
     checkpointed = checkpointing and "influence" in stats
+    recompute = rows_recomputed(model.config, "eager" if eager else "sdpa", stats)
     fits = largest_fitting(int(SAFETY * free), lambda batch: pass_bytes(
         layers=sizes["layers"], hidden=sizes["hidden"], heads=sizes["heads"], length=length, batch=batch,
-        itemsize=itemsize, per_sequence=per, checkpointing=checkpointed, stats=stats), 1, upper=upper)
+        itemsize=itemsize, per_sequence=per, checkpointing=checkpointed, stats=stats, eager=eager,
+        recompute=recompute), 1, upper=upper)
     return max(1, fits)
 
 
@@ -194,7 +228,8 @@ def weight_bytes(config, itemsize: int) -> int:
     except Exception:  # noqa: BLE001 - an estimate from the sizes when the class cannot be built
         sizes = model_sizes(config)
         hidden, layers = sizes["hidden"], sizes["layers"]
-        return int(2 * sizes["vocab"] * hidden + layers * (4 * hidden**2 + 3 * hidden * sizes["intermediate"])) * itemsize
+        parameters = 2 * sizes["vocab"] * hidden + layers * (4 * hidden**2 + 3 * hidden * sizes["intermediate"])
+        return int(parameters) * itemsize
 
 
 def largest_fitting(limit: int, cost, start: int, upper: int = 1 << 24) -> int:
@@ -242,7 +277,7 @@ class PeakEstimate:
 
 def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsize: int, eager: bool,
                  checkpointing: bool, positions: int = 1, queries: int = 0, device: str = "cpu",
-                 resident: int | None = None) -> PeakEstimate:
+                 resident: int | None = None, recompute: bool | None = None) -> PeakEstimate:
     """The estimated peak memory of a `measure` process at N = `length`, from `config` before loading.
 
     On the CPU, ``R + Lib + W + sums + max(pass, finish)`` (module
@@ -251,7 +286,8 @@ def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsi
     (`registry.stats_bytes` of S = `samples` sequences, plus
     ``8 (S + 1) K N`` for K = `queries` rows), `sequence_bytes`,
     `pass_bytes`, and ``finish = 2 L N^2 8`` with ``attention``. On a GPU the
-    device's share: ``W + pass``.
+    device's share: ``W + pass``. `recompute`: whether probability rows are
+    recomputed from q, k (`rows_recomputed`; default: unless `eager`).
     """
     from .registry import Shapes, stats_bytes
 
@@ -262,7 +298,8 @@ def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsi
                          checkpointing=checkpointing and "influence" in stats, stats=stats, device=device)
     per_pass = pass_bytes(layers=sizes["layers"], hidden=sizes["hidden"], heads=sizes["heads"], length=length,
                           batch=batch, itemsize=itemsize, per_sequence=per,
-                          checkpointing=checkpointing and "influence" in stats, stats=stats)
+                          checkpointing=checkpointing and "influence" in stats, stats=stats, eager=eager,
+                          recompute=not eager if recompute is None else recompute)
     weights = weight_bytes(config, itemsize)
     if not str(device).startswith("cpu"):
         return PeakEstimate(0, 0, weights, batch, per, per_pass, 0, 0)
