@@ -18,7 +18,7 @@ family's default, with ``attention_offsets`` and with ``attention``; batch 1
 and 4; N from 512 to 32,768 where a case fits this machine in a minute or
 two. One thread per case (``OMP_NUM_THREADS=1``): the machine is shared.
 
-    PYTHONPATH=. python3 benchmarks/memory.py [--quick] [--cases REGEX]
+    PYTHONPATH=. python3 benchmarks/memory.py [--quick] [--cases REGEX] [--libraries]
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ CASES = [
     ("gpt2", 2, 64, 4, 4096, "default", 1),
     ("gpt2", 2, 64, 4, 4096, "lambda,influence,attention_offsets", 4),
 ]
-PROBE = [("llama", 2, 32, 4, 16, "lambda,influence", 1), ("bloom", 2, 64, 4, 16, "lambda,influence", 1),
-         ("llama", 2, 32, 4, 16, "lambda,influence,attention", 1)]
+# N = 16: the peak less the resident set at the decision is what loads later (batching.LATER_LIBRARIES).
+LIBRARIES = [("llama", 2, 32, 4, 16, "lambda,influence", 1), ("bloom", 2, 64, 4, 16, "lambda,influence", 1),
+             ("gpt2", 2, 64, 4, 16, "default", 1)]
 QUICK = [0, 1, 8, 9, 12, 18]
 
 CHILD = r"""
@@ -152,10 +153,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small subset of the cases (about a minute)")
     parser.add_argument("--cases", default=None, help="only the cases whose description matches this regex")
+    parser.add_argument("--libraries", action="store_true",
+                        help="only cases at N = 16, whose peak less the resident set is what loads after the decision")
     arguments = parser.parse_args()
     cases = [CASES[index] for index in QUICK] if arguments.quick else CASES
-    if os.environ.get("PROBE"):
-        cases = PROBE
+    if arguments.libraries:
+        cases = LIBRARIES
     if arguments.cases:
         cases = [case for case in cases if re.search(arguments.cases, " ".join(map(str, case)))]
     print("| family | model | N | stats | batch | estimate terms, MiB: R + Lib + W + sums + max(pass, finish); "
