@@ -417,7 +417,7 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     """
     from .. import memory
     from ..measure import stats_bytes
-    from ..measure.batching import free_bytes, largest_fitting, measure_peak, rows_recomputed
+    from ..measure.batching import free_bytes, largest_fitting, measure_peak, rows_recomputed, weight_bytes
     from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
@@ -435,12 +435,13 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     implementation = attention_implementation(plan.config, stats, arguments.falcon_alibi)
     eager, recompute = implementation == "eager", rows_recomputed(plan.config, implementation, stats)
     resident = memory.resident_bytes() if device == "cpu" else 0
+    weights = weight_bytes(plan.config, itemsize)  # once: the meta-device count costs a model build
 
     def estimate(n, batch):
         return measure_peak(plan.config, stats=stats, length=n, batch=batch, samples=arguments.samples,
                             itemsize=itemsize, eager=eager, checkpointing=not arguments.no_checkpointing,
                             positions=arguments.positions, queries=0 if queries is None else len(queries),
-                            device=device, resident=resident, recompute=recompute)
+                            device=device, resident=resident, recompute=recompute, weights=weights)
 
     batch = arguments.batch_size or 1
     peak = estimate(length, batch)
@@ -448,10 +449,11 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     if peak.growth <= free:
         return
     size = memory.format_size
-    what = (f"{length} (batch {batch}, {arguments.dtype}, {'eager' if eager else 'sdpa'} attention, --stats "
-            f"{','.join(stats)}): the run peaks at about {size(peak.total)} (resident now {size(peak.resident)}, "
-            f"weights {size(peak.weights)}, {size(peak.per_sequence)} per sequence, {size(peak.per_pass)} per "
-            f"pass, sums {size(peak.sums)}), {size(peak.growth)} more than now; "
+    front = f" + {sinks} sinks" if sinks else ""
+    what = (f"{arguments.length}{front} (batch {batch}, {arguments.dtype}, {'eager' if eager else 'sdpa'} attention, "
+            f"--stats {','.join(stats)}): the run peaks at about {size(peak.total)} (resident now "
+            f"{size(peak.resident)}, weights {size(peak.weights)}, {size(peak.per_sequence)} per sequence, "
+            f"{size(peak.per_pass)} per pass, sums {size(peak.sums)}), {size(peak.growth)} more than now; "
             f"{'the GPU' if device != 'cpu' else 'this machine'} has {size(free)} free")
     if batch > 1 and estimate(length, 1).growth <= free:
         fits = largest_fitting(free, lambda b: estimate(length, b).growth, 1, upper=batch)

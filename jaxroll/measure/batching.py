@@ -277,7 +277,8 @@ class PeakEstimate:
 
 def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsize: int, eager: bool,
                  checkpointing: bool, positions: int = 1, queries: int = 0, device: str = "cpu",
-                 resident: int | None = None, recompute: bool | None = None) -> PeakEstimate:
+                 resident: int | None = None, recompute: bool | None = None,
+                 weights: int | None = None) -> PeakEstimate:
     """The estimated peak memory of a `measure` process at N = `length`, from `config` before loading.
 
     On the CPU, ``R + Lib + W + sums + max(pass, finish)`` (module
@@ -287,7 +288,8 @@ def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsi
     ``8 (S + 1) K N`` for K = `queries` rows), `sequence_bytes`,
     `pass_bytes`, and ``finish = 2 L N^2 8`` with ``attention``. On a GPU the
     device's share: ``W + pass``. `recompute`: whether probability rows are
-    recomputed from q, k (`rows_recomputed`; default: unless `eager`).
+    recomputed from q, k (`rows_recomputed`; default: unless `eager`);
+    `weights`: the weights' bytes when known (default `weight_bytes`).
     """
     from .registry import Shapes, stats_bytes
 
@@ -300,7 +302,7 @@ def measure_peak(config, *, stats, length: int, batch: int, samples: int, itemsi
                           batch=batch, itemsize=itemsize, per_sequence=per,
                           checkpointing=checkpointing and "influence" in stats, stats=stats, eager=eager,
                           recompute=not eager if recompute is None else recompute)
-    weights = weight_bytes(config, itemsize)
+    weights = weight_bytes(config, itemsize) if weights is None else weights
     if not str(device).startswith("cpu"):
         return PeakEstimate(0, 0, weights, batch, per, per_pass, 0, 0)
     from ..memory import resident_bytes
