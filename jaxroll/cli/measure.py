@@ -463,6 +463,7 @@ def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
     longest = largest_fitting(free, lambda n: estimate(n, 1).growth, 1, upper=length)
     allowed = (f"--length {longest - sinks} or less" if longest - sinks >= 1
                else "a smaller model or dtype (the weights alone do not fit)")
+    allowed += ", fewer --stats or --positions K for qk" if "qk" in stats else ""
     raise ConfigError(f"--length: got {what}; allowed: {allowed}", field="--length", value=arguments.length,
                       allowed=allowed)
 
