@@ -156,7 +156,7 @@ def measure_row(model, family, dtype, length, samples, device, vocab, budget_lef
     one = sequence_bytes(layers=sizes["layers"], hidden=sizes["hidden"], heads=sizes["heads"],
                          intermediate=sizes["intermediate"], length=length,
                          itemsize=next(model.parameters()).element_size(), eager=row["attention"] == "eager",
-                         checkpointing=True, stats=stats)
+                         checkpointing=True, stats=stats, device=str(device))
     if one > free_bytes(device):
         return row | {"note": f"skipped: one sequence needs about {one / 2**30:.3g} GiB, "
                               f"{free_bytes(device) / 2**30:.3g} GiB free"}

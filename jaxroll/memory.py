@@ -12,7 +12,8 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["available_bytes", "influence_bytes", "model_influence_bytes", "check_fits", "parse_size", "format_size"]
+__all__ = ["available_bytes", "resident_bytes", "influence_bytes", "model_influence_bytes", "check_fits", "parse_size",
+           "format_size"]
 
 # Working set of one structured influence pass per position, in array
 # elements: a chunk of 16 heads with a few buffers each (scan carries,
@@ -33,6 +34,29 @@ def available_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now, in bytes (what a peak-RSS estimate starts from).
+
+    psutil's ``Process().memory_info().rss`` when psutil is installed, else
+    ``VmRSS`` of /proc/self/status (Linux); 0 where neither answers (the
+    estimate then counts the libraries as not loaded).
+    """
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def influence_bytes(n: int, num_heads: int, method: str, itemsize: int = 4) -> int:

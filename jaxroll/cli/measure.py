@@ -408,65 +408,68 @@ def _done(checkpoint) -> int:
 
 
 def _check_measure_memory(plan, stats, arguments, sinks: int, queries) -> None:
-    """Refuse, before loading, a run whose statistics, weights or passes cannot fit.
+    """Refuse, before loading, a run whose estimated peak memory exceeds the free memory.
 
-    Three checks, all from ``config.json``: the float64 sums of `stats` in
-    RAM (e.g. attention ``(L, N, N)``, qk ``(L, H, n, n)``); the weights plus
-    one pass of ``--batch-size`` sequences (1 when it is chosen from free
-    memory) on the device (`jaxroll.measure.batching`: free GPU memory on
-    CUDA, available RAM on the CPU, where the sums count too). The refusal
-    names the largest N (at batch 1) or the largest batch that fits.
+    The estimate is `jaxroll.measure.batching.measure_peak` from
+    ``config.json``: on the CPU the whole process's peak resident set (what is
+    resident now, the weights, ``--batch-size`` sequences (1 when it is chosen
+    from free memory), the pass's chunks and the float64 sums), of which the
+    growth beyond what is resident now must fit in the available RAM; on a
+    GPU the weights and the pass against its free memory, the sums against
+    the RAM. The refusal names the field (``--length`` or ``--batch-size``),
+    its value and the largest that fits.
     """
     from .. import memory
     from ..measure import stats_bytes
-    from ..measure.batching import free_bytes, largest_fitting, model_sizes, sequence_bytes, weight_bytes
+    from ..measure.batching import free_bytes, largest_fitting, measure_peak, rows_recomputed, weight_bytes
     from ..measure.loading import attention_implementation, resolve_device
     from ..measure.registry import Shapes
 
     length = arguments.length + sinks  # the model runs at N + k with sinks in front
-    shape = Shapes(arguments.samples, plan.num_layers, plan.num_heads, length)
-    needed = stats_bytes(stats, shape, arguments.positions)
-    if queries is not None:  # the per-sequence rows (S, K, N) and their mean, float64
-        needed += 8 * (arguments.samples + 1) * len(queries) * length
-    memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {length}",
-                      allowed="a shorter --length, fewer --stats (or --positions K for qk)")
+    device = resolve_device(arguments.device) if arguments.device_map is None else "map"
+    if device != "cpu":  # the sums stay in RAM; on the CPU they are part of the estimate below
+        needed = stats_bytes(stats, Shapes(arguments.samples, plan.num_layers, plan.num_heads, length),
+                             arguments.positions)
+        needed += 8 * (arguments.samples + 1) * len(queries) * length if queries is not None else 0
+        memory.check_fits(needed, f"measure --stats {','.join(stats)} at N = {length}",
+                          allowed="a shorter --length, fewer --stats (or --positions K for qk)")
     if arguments.device_map is not None:
         return  # spread over several devices: each holds a part, not estimated here
-    device = resolve_device(arguments.device)
     itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}[arguments.dtype]
-    eager = attention_implementation(plan.config, stats, arguments.falcon_alibi) == "eager"
-    sizes = model_sizes(plan.config)
-    checkpointing = "influence" in stats and not arguments.no_checkpointing
+    implementation = attention_implementation(plan.config, stats, arguments.falcon_alibi)
+    eager, recompute = implementation == "eager", rows_recomputed(plan.config, implementation, stats)
+    resident = memory.resident_bytes() if device == "cpu" else 0
+    weights = weight_bytes(plan.config, itemsize)  # once: the meta-device count costs a model build
 
-    def per_sequence(n):
-        return sequence_bytes(layers=sizes["layers"], hidden=sizes["hidden"], heads=sizes["heads"],
-                              intermediate=sizes["intermediate"], length=n, itemsize=itemsize, eager=eager,
-                              checkpointing=checkpointing, stats=stats)
-
-    weights = weight_bytes(plan.config, itemsize)
-    free = free_bytes(device)
-
-    def total(n, batch):
-        # On the CPU the float64 sums share the RAM with the weights and the pass.
-        held = stats_bytes(stats, Shapes(arguments.samples, plan.num_layers, plan.num_heads, n),
-                           arguments.positions) if device == "cpu" else 0
-        return weights + batch * per_sequence(n) + held
+    def estimate(n, batch):
+        return measure_peak(plan.config, stats=stats, length=n, batch=batch, samples=arguments.samples,
+                            itemsize=itemsize, eager=eager, checkpointing=not arguments.no_checkpointing,
+                            positions=arguments.positions, queries=0 if queries is None else len(queries),
+                            device=device, resident=resident, recompute=recompute, weights=weights)
 
     batch = arguments.batch_size or 1
-    needed = total(length, batch)
-    if needed <= free:
+    peak = estimate(length, batch)
+    free = free_bytes(device)
+    if peak.growth <= free:
         return
-    where = "the GPU has" if device != "cpu" else "this machine has"
-    what = (f"measure at N = {length}, batch {batch} ({arguments.dtype}, "
-            f"{'eager' if eager else 'sdpa'} attention): needs about {memory.format_size(needed)} "
-            f"(weights {memory.format_size(weights)}); {where} {memory.format_size(free)} free")
-    if batch > 1 and total(length, 1) <= free:
-        fits = largest_fitting(free, lambda b: total(length, b), 1, upper=batch)
-        raise ConfigError(f"{what}; allowed: --batch-size {fits} or less (or none: chosen from free memory)")
-    longest = largest_fitting(free, lambda n: total(n, 1), 1, upper=length)
-    allowed = (f"--length {longest} or less" if longest >= 1
+    size = memory.format_size
+    front = f" + {sinks} sinks" if sinks else ""
+    what = (f"{arguments.length}{front} (batch {batch}, {arguments.dtype}, {'eager' if eager else 'sdpa'} attention, "
+            f"--stats {','.join(stats)}): the run peaks at about {size(peak.total)} (resident now "
+            f"{size(peak.resident)}, weights {size(peak.weights)}, {size(peak.per_sequence)} per sequence, "
+            f"{size(peak.per_pass)} per pass, sums {size(peak.sums)}), {size(peak.growth)} more than now; "
+            f"{'the GPU' if device != 'cpu' else 'this machine'} has {size(free)} free")
+    if batch > 1 and estimate(length, 1).growth <= free:
+        fits = largest_fitting(free, lambda b: estimate(length, b).growth, 1, upper=batch)
+        allowed = f"--batch-size {fits} or less (or none: chosen from free memory)"
+        raise ConfigError(f"--batch-size: got {batch} at N = {what}; allowed: {allowed}",
+                          field="--batch-size", value=batch, allowed=allowed)
+    longest = largest_fitting(free, lambda n: estimate(n, 1).growth, 1, upper=length)
+    allowed = (f"--length {longest - sinks} or less" if longest - sinks >= 1
                else "a smaller model or dtype (the weights alone do not fit)")
-    raise ConfigError(f"{what}; allowed: {allowed}")
+    allowed += ", fewer --stats or --positions K for qk" if "qk" in stats else ""
+    raise ConfigError(f"--length: got {what}; allowed: {allowed}", field="--length", value=arguments.length,
+                      allowed=allowed)
 
 
 def _print_measure_summary(result, out, written, as_json: bool = False) -> None:
