@@ -33,7 +33,8 @@ and, for the values only, again under jaxroll's ``full_precision(model)``
 
 Times: median seconds over interleaved rounds (every method once per round,
 after one warm-up call of each at a small N), one torch thread by default,
-all in one process; the ratio is jaxroll's time over the peer's.
+all in one process; ``over_captum`` and ``over_inseq`` are each method's
+time divided by captum's and inseq's (the target: at most 1 for jaxroll).
 
 Runs with the peers' own environment (not dependencies of jaxroll), which
 imports jaxroll from this checkout:
@@ -60,7 +61,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 VOCAB = 256
-COLUMNS = ("family", "N", "method", "seconds", "jaxroll_over_peer", "rel_diff", "rel_diff_float64_mode",
+COLUMNS = ("family", "N", "method", "seconds", "over_captum", "over_inseq", "rel_diff", "rel_diff_float64_mode",
            "rounds", "peak_rss_gib")
 
 
@@ -217,19 +218,19 @@ def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=Tru
     reference = values["jaxroll influence_gradients"]
     ran = {name: functions[name] for name in values}
     exact = float64_mode_values(model, ran, reference) if float64_mode else {}
-    ours = seconds["jaxroll influence_gradients"]
+    captum, inseq = seconds.get("captum Saliency + L2"), seconds.get("inseq saliency + L2")
     rows = []
     for name, value in values.items():
         other = name.startswith("FlashTrace")
         rows.append({
             "family": family, "N": n, "method": name, "seconds": seconds[name],
-            "jaxroll_over_peer": ours / seconds[name],
+            "over_captum": seconds[name] / captum if captum else "", "over_inseq": seconds[name] / inseq if inseq else "",
             "rel_diff": f"rank corr {spearman(value, reference):.3f}" if other else relative(value, reference),
             "rel_diff_float64_mode": exact.get(name, ""), "rounds": rounds,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         })
     for name, error in failed.items():
-        rows.append({"family": family, "N": n, "method": name, "seconds": "", "jaxroll_over_peer": "",
+        rows.append({"family": family, "N": n, "method": name, "seconds": "", "over_captum": "", "over_inseq": "",
                      "rel_diff": error, "rel_diff_float64_mode": "", "rounds": rounds, "peak_rss_gib": ""})
     return rows
 
