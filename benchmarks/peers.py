@@ -29,7 +29,7 @@ positions, divided by its largest value. A float64 Llama in transformers
 rounds to float32 inside (RMSNorm, rotary tables; `jaxroll.measure.precision`),
 which jaxroll removes; the peers are run as a user runs them ("as shipped")
 and, for the values only, again under jaxroll's ``full_precision(model)``
-(the same arithmetic: "float64 mode").
+(the same arithmetic: "float64 mode"; captum's run is timed as its own row).
 
 Times: median seconds over interleaved rounds (every method once per round,
 after one warm-up call of each at a small N), one torch thread by default,
@@ -160,10 +160,22 @@ def flashtrace_method(model, tokenizer, ids, top):
     return run
 
 
-def methods(family, model, tokenizer, ids, flashtrace_max_n):
+def in_float64_mode(model, function):
+    from jaxroll.measure.precision import full_precision
+
+    def run():
+        with full_precision(model):
+            return function()
+
+    return run
+
+
+def methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode):
     top = top_token(model, ids)
     found = dict(jaxroll_methods(model, ids))
     found["captum Saliency + L2"] = captum_method(model, ids)
+    if float64_mode:  # the same arithmetic as jaxroll's, timed: what the float64 mode itself costs
+        found["captum Saliency + L2, float64 mode"] = in_float64_mode(model, found["captum Saliency + L2"])
     found["inseq saliency + L2"] = inseq_method(model, tokenizer, ids, top)
     if family == "llama" and len(ids) <= flashtrace_max_n:
         found["FlashTrace ifr-span (other quantity)"] = flashtrace_method(model, tokenizer, ids, top)
@@ -199,25 +211,25 @@ def spearman(a, b) -> float:
 
 
 def float64_mode_values(model, functions: dict, reference) -> dict:
-    """The peers' values again under jaxroll's float64 mode (the same arithmetic as jaxroll's)."""
+    """inseq's values again under jaxroll's float64 mode (the same arithmetic as jaxroll's; captum's is timed)."""
     from jaxroll.measure.precision import full_precision
 
     out = {}
-    for name in ("captum Saliency + L2", "inseq saliency + L2"):
-        if name not in functions:
-            continue
+    if "inseq saliency + L2" in functions:
         with full_precision(model):
-            out[name] = relative(np.asarray(functions[name](), np.float64), reference)
+            out["inseq saliency + L2"] = relative(np.asarray(functions["inseq saliency + L2"](), np.float64), reference)
     return out
 
 
 def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=True) -> list[dict]:
     ids = np.random.default_rng(n).integers(1, VOCAB, n)  # id 0 ("w0") is the pad token, which inseq drops
-    functions = methods(family, model, tokenizer, ids, flashtrace_max_n)
+    functions = methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode)
     seconds, values, failed = rounds_of(functions, rounds)
     reference = values["jaxroll influence_gradients"]
     ran = {name: functions[name] for name in values}
     exact = float64_mode_values(model, ran, reference) if float64_mode else {}
+    if "captum Saliency + L2, float64 mode" in values:
+        exact["captum Saliency + L2"] = relative(values["captum Saliency + L2, float64 mode"], reference)
     captum, inseq = seconds.get("captum Saliency + L2"), seconds.get("inseq saliency + L2")
     rows = []
     for name, value in values.items():
