@@ -170,7 +170,7 @@ def in_float64_mode(model, function):
     return run
 
 
-def methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode):
+def methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode, only=None):
     top = top_token(model, ids)
     found = dict(jaxroll_methods(model, ids))
     found["captum Saliency + L2"] = captum_method(model, ids)
@@ -179,7 +179,9 @@ def methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode):
     found["inseq saliency + L2"] = inseq_method(model, tokenizer, ids, top)
     if family == "llama" and len(ids) <= flashtrace_max_n:
         found["FlashTrace ifr-span (other quantity)"] = flashtrace_method(model, tokenizer, ids, top)
-    return found
+    # --only: the reference (influence_gradients) and the methods named, for long N where each call takes minutes
+    return {name: function for name, function in found.items()
+            if only is None or name == "jaxroll influence_gradients" or name in only}
 
 
 def rounds_of(functions: dict, rounds: int):
@@ -221,9 +223,9 @@ def float64_mode_values(model, functions: dict, reference) -> dict:
     return out
 
 
-def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=True) -> list[dict]:
+def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=True, only=None) -> list[dict]:
     ids = np.random.default_rng(n).integers(1, VOCAB, n)  # id 0 ("w0") is the pad token, which inseq drops
-    functions = methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode)
+    functions = methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode, only)
     seconds, values, failed = rounds_of(functions, rounds)
     reference = values["jaxroll influence_gradients"]
     ran = {name: functions[name] for name in values}
@@ -266,6 +268,8 @@ def main(argv=None) -> None:
                         help="FlashTrace forms (H, N, N) attention per layer: beyond this N it is not run")
     parser.add_argument("--float64-mode-max-n", type=int, default=4096,
                         help="the peers' values again under jaxroll's float64 mode up to this N (one more call each)")
+    parser.add_argument("--only", nargs="+", default=None, help="time only these methods (by name) and jaxroll's "
+                        "influence_gradients, e.g. --only 'captum Saliency + L2' 'inseq saliency + L2'")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as CSV")
     args = parser.parse_args(argv)
@@ -280,7 +284,7 @@ def main(argv=None) -> None:
         for index, n in enumerate(args.n):
             rounds = args.rounds[min(index, len(args.rounds) - 1)]
             for row in case(family, n, rounds, args.flashtrace_max_n, model, tokenizer,
-                            float64_mode=n <= args.float64_mode_max_n):
+                            float64_mode=n <= args.float64_mode_max_n, only=args.only):
                 rows.append(row)
                 print("| " + " | ".join(fmt(row[c]) for c in COLUMNS) + " |", flush=True)
     if args.out is not None:
