@@ -19,7 +19,7 @@ softmax(logits_{N-1})_v`` (the top probability at the last position) and
   here the top token, so the same f; ``target_attributions`` ``(N, 1, d)``
   and the L2 norm over d (inseq's own ``vnorm`` aggregation). inseq stores
   attributions in float32 (``FeatureAttributionStepOutput.__post_init__``
-  casts them), so its values carry float32 rounding (~6e-8 relative);
+  casts them), so its values carry float32 rounding;
 - FlashTrace (``FlashTrace(model, tok, recompute_attention=True).trace(...,
   method="ifr-span")``, Llama only): a different quantity, timed beside the
   others; its per-token scores are compared by rank correlation only.
@@ -37,9 +37,17 @@ all in one process; ``over_captum`` and ``over_inseq`` are each method's
 time divided by captum's and inseq's (the target: at most 1 for jaxroll).
 
 Runs with the peers' own environment (not dependencies of jaxroll), which
-imports jaxroll from this checkout:
+imports jaxroll from this checkout. The environment (run peers-1): the
+system torch and transformers kept, the peers with ``--no-deps`` and then
+only what they import that is missing:
 
-    /work/peers-venv/bin/python benchmarks/peers.py --n 512 4096 32768
+    python3 -m venv --system-site-packages /work/peers-venv
+    /work/peers-venv/bin/pip install --no-deps captum==0.9.0 inseq==0.7.1 flashtrace==0.1.1 \
+        typeguard==2.13.3 treescope==0.1.10 seaborn==0.13.2
+    /work/peers-venv/bin/pip install spacy==3.8.18 wordfreq==3.1.1  # FlashTrace imports them
+    /work/peers-venv/bin/python benchmarks/peers.py --n 512 4096 --rounds 15 5
+    /work/peers-venv/bin/python benchmarks/peers.py --n 32768 --rounds 2 --families llama \
+        --only "captum Saliency + L2" "inseq saliency + L2"
 """
 
 from __future__ import annotations
