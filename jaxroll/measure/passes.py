@@ -556,16 +556,27 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
     resolve(model, layer_map)
     device = model.get_input_embeddings().weight.device
     ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long, device=device).reshape(1, -1)
+    keywords = {"use_cache": False}
+    row = position
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        # The output head on positions >= `position` only (the last N - p rows), not on all N.
+        keywords["logits_to_keep"], row = ids.shape[1] - position % ids.shape[1], 0
     was_training = model.training
+    grad_flags = [parameter.requires_grad for parameter in model.parameters()]
     model.eval()
     try:
+        # Only the embeddings need gradients: frozen weights keep no inputs for their own gradients.
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
         with full_precision(model):
             embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-            logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, position]
+            logits = model(inputs_embeds=embeddings, **keywords).logits[0, row]
             dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
             probabilities = torch.softmax(logits.to(dtype), dim=-1)
             (gradient,) = torch.autograd.grad(probabilities.max(), embeddings)
     finally:
+        for parameter, flag in zip(model.parameters(), grad_flags):
+            parameter.requires_grad_(flag)
         model.train(was_training)
     return gradient[0].double().norm(dim=-1).cpu().numpy()
 
