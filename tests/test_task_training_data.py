@@ -80,16 +80,21 @@ def test_every_token_index_of_the_range_is_reachable_exactly():
             tt.case_at(layout, length, bad, rng)
 
 
-def test_training_batches_follow_their_depth_law_and_cases_are_seeded():
+def test_training_batches_follow_their_depth_law_and_every_target_is_its_records_value():
     layout = tt.Layout(vocab=64, key_tokens=1)
     rng = np.random.default_rng(3)
-    inputs, answers = tt.training_batch(layout, 64, 400, rng, "ends")
+    inputs, targets = tt.training_batch(layout, 64, 400, rng, "ends", queries=3)
     depths = []
-    for prompt, answer in zip(inputs.tolist(), answers.tolist()):
-        (depth,) = records_with_key(prompt, prompt[-2:-1])
-        assert prompt[depth + 3] == answer[0]
+    for prompt, target in zip(inputs.tolist(), targets.tolist()):
+        (depth,) = records_with_key(prompt[:64], prompt[62:63])  # the first query's key
         depths.append((depth - 1) / (64 - 3 - 5 - 1))
-    # Beta(1/2, 1/2): 1/2 of the mass in the outer fifth of each side... P(f < 0.2) = 2/pi asin(sqrt(0.2)) = 0.295
+        due = [i for i, t in enumerate(target) if t != -100]
+        assert due[0] == 63 and len(due) >= 2
+        for i in due:  # each answer: the value of the one body record with the question's key
+            assert prompt[i] == ARROW and prompt[i - 2] == QUERY
+            (start,) = records_with_key(prompt[:64], prompt[i - 1: i])
+            assert target[i] == prompt[start + 3]
+    # Beta(1/2, 1/2): P(f < 0.2) = 2/pi asin(sqrt(0.2)) = 0.2952 on each side.
     outer = np.mean([d < 0.2 or d > 0.8 for d in depths])
     assert abs(outer - 2 * 0.2952) < 0.08
     assert tt.make_case(layout, 64, 0.3, 2, 9) == tt.make_case(layout, 64, 0.3, 2, 9)

@@ -136,13 +136,44 @@ def grid(layout: Layout, lengths, depths, samples: int, seed: int) -> list:
     return [make_case(layout, n, f, s, seed) for n in lengths for f in depths for s in range(samples)]
 
 
-def training_batch(layout: Layout, length: int, size: int, rng, depth_law: str = "uniform"):
-    """(input ids ``[size, length]``, answer ids ``[size, value_tokens]``) of fresh training cases.
+def extra_queries(layout: Layout, case: dict, count: int, rng, depth_law: str = "uniform") -> list:
+    """Up to `count` more ``[QUERY, key, ARROW, value]`` questions about whole distractor records of `case`'s body.
 
-    `depth_law`: ``uniform`` draws the record's token index uniformly over
-    the depth range; ``ends`` draws its fraction from Beta(0.5, 0.5)
-    (density 1 / (pi sqrt(f (1 - f))): records near the two ends more often,
-    the position statistics Liu et al. suggest real data has).
+    Only records whose key occurs once in the prompt are asked about, so each
+    question has one right answer. They are drawn without replacement,
+    uniformly, or under ``ends`` with weights ``1 / sqrt(f (1 - f))`` of
+    their depth fraction f (clipped to [0.02, 0.98]), the Beta(1/2, 1/2) density.
+    """
+    prompt, size = case["prompt_ids"], layout.record_length
+    end = len(prompt) - layout.query_length
+    starts = [i for i in range(1, end - size + 1) if prompt[i] == OPEN and prompt[i + size - 1] == CLOSE
+              and i != case["depth"]]
+    keys = [tuple(prompt[i + 1: i + 1 + layout.key_tokens]) for i in range(1, end) if prompt[i] == OPEN]
+    unique = [i for i in starts if keys.count(tuple(prompt[i + 1: i + 1 + layout.key_tokens])) == 1]
+    if not unique:
+        return []
+    first, last = layout.depth_range(len(prompt))
+    f = np.clip((np.asarray(unique) - first) / (last - first), 0.02, 0.98)
+    weights = 1 / np.sqrt(f * (1 - f)) if depth_law == "ends" else np.ones(f.size)
+    chosen = rng.choice(unique, min(count, len(unique)), replace=False, p=weights / weights.sum())
+    tokens = []
+    for i in chosen:
+        key = prompt[i + 1: i + 1 + layout.key_tokens]
+        value = prompt[i + 2 + layout.key_tokens: i + 2 + layout.key_tokens + layout.value_tokens]
+        tokens += [QUERY, *key, ARROW, *value]
+    return tokens
+
+
+def training_batch(layout: Layout, length: int, size: int, rng, depth_law: str = "uniform", queries: int = 1):
+    """(input ids ``[size, T]``, targets ``[size, T]``, -100 where no answer is due) of fresh training cases.
+
+    Each sequence is a case (`case_at`), its answer, and ``queries - 1``
+    further questions with answers (`extra_queries`, padded with PAD where
+    a body has too few unique records); the targets are the answer tokens,
+    each at the position before it. `depth_law`: ``uniform`` draws the gold
+    record's token index uniformly over the depth range; ``ends`` draws its
+    fraction from Beta(0.5, 0.5) (density 1 / (pi sqrt(f (1 - f))): records
+    near the two ends more often).
     """
     first, last = layout.depth_range(length)
     if depth_law == "uniform":
@@ -151,8 +182,18 @@ def training_batch(layout: Layout, length: int, size: int, rng, depth_law: str =
         depths = [token_depth(f, first, last) for f in rng.beta(0.5, 0.5, size)]
     else:
         raise ValueError(f"depth_law: got {depth_law!r}; allowed: uniform, ends")
-    cases = [case_at(layout, length, int(d), rng) for d in depths]
-    return (torch.tensor([c["prompt_ids"] for c in cases]), torch.tensor([c["answer_ids"] for c in cases]))
+    total = length + layout.value_tokens + (queries - 1) * (layout.query_length + layout.value_tokens)
+    inputs = torch.full((size, total - 1), PAD, dtype=torch.long)
+    targets = torch.full((size, total - 1), -100, dtype=torch.long)
+    for row, depth in enumerate(depths):
+        case = case_at(layout, length, int(depth), rng)
+        sequence = case["prompt_ids"] + case["answer_ids"] + extra_queries(layout, case, queries - 1, rng, depth_law)
+        answers = [length - 1 + j for j in range(layout.value_tokens)]
+        for q in range(length + layout.value_tokens, len(sequence), layout.query_length + layout.value_tokens):
+            answers += [q + layout.query_length - 1 + j for j in range(layout.value_tokens)]
+        inputs[row, : len(sequence) - 1] = torch.tensor(sequence[:-1])
+        targets[row, answers] = torch.tensor([sequence[a + 1] for a in answers])
+    return inputs, targets
 
 
 # ----------------------------------------------------------------------------- models, scoring, training
@@ -260,7 +301,7 @@ def _u_margin(table: dict) -> float:
 
 
 def train(model, layout: Layout, *, lengths, steps: int, batch_size: int, learning_rate: float, warmup: int,
-          depth_law: str, seed: int, monitor: list, eval_every: int, max_seconds: float, log=print) -> dict:
+          depth_law: str, queries: int, seed: int, monitor: list, eval_every: int, max_seconds: float, log=print) -> dict:
     """AdamW on the answer's cross-entropy; returns the curve and the chosen checkpoint's state.
 
     Each step draws one length from `lengths` and a batch of fresh cases
@@ -279,10 +320,9 @@ def train(model, layout: Layout, *, lengths, steps: int, batch_size: int, learni
         model.train()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate * _rate(step - 1, steps, warmup)
-        inputs, answers = training_batch(layout, int(rng.choice(lengths)), batch_size, rng, depth_law)
-        ids = torch.cat([inputs, answers[:, :-1]], 1)
-        logits = answer_logits(model, ids, layout.value_tokens)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, layout.vocab), answers.reshape(-1))
+        inputs, targets = training_batch(layout, int(rng.choice(lengths)), batch_size, rng, depth_law, queries)
+        logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, layout.vocab), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -358,7 +398,7 @@ def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
                         length=max(lengths), seed=args.seed)
     monitor = grid(layout, lengths, DEPTHS, args.monitor_samples, seed=args.seed + 2)
     result = train(model, layout, lengths=lengths, steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
-                   warmup=args.warmup, depth_law=args.depth_law, seed=args.seed, monitor=monitor,
+                   warmup=args.warmup, depth_law=args.depth_law, queries=args.queries, seed=args.seed, monitor=monitor,
                    eval_every=args.eval_every, max_seconds=args.max_seconds, log=log)
     model.load_state_dict(result.pop("state"))
     held_out = grid(layout, lengths, DEPTHS, args.samples, seed=args.seed + 1)
@@ -389,6 +429,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--depth-law", default="uniform", choices=["uniform", "ends"])
+    parser.add_argument("--queries", type=int, default=1, help="questions per training sequence (the first is the test's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--monitor-samples", type=int, default=40)
