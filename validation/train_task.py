@@ -344,6 +344,7 @@ def train(model, layout: Layout, *, lengths, steps: int, batch_size: int, learni
             if min(r["accuracy"] for e in table.values() for r in e["rows"]) >= 0.99 or elapsed > max_seconds:
                 break
     return {"curve": curve, "best_step": best["step"], "best_margin": best["margin"], "state": best["state"],
+            "last_state": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "steps_run": step, "seconds": time.perf_counter() - start}
 
 
@@ -371,12 +372,12 @@ def write_table(path: Path, tables: dict) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def plot(path: Path, tables: dict, title: str) -> None:
-    """Accuracy by depth fraction, one panel per family, one line per length, +-1.96 se bars."""
+def plot(path: Path, tables: dict, title: str, steps: dict, chance: float) -> None:
+    """Accuracy by depth fraction, one panel per family (its checkpoint's step), one line per length, +-1.96 se bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(3.6 * len(tables), 3.2), layout="constrained")
+    figure = Figure(figsize=(max(4.8, 3.6 * len(tables)), 3.4), layout="constrained")
     FigureCanvasAgg(figure)
     for index, (family, table) in enumerate(tables.items()):
         axes = figure.add_subplot(1, len(tables), index + 1)
@@ -384,7 +385,8 @@ def plot(path: Path, tables: dict, title: str) -> None:
             f = [r["depth_fraction"] for r in entry["rows"]]
             axes.errorbar(f, [r["accuracy"] for r in entry["rows"]], yerr=[1.96 * r["se"] for r in entry["rows"]],
                           marker="o", ms=3, capsize=2, label=f"N = {length}{' (U)' if entry['u'] else ''}")
-        axes.set(title=f"{family}", xlabel="gold record's depth fraction", ylabel="exact match (held-out)",
+        axes.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
+        axes.set(title=f"{family}, step {steps[family]}", xlabel="gold record's depth fraction", ylabel="exact match (held-out)",
                  ylim=(-0.02, 1.02))
         axes.legend(fontsize=8)
     figure.suptitle(title, fontsize=9)
@@ -394,13 +396,25 @@ def plot(path: Path, tables: dict, title: str) -> None:
 def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
     """Train one family, score its held-out grid with the chosen checkpoint, save model and cases under out/family."""
     lengths = tuple(args.lengths)
-    model = build_model(family, layout, layers=args.layers, heads=args.heads, hidden=args.hidden,
-                        length=max(lengths), seed=args.seed)
+    if args.init is not None:  # a continuation: start from an earlier run's saved model of this family
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(args.init / family), dtype=torch.float32)
+    else:
+        model = build_model(family, layout, layers=args.layers, heads=args.heads, hidden=args.hidden,
+                            length=max(lengths), seed=args.seed)
     monitor = grid(layout, lengths, DEPTHS, args.monitor_samples, seed=args.seed + 2)
     result = train(model, layout, lengths=lengths, steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
                    warmup=args.warmup, depth_law=args.depth_law, queries=args.queries, seed=args.seed, monitor=monitor,
                    eval_every=args.eval_every, max_seconds=args.max_seconds, log=log)
-    model.load_state_dict(result.pop("state"))
+    last = result.pop("last_state")
+    if args.keep == "last":
+        result["best_step"] = result["steps_run"]
+    else:  # the final state is kept beside the chosen one, for a continuation (--init)
+        model.load_state_dict(last)
+        model.save_pretrained(str(out / f"{family}-last"), safe_serialization=True)
+        model.load_state_dict(result.pop("state"))
+    result.pop("state", None)
     held_out = grid(layout, lengths, DEPTHS, args.samples, seed=args.seed + 1)
     exact = score(model, held_out, layout.value_tokens)
     table = by_depth(held_out, exact)
@@ -410,6 +424,18 @@ def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
     log(f"{family} held-out (checkpoint step {result['best_step']}):\n" + summary_line(table))
     return {"table": table, **result,
             "parameters": int(sum(p.numel() for p in model.parameters()))}
+
+
+def replot(out: Path) -> Path:
+    """Redraw ``out/accuracy.png`` from a finished run's ``accuracy.json`` and ``training.json``."""
+    tables = json.loads((out / "accuracy.json").read_text(encoding="utf-8"))
+    training = json.loads((out / "training.json").read_text(encoding="utf-8"))
+    recipe = training["recipe"]
+    plot(out / "accuracy.png", tables,
+         f"key-value retrieval, {recipe['depth_law']} depths, {recipe['layers']} layers x hidden {recipe['hidden']}\n"
+         f"held-out exact match ({recipe['samples']} cases a point), 95% bars",
+         {f: r["best_step"] for f, r in training["families"].items()}, 1 / (recipe["vocab"] - FIRST_SYMBOL))
+    return out / "accuracy.png"
 
 
 def main(argv=None) -> int:
@@ -431,6 +457,9 @@ def main(argv=None) -> int:
     parser.add_argument("--depth-law", default="uniform", choices=["uniform", "ends"])
     parser.add_argument("--queries", type=int, default=1, help="questions per training sequence (the first is the test's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", default="u", choices=["u", "last"],
+                        help="u: the checkpoint with the largest U margin on the monitor cases; last: the final one")
+    parser.add_argument("--init", type=Path, default=None, help="continue from INIT/FAMILY (an earlier --out)")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--monitor-samples", type=int, default=40)
     parser.add_argument("--samples", type=int, default=200, help="held-out cases per (length, depth)")
@@ -456,8 +485,9 @@ def main(argv=None) -> int:
                 "families": results, "threads": 1}
     (args.out / "training.json").write_text(json.dumps(training, indent=1) + "\n", encoding="utf-8")
     plot(args.out / "accuracy.png", tables,
-         f"key-value retrieval, {args.depth_law} depths, {args.layers} layers x hidden {args.hidden}: "
-         "held-out exact match, 95% bars")
+         f"key-value retrieval, {args.depth_law} depths, {args.layers} layers x hidden {args.hidden}\n"
+         f"held-out exact match ({args.samples} cases a point), 95% bars",
+         {f: r["best_step"] for f, r in results.items()}, 1 / (args.vocab - FIRST_SYMBOL))
     return 0
 
 
