@@ -359,7 +359,7 @@ def write_cases(path: Path, cases: list, exact: np.ndarray, family: str) -> None
                    "sample": case["sample"], "seed": case["seed"], "record_start": case["depth"],
                    "record_end": case["depth"] + case["record_length"], "prompt_ids": case["prompt_ids"],
                    "answer_ids": case["answer_ids"], "exact": int(hit)}
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json.dumps(row, separators=(",", ":")) + "\n")
 
 
 def write_table(path: Path, tables: dict) -> None:
@@ -394,7 +394,10 @@ def plot(path: Path, tables: dict, title: str, steps: dict, chance: float) -> No
 
 
 def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
-    """Train one family, score its held-out grid with the chosen checkpoint, save model and cases under out/family."""
+    """Train one family; score the held-out grid with each kept state, save model and cases under out/NAME.
+
+    Returns ``{NAME: {table, curve, best_step (the state's step), ...}}``.
+    """
     lengths = tuple(args.lengths)
     if args.init is not None:  # a continuation: start from an earlier run's saved model of this family
         import transformers
@@ -407,23 +410,22 @@ def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
     result = train(model, layout, lengths=lengths, steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
                    warmup=args.warmup, depth_law=args.depth_law, queries=args.queries, seed=args.seed, monitor=monitor,
                    eval_every=args.eval_every, max_seconds=args.max_seconds, log=log)
-    last = result.pop("last_state")
-    if args.keep == "last":
-        result["best_step"] = result["steps_run"]
-    else:  # the final state is kept beside the chosen one, for a continuation (--init)
-        model.load_state_dict(last)
-        model.save_pretrained(str(out / f"{family}-last"), safe_serialization=True)
-        model.load_state_dict(result.pop("state"))
-    result.pop("state", None)
+    last, chosen = result.pop("last_state"), result.pop("state")
     held_out = grid(layout, lengths, DEPTHS, args.samples, seed=args.seed + 1)
-    exact = score(model, held_out, layout.value_tokens)
-    table = by_depth(held_out, exact)
-    directory = out / family
-    model.save_pretrained(str(directory), safe_serialization=True)
-    write_cases(directory / "held_out.jsonl", held_out, exact, family)
-    log(f"{family} held-out (checkpoint step {result['best_step']}):\n" + summary_line(table))
-    return {"table": table, **result,
-            "parameters": int(sum(p.numel() for p in model.parameters()))}
+    parameters = int(sum(p.numel() for p in model.parameters()))
+    # --keep u: the monitor's choice as FAMILY, the final state beside it as FAMILY-last; --keep last: the final only.
+    states = {family: (last, result["steps_run"])} if args.keep == "last" else \
+        {family: (chosen, result["best_step"]), f"{family}-last": (last, result["steps_run"])}
+    entries = {}
+    for name, (state, step) in states.items():
+        model.load_state_dict(state)
+        exact = score(model, held_out, layout.value_tokens)
+        table = by_depth(held_out, exact)
+        model.save_pretrained(str(out / name), safe_serialization=True)
+        write_cases(out / name / "held_out.jsonl", held_out, exact, family)
+        log(f"{name} held-out (step {step}):\n" + summary_line(table))
+        entries[name] = {"table": table, **result, "best_step": step, "parameters": parameters}
+    return entries
 
 
 def replot(out: Path) -> Path:
@@ -466,15 +468,20 @@ def main(argv=None) -> int:
     parser.add_argument("--max-seconds", type=float, default=900.0, help="wall-time cap per family")
     args = parser.parse_args(argv)
     layout = Layout(vocab=args.vocab, key_tokens=args.key_tokens, value_tokens=args.value_tokens)
-    for length in args.lengths:
-        layout.depth_range(length)  # refused before --out is made
+    try:  # refused in one line before --out is made
+        for length in args.lengths:
+            layout.depth_range(length)
+    except ValueError as error:
+        parser.error(f"--lengths: {error}")
+    if args.vocab <= FIRST_SYMBOL + 1 or min(args.key_tokens, args.value_tokens, args.queries, args.steps) < 1:
+        parser.error(f"--vocab > {FIRST_SYMBOL + 1}, --key-tokens, --value-tokens, --queries, --steps >= 1")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
         parser.error(f"--out {args.out} exists and is not empty; allowed: a new folder, or --force")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)  # the machine is shared
     started, results = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), {}
     for family in args.families:
-        results[family] = run_family(family, args, layout, args.out)
+        results.update(run_family(family, args, layout, args.out))
     tables = {family: r.pop("table") for family, r in results.items()}
     write_table(args.out / "accuracy.csv", tables)
     (args.out / "accuracy.json").write_text(json.dumps(tables, indent=1) + "\n", encoding="utf-8")
