@@ -19,11 +19,23 @@ of whole records and those after it the head of another, so only the body's
 two ends may cut one. Keys and values are drawn from the ids
 ``FIRST_SYMBOL .. vocab - 1``.
 
-Training is AdamW on the answer's cross-entropy alone (the distractors are
-random, nothing else is predictable). Held-out cases use their own seed;
-the monitor set, on which the checkpoint is chosen, another.
+Training is AdamW on the answers' cross-entropy alone (the distractors are
+random, nothing else is predictable); ``--queries q`` puts q questions after
+each training body (the first is the test's; the others ask about other
+records of the body), ``--depth-law ends`` draws the gold record's depth
+fraction from Beta(1/2, 1/2) instead of uniformly. Held-out cases use their
+own seed (seed + 1); the monitor cases, on which the checkpoint is chosen,
+another (seed + 2). Writes under ``--out``: ``FAMILY/`` (the chosen
+checkpoint) and ``FAMILY-last/`` (the final state), each with
+``config.json``, ``model.safetensors`` and ``held_out.jsonl`` (the record's
+token span ``[record_start, record_end)``); ``accuracy.csv``/``.json``
+(accuracy by depth, bootstrap standard errors, the U test);
+``training.json`` (recipe, curves, steps, wall time); ``accuracy.png``.
 
-Run: ``PYTHONPATH=. python3 validation/train_task.py --out validation/task-u-run --family bloom``.
+The run of docs/task.md, "A model trained here" (validation/models/task-u/)::
+
+    PYTHONPATH=. python3 -u validation/train_task.py --out RUN --families llama --key-tokens 1 --queries 4 \
+        --depth-law ends --lr 3e-3 --steps 2500 --eval-every 100 --monitor-samples 24 --max-seconds 900
 """
 
 from __future__ import annotations
