@@ -313,7 +313,8 @@ def _u_margin(table: dict) -> float:
 
 
 def train(model, layout: Layout, *, lengths, steps: int, batch_size: int, learning_rate: float, warmup: int,
-          depth_law: str, queries: int, seed: int, monitor: list, eval_every: int, max_seconds: float, log=print) -> dict:
+          depth_law: str, queries: int, seed: int, monitor: list, eval_every: int, max_seconds: float,
+          log=print) -> dict:
     """AdamW on the answer's cross-entropy; returns the curve and the chosen checkpoint's state.
 
     Each step draws one length from `lengths` and a batch of fresh cases
@@ -398,7 +399,8 @@ def plot(path: Path, tables: dict, title: str, steps: dict, chance: float) -> No
             axes.errorbar(f, [r["accuracy"] for r in entry["rows"]], yerr=[1.96 * r["se"] for r in entry["rows"]],
                           marker="o", ms=3, capsize=2, label=f"N = {length}{' (U)' if entry['u'] else ''}")
         axes.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
-        axes.set(title=f"{family}, step {steps[family]}", xlabel="gold record's depth fraction", ylabel="exact match (held-out)",
+        axes.set(title=f"{family}, step {steps[family]}", xlabel="gold record's depth fraction",
+                 ylabel="exact match (held-out)",
                  ylim=(-0.02, 1.02))
         axes.legend(fontsize=8)
     figure.suptitle(title, fontsize=9)
@@ -469,7 +471,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--depth-law", default="uniform", choices=["uniform", "ends"])
-    parser.add_argument("--queries", type=int, default=1, help="questions per training sequence (the first is the test's)")
+    parser.add_argument("--queries", type=int, default=1,
+                        help="questions per training sequence (the first is the test's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", default="u", choices=["u", "last"],
                         help="u: the checkpoint with the largest U margin on the monitor cases; last: the final one")
