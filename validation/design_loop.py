@@ -145,7 +145,9 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--families", default="bloom,llama")
     parser.add_argument("--no-extras", action="store_true", help="skip the held-out loss and the task by depth")
+    parser.add_argument("--length", type=int, default=loop.LENGTH, help="measured sequence length N")
     arguments = parser.parse_args(argv)
+    loop.LENGTH = arguments.length  # the measurements and the offset kernel read the interventions module's N
     torch.set_num_threads(1)
     log = functools.partial(print, flush=True)
     rows = []
