@@ -213,9 +213,14 @@ def per_sequence_prediction(model, attention, lambdas, changes, hf_config):
 
 
 def held_stream(models_dir: Path) -> np.ndarray:
-    """The held-out token stream of `pipeline` (the texts the models never trained on), as in training."""
+    """The held-out token stream of `pipeline` (the texts the models never trained on), as in training.
+
+    Read from the models' ``held_out.jsonl`` (`pipeline.write_texts`), so a pair trained on another corpus
+    (`validation/train.py --corpus-root`) is scored on its own held-out files.
+    """
     tokenizer = transformers.AutoTokenizer.from_pretrained(models_dir / "bloom-trained")
-    _, held_texts = pipeline.split_corpus(pipeline.stdlib_files()[:900])
+    with open(models_dir / "held_out.jsonl", encoding="utf-8") as handle:
+        held_texts = [json.loads(line)["text"] for line in handle if line.strip()]
     return pipeline.token_stream(tokenizer, held_texts)
 
 
