@@ -71,22 +71,27 @@ def designs(model, family: str, budget: float, log) -> dict:
     return found
 
 
-def run_family(family: str, models_dir: Path, out: Path, budget: float, samples: int, log) -> list[dict]:
+def run_family(family: str, models_dir: Path, out: Path, budget: float, samples: int, log,
+               extras: bool = True) -> list[dict]:
+    """Design on the extended layer (issue 53: the baseline measures ``paths``), apply, measure, score; today's
+    layer's prediction of the same design beside it. ``extras`` False skips the held-out loss and the task."""
     model_dir, texts = models_dir / f"{family}-trained", models_dir / "held_out.jsonl"
     base_dir = out / family / "baseline"
-    baseline = loop.measure(model_dir, texts, base_dir, loop.STATS[family], samples)
+    baseline = loop.measure(model_dir, texts, base_dir, loop.BASE_STATS[family], samples)
     rollout_models = loop.rollout_models(baseline, family, base_dir / "config.yaml")
     model = rollout_models["offsets" if family == "llama" else "config"]
+    today = loop.today_models({"model": model})["model"]
     p_base = np.asarray(jaxroll.influence(model), dtype=np.float64)
     torch_model = pipeline.load_float64(model_dir)
-    stream = loop.held_stream(models_dir)
-    loss_before = loop.held_out_loss(torch_model, stream, [])
+    stream = loop.held_stream(models_dir) if extras else None
+    loss_before = loop.held_out_loss(torch_model, stream, []) if extras else None
     rows = []
     for name, found in designs(model, family, budget, log).items():
         spec = out / family / f"{name.replace(' ', '-')}.yaml"
         spec.write_text(yaml.safe_dump(found["record"], sort_keys=False))
         changes = interventions.parse(str(spec))
         p_changed = np.asarray(jaxroll.influence(interventions.apply_all(model, changes)), dtype=np.float64)
+        p_today = np.asarray(jaxroll.influence(interventions.apply_all(today, changes)), dtype=np.float64)
         intervened = loop.measure(model_dir, texts, out / family / name.replace(" ", "-"), loop.STATS[family],
                                   samples, intervene=str(spec))
         result = effect(baseline["influence_per_sequence"], intervened["influence_per_sequence"], p_changed,
@@ -94,32 +99,41 @@ def run_family(family: str, models_dir: Path, out: Path, budget: float, samples:
         change = result.changes["middle_mass"]
         row = {"family": family, "design": name, "record": found["record"],
                "predicted_middle_change": float(middle_mass(p_changed) - middle_mass(p_base)),
+               "today_middle_change": float(middle_mass(p_today) - middle_mass(p_base)),
                "measured_middle_change": change.measured, "measured_interval": list(change.measured_interval),
                "effect_ratio": result.effect_ratio, "effect_p": result.effect_p_value,
                "prediction_ratio": result.prediction.ratio, "anchored_ratio": result.anchored.ratio,
                "kl_max": found.get("kl_max"), "at_bounds": found.get("at_bounds"),
-               "loss_before": loss_before, "loss_after": loop.held_out_loss(torch_model, stream, changes)}
-        if name == "joint":
+               "loss_before": loss_before,
+               "loss_after": loop.held_out_loss(torch_model, stream, changes) if extras else None}
+        low, high = change.measured_interval
+        row["inside"] = bool(low <= row["predicted_middle_change"] <= high)
+        row["today_inside"] = bool(low <= row["today_middle_change"] <= high)
+        if name == "joint" and extras:
             row["task"] = {"before": loop.task_by_depth(model_dir, out / family / "task-baseline", None),
                            "after": loop.task_by_depth(model_dir, out / family / "task-joint", str(spec))}
         rows.append(row)
-        low, high = change.measured_interval
-        log(f"  {family} {name:20s} middle: predicted {row['predicted_middle_change']:+.4f}, measured "
-            f"{change.measured:+.4f} [{low:+.4f}, {high:+.4f}]; W1/noise raw {result.prediction.ratio:.1f}x, "
-            f"anchored {result.anchored.ratio:.1f}x; loss {loss_before:.3f} -> {row['loss_after']:.3f}")
+        log(f"  {family} {name:20s} middle: predicted {row['predicted_middle_change']:+.4f} (today's layer "
+            f"{row['today_middle_change']:+.4f}), measured {change.measured:+.4f} [{low:+.4f}, {high:+.4f}]; "
+            f"W1/noise raw {result.prediction.ratio:.1f}x, anchored {result.anchored.ratio:.1f}x")
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | design | intervention | KL max | middle mass: predicted | measured [95 %] | "
-             "W1 / noise: raw, anchored | held-out loss |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    """The designs' table: the extended layer's predicted middle-mass change (today's layer's for the same design
+    beside it), the measured change with its 95 % interval, whether each prediction falls inside it."""
+    lines = ["| model | design | intervention | KL max | middle mass: predicted, extended (today's layer) | "
+             "measured [95 %] | inside: extended (today) | W1 / noise: raw, anchored | held-out loss |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         record = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["record"].items())
         kl = "-" if r["kl_max"] is None else f"{r['kl_max']:.3f}"
         low, high = r["measured_interval"]
-        lines.append(f"| {r['family']} | {r['design']} | {record} | {kl} | {r['predicted_middle_change']:+.4f} | "
-                     f"{r['measured_middle_change']:+.4f} [{low:+.4f}, {high:+.4f}] | {r['prediction_ratio']:.1f}x, "
-                     f"{r['anchored_ratio']:.1f}x | {r['loss_before']:.3f} -> {r['loss_after']:.3f} |")
+        loss = "-" if r["loss_after"] is None else f"{r['loss_before']:.3f} -> {r['loss_after']:.3f}"
+        inside = f"{'yes' if r['inside'] else 'no'} ({'yes' if r['today_inside'] else 'no'})"
+        lines.append(f"| {r['family']} | {r['design']} | {record} | {kl} | {r['predicted_middle_change']:+.4f} "
+                     f"({r['today_middle_change']:+.4f}) | {r['measured_middle_change']:+.4f} [{low:+.4f}, "
+                     f"{high:+.4f}] | {inside} | {r['prediction_ratio']:.1f}x, {r['anchored_ratio']:.1f}x | {loss} |")
     return "\n".join(lines) + "\n"
 
 
@@ -130,13 +144,17 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0.05)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--families", default="bloom,llama")
+    parser.add_argument("--no-extras", action="store_true", help="skip the held-out loss and the task by depth")
+    parser.add_argument("--length", type=int, default=loop.LENGTH, help="measured sequence length N")
     arguments = parser.parse_args(argv)
+    loop.LENGTH = arguments.length  # the measurements and the offset kernel read the interventions module's N
     torch.set_num_threads(1)
     log = functools.partial(print, flush=True)
     rows = []
     for family in arguments.families.split(","):
         (arguments.out / family).mkdir(parents=True, exist_ok=True)
-        rows += run_family(family, arguments.models, arguments.out, arguments.budget, arguments.samples, log)
+        rows += run_family(family, arguments.models, arguments.out, arguments.budget, arguments.samples, log,
+                         not arguments.no_extras)
     (arguments.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     (arguments.out / "table.md").write_text(markdown(rows))
     log(markdown(rows))

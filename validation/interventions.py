@@ -50,6 +50,7 @@ import pipeline  # noqa: E402
 
 import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
+from jaxroll.engine.probability import plain_kernel  # noqa: E402
 from jaxroll.measure import patching, torch_plan  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure.effect import anchored_profile, effect, middle_mass  # noqa: E402
@@ -68,6 +69,9 @@ INTERVENTIONS = {
 """Each entry an ``--intervene`` value, or a name of `yaml_interventions`."""
 
 STATS = {"bloom": "lambda,content,influence,attention_offsets", "llama": "lambda,influence,attention,attention_offsets"}
+BASE_STATS = {family: stats + ",paths" for family, stats in STATS.items()}
+"""The baseline also measures ``paths`` (issue 53): its config.yaml then carries the probability shares, the
+default route's extended layer; intervened measurements need only their influence, as before."""
 
 
 def yaml_interventions(name: str, layers: int, heads: int) -> dict | None:
@@ -89,8 +93,11 @@ def quiet_cli(argv) -> None:
         raise RuntimeError(f"jaxroll {' '.join(map(str, argv))}: exit {code}\n{captured.getvalue()}")
 
 
-def measure(model_dir: Path, texts: Path, out: Path, stats: str, samples: int, length: int = LENGTH,
+def measure(model_dir: Path, texts: Path, out: Path, stats: str, samples: int, length: int | None = None,
             intervene: str | None = None) -> dict:
+    """``jaxroll measure`` (float64) into `out` unless its measurement.npz is there; its arrays. `length`: N
+    (default the run's `LENGTH`)."""
+    length = LENGTH if length is None else length
     if not (out / "measurement.npz").is_file():
         argv = ["measure", model_dir, "--texts", texts, "--length", length, "--samples", samples, "--dtype",
                 "float64", "--stats", stats, "--out", out, "--quiet", "--force"]
@@ -100,11 +107,39 @@ def measure(model_dir: Path, texts: Path, out: Path, stats: str, samples: int, l
 
 
 def rollout_models(measured: dict, family: str, config: Path):
-    """The baseline's rollout models: the measured configuration, and for Llama the offset kernel too."""
+    """The baseline's rollout models: the measured configuration, and for Llama the offset kernel too.
+
+    With ``paths`` measured, both are the extended layer (docs/design.md, "The probability path"): the
+    config.yaml of the default route carries ``probability_shares`` ``rho_t = r_t / (1 + r_t)``, and the
+    offset kernel gets the same shares (`jaxroll.model.with_probability_path`).
+    """
     models = {"config": jaxroll.load_config(config)}
     if "attention_offsets" in measured:
-        models["offsets"] = offset_rollout_model(measured["attention_offsets"], measured["lambdas"], LENGTH)
+        offsets = offset_rollout_model(measured["attention_offsets"], measured["lambdas"], LENGTH)
+        if "probability_over_value" in measured:
+            offsets = jaxroll.model.with_probability_path(offsets, probability_shares(measured))
+        models["offsets"] = offsets
     return models
+
+
+def branch_share_models(models: dict, measured: dict) -> dict:
+    """The extended models with lambda_t replaced by the measured ``branch_share`` (the share of path magnitudes
+    the attention moves, `jaxroll.measure.path_stats`): the issue's "(b) the branch's share of the gradient",
+    tried beside the norm ratio to see which ingredient the slope, branch and distance changes need."""
+    share = np.clip(np.asarray(measured["branch_share"], dtype=np.float64), 0.0, 1.0)
+    return {name: dataclasses.replace(model, lambdas=jax.numpy.asarray(share)) for name, model in models.items()}
+
+
+def probability_shares(measured: dict) -> np.ndarray:
+    """``rho_t = r_t / (1 + r_t)`` of the measured ratio r_t of probability- to value-path influence (NaN -> 0),
+    as `jaxroll.measure.result.Measurement.to_rollout_model` writes them."""
+    ratio = np.nan_to_num(np.asarray(measured["probability_over_value"], dtype=np.float64), nan=0.0)
+    return ratio / (1.0 + ratio)
+
+
+def today_models(models: dict) -> dict:
+    """The same rollout models without the probability path (`plain_kernel`): today's layer ``(1 - lambda) I + lambda A``."""
+    return {name: dataclasses.replace(model, kernel=plain_kernel(model.kernel)) for name, model in models.items()}
 
 
 def predict(models: dict, changes, length: int):
@@ -178,9 +213,14 @@ def per_sequence_prediction(model, attention, lambdas, changes, hf_config):
 
 
 def held_stream(models_dir: Path) -> np.ndarray:
-    """The held-out token stream of `pipeline` (the texts the models never trained on), as in training."""
+    """The held-out token stream of `pipeline` (the texts the models never trained on), as in training.
+
+    Read from the models' ``held_out.jsonl`` (`pipeline.write_texts`), so a pair trained on another corpus
+    (`validation/train.py --corpus-root`) is scored on its own held-out files.
+    """
     tokenizer = transformers.AutoTokenizer.from_pretrained(models_dir / "bloom-trained")
-    _, held_texts = pipeline.split_corpus(pipeline.stdlib_files()[:900])
+    with open(models_dir / "held_out.jsonl", encoding="utf-8") as handle:
+        held_texts = [json.loads(line)["text"] for line in handle if line.strip()]
     return pipeline.token_stream(tokenizer, held_texts)
 
 
@@ -188,22 +228,32 @@ def profile_of(rows):
     return rows.sum(0) / rows.sum()
 
 
-def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> list[dict]:
+def run_family(family: str, models_dir: Path, out: Path, samples: int, log, extras: bool = True) -> list[dict]:
+    """Every intervention of `INTERVENTIONS` on one model: today's predictions and the extended layer's, scored.
+
+    ``extras`` False skips the held-out loss (its values do not depend on the prediction: see the earlier run).
+    """
     model_dir, texts = models_dir / f"{family}-trained", models_dir / "held_out.jsonl"
     base_dir = out / family / "baseline"
-    baseline = measure(model_dir, texts, base_dir, STATS[family], samples)
+    baseline = measure(model_dir, texts, base_dir, BASE_STATS[family], samples)
     hf_config = transformers.AutoConfig.from_pretrained(model_dir)
     layers, heads = hf_config.num_hidden_layers, hf_config.num_attention_heads
     model = pipeline.load_float64(model_dir)
-    stream = held_stream(models_dir)
-    loss_before = held_out_loss(model, stream, [])
+    stream = held_stream(models_dir) if extras else None
+    loss_before = held_out_loss(model, stream, []) if extras else None
     attention = sequence_attention(model, baseline["token_ids"])
-    p_sequences_base = per_sequence_prediction(model, attention, baseline["lambdas"], [], hf_config)
-    models = rollout_models(baseline, family, base_dir / "config.yaml")
-    m_base = profile_of(baseline["influence_per_sequence"])
+    context = {"family": family, "model_dir": model_dir, "texts": texts, "out": out, "samples": samples,
+               "baseline": baseline, "base_dir": base_dir, "hf_config": hf_config, "model": model,
+               "stream": stream, "loss_before": loss_before, "attention": attention,
+               "p_sequences_base": per_sequence_prediction(model, attention, baseline["lambdas"], [], hf_config),
+               "extended": rollout_models(baseline, family, base_dir / "config.yaml")}
+    context["today"] = today_models(context["extended"])
+    context["share"] = branch_share_models(context["extended"], baseline)
+    log(f"  {family} lambda_t = {np.round(baseline['lambdas'], 4).tolist()}, branch share = "
+        f"{np.round(baseline['branch_share'], 4).tolist()}")
+    log(f"  {family} probability shares rho_t = {np.round(probability_shares(baseline), 4).tolist()}")
     rows = []
     for entry in INTERVENTIONS[family]:
-        started = time.perf_counter()
         mapping = yaml_interventions(entry, layers, heads)
         slug = entry.replace("=", "").replace(",", "_").replace(" ", "-")
         spec = entry
@@ -213,64 +263,78 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log) -> l
             Path(spec).write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in mapping.items()))
         try:
             changes = torch_plan.parse_for(spec, hf_config)
+            row = run_row(context, entry, slug, spec, changes)
         except jaxroll.ConfigError as error:
             log(f"  {family} {entry}: not applied: {error}")
             rows.append({"family": family, "intervention": entry, "error": str(error)})
             continue
-        sinks = next((c.num_sinks for c in changes if isinstance(c, interventions.SinkTokens)), 0)
-        length = LENGTH - sinks
-        # Sinks: the n = N - k original tokens against a baseline of the same n tokens.
-        reference_dir = base_dir if not sinks else out / family / f"baseline-n{length}"
-        reference = baseline if not sinks else measure(model_dir, texts, reference_dir, STATS[family], samples,
-                                                       length)
-        try:
-            p_base, p_changed, which = predict(models, changes, length)
-        except jaxroll.ConfigError as error:
-            log(f"  {family} {entry}: no prediction: {error}")
-            rows.append({"family": family, "intervention": entry, "error": str(error)})
-            continue
-        # Sinks lengthen the sequence and a rotary rescale moves q and k: neither is a map of the baseline's rows.
-        rows_apply = not sinks and not any(isinstance(c, interventions.RotaryRescale) for c in changes)
-        p_sequences = per_sequence_prediction(model, attention, baseline["lambdas"], changes, hf_config) \
-            if rows_apply else None
-        intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
-        m_ref = profile_of(reference["influence_per_sequence"])
-        result = effect(reference["influence_per_sequence"], intervened["influence_per_sequence"], p_changed,
-                        predicted_baseline=p_base, paired=True, B=1000, seed=0)
-        naive = result.prediction
-        anchor = result.anchored  # m_B p_I / p_B, scored
-        if p_sequences is not None:
-            sequences = score(p_sequences, intervened["influence_per_sequence"], B=1000, seed=0)
-            anchored_sequences = score(anchored_profile(m_ref, p_sequences_base, p_sequences),
-                                       intervened["influence_per_sequence"], B=1000, seed=0)
-        unchanged = score(p_base, intervened["influence_per_sequence"], B=1000, seed=0)
-        base_score = score(p_base, reference["influence_per_sequence"], B=1000, seed=0)
-        row = {
-            "family": family, "intervention": entry, "rollout_model": which, "length": length,
-            "effect_ratio": result.effect_ratio, "effect_p": result.effect_p_value,
-            "naive_ratio": naive.ratio, "naive_p": naive.p_value,
-            "anchored_ratio": anchor.ratio, "anchored_p": anchor.p_value,
-            "sequences_ratio": sequences.ratio if p_sequences is not None else None,
-            "sequences_p": sequences.p_value if p_sequences is not None else None,
-            "anchored_sequences_ratio": anchored_sequences.ratio if p_sequences is not None else None,
-            "middle_sequences": float(middle_mass(p_sequences) - middle_mass(p_sequences_base))
-            if p_sequences is not None else None,
-            "unchanged_ratio": unchanged.ratio, "baseline_ratio": base_score.ratio,
-            "middle_measured": result.changes["middle_mass"].measured,
-            "middle_measured_interval": list(result.changes["middle_mass"].measured_interval),
-            "middle_predicted": result.changes["middle_mass"].predicted,
-            "middle_anchored": float(middle_mass(anchored_profile(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
-            "loss_before": loss_before, "loss_after": held_out_loss(model, stream, changes) if not sinks else None,
-            "spec": spec, "seconds": time.perf_counter() - started,
-        }
         rows.append(row)
-        log(f"  {family} {entry:28s} effect {row['effect_ratio']:6.1f}x (p {row['effect_p']:.3f})  naive "
-            f"{row['naive_ratio']:6.1f}x  anchored {row['anchored_ratio']:6.1f}x  unchanged "
-            f"{row['unchanged_ratio']:6.1f}x  sequences {row['sequences_ratio'] or float('nan'):6.1f}x / anchored "
-            f"{row['anchored_sequences_ratio'] or float('nan'):6.1f}x  middle {row['middle_measured']:+.4f} vs "
-            f"{row['middle_predicted']:+.4f} / {row['middle_anchored']:+.4f} / {row['middle_sequences'] or 0:+.4f}  loss {loss_before:.3f} -> {row['loss_after'] or float('nan'):.3f}"
-            f"  ({row['seconds']:.0f} s)")
+        log(f"  {family} {entry:28s} effect {row['effect_ratio']:6.1f}x (p {row['effect_p']:.3f})  today "
+            f"{row['naive_ratio']:6.1f}x / anchored {row['anchored_ratio']:6.1f}x  extended "
+            f"{row['extended_ratio']:6.1f}x / anchored {row['extended_anchored_ratio']:6.1f}x  unchanged "
+            f"{row['unchanged_ratio']:6.1f}x  middle {row['middle_measured']:+.4f} vs today "
+            f"{row['middle_predicted']:+.4f}, extended {row['middle_extended']:+.4f}  ({row['seconds']:.0f} s)")
     return rows
+
+
+def run_row(context: dict, entry: str, slug: str, spec: str, changes) -> dict:
+    """One intervention: predicted by today's layer and the extended one, applied, measured, scored."""
+    started = time.perf_counter()
+    family, baseline, samples = context["family"], context["baseline"], context["samples"]
+    model_dir, texts, out = context["model_dir"], context["texts"], context["out"]
+    sinks = next((c.num_sinks for c in changes if isinstance(c, interventions.SinkTokens)), 0)
+    length = LENGTH - sinks
+    # Sinks: the n = N - k original tokens against a baseline of the same n tokens.
+    reference = baseline if not sinks else measure(model_dir, texts, out / family / f"baseline-n{length}",
+                                                   STATS[family], samples, length)
+    p_base, p_changed, which = predict(context["today"], changes, length)
+    p_base_ext, p_extended, _ = predict(context["extended"], changes, length)
+    p_base_share, p_share, _ = predict(context["share"], changes, length)
+    # Sinks lengthen the sequence and a rotary rescale moves q and k: neither is a map of the baseline's rows.
+    rows_apply = not sinks and not any(isinstance(c, interventions.RotaryRescale) for c in changes)
+    p_sequences = per_sequence_prediction(context["model"], context["attention"], baseline["lambdas"], changes,
+                                          context["hf_config"]) if rows_apply else None
+    intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
+    measured_ref, measured_int = reference["influence_per_sequence"], intervened["influence_per_sequence"]
+    m_ref = profile_of(measured_ref)
+    result = effect(measured_ref, measured_int, p_changed, predicted_baseline=p_base, paired=True, B=1000, seed=0)
+    extended = effect(measured_ref, measured_int, p_extended, predicted_baseline=p_base_ext, paired=True, B=1000,
+                      seed=0)
+    if p_sequences is not None:
+        sequences = score(p_sequences, measured_int, B=1000, seed=0)
+        anchored_sequences = score(anchored_profile(m_ref, context["p_sequences_base"], p_sequences), measured_int,
+                                   B=1000, seed=0)
+    shared = effect(measured_ref, measured_int, p_share, predicted_baseline=p_base_share, paired=True, B=1000,
+                    seed=0)
+    unchanged = score(p_base, measured_int, B=1000, seed=0)
+    unchanged_ext = score(p_base_ext, measured_int, B=1000, seed=0)
+    middle = result.changes["middle_mass"]
+    stream, model = context["stream"], context["model"]
+    return {
+        "family": family, "intervention": entry, "rollout_model": which, "length": length,
+        "effect_ratio": result.effect_ratio, "effect_p": result.effect_p_value,
+        "naive_ratio": result.prediction.ratio, "naive_p": result.prediction.p_value,
+        "anchored_ratio": result.anchored.ratio, "anchored_p": result.anchored.p_value,
+        "extended_ratio": extended.prediction.ratio, "extended_p": extended.prediction.p_value,
+        "extended_anchored_ratio": extended.anchored.ratio, "extended_beats_no_change": extended.beats_no_change,
+        "sequences_ratio": sequences.ratio if p_sequences is not None else None,
+        "sequences_p": sequences.p_value if p_sequences is not None else None,
+        "anchored_sequences_ratio": anchored_sequences.ratio if p_sequences is not None else None,
+        "middle_sequences": float(middle_mass(p_sequences) - middle_mass(context["p_sequences_base"]))
+        if p_sequences is not None else None,
+        "unchanged_ratio": unchanged.ratio, "unchanged_extended_ratio": unchanged_ext.ratio,
+        "unchanged_max_difference": float(np.max(np.abs(p_base_ext - p_base))),
+        "baseline_ratio": score(p_base, measured_ref, B=1000, seed=0).ratio,
+        "baseline_extended_ratio": score(p_base_ext, measured_ref, B=1000, seed=0).ratio,
+        "middle_measured": middle.measured, "middle_measured_interval": list(middle.measured_interval),
+        "middle_predicted": middle.predicted, "middle_extended": extended.changes["middle_mass"].predicted,
+        "share_ratio": shared.prediction.ratio, "share_anchored_ratio": shared.anchored.ratio,
+        "middle_share": shared.changes["middle_mass"].predicted,
+        "middle_anchored": float(middle_mass(anchored_profile(m_ref, p_base, p_changed)) - middle_mass(m_ref)),
+        "loss_before": context["loss_before"],
+        "loss_after": held_out_loss(model, stream, changes) if not sinks and stream is not None else None,
+        "spec": spec, "seconds": time.perf_counter() - started,
+    }
 
 
 def task_by_depth(model_dir: Path, out: Path, spec: str | None) -> dict:
@@ -302,51 +366,102 @@ def tasks(family: str, models_dir: Path, out: Path, rows: list[dict], log) -> di
     return results
 
 
-def verdict(row: dict) -> str:
-    """Issue 47's target for a row: an effect > 3x its noise predicted closer than p_B left unchanged and within 2x.
-
-    Judged for the naive rollout and for the best of the four predictions (which one is named).
-    """
+def target_a(row: dict, key: str = "extended_ratio") -> str | None:
+    """Issue 53's first target: an effect > 3x its noise predicted within 2x the noise of the intervened
+    measurement and closer than the unchanged baseline prediction p_B (None: no effect > 3x noise)."""
     if row["effect_ratio"] <= 3:
-        return "no effect > 3x noise"
-    options = {"naive": row["naive_ratio"], "anchored": row["anchored_ratio"],
-               "per-seq.": row["sequences_ratio"], "anchored per-seq.": row["anchored_sequences_ratio"]}
-    name, best = min(((k, v) for k, v in options.items() if v is not None), key=lambda item: item[1])
-    met = lambda value: value < row["unchanged_ratio"] and value <= 2  # noqa: E731
-    naive = "met" if met(row["naive_ratio"]) else "missed"
-    return f"naive {naive}; best ({name}) {'met' if met(best) else 'missed'}"
+        return None
+    return "met" if row[key] <= 2 and row[key] < row["unchanged_ratio"] else "missed"
+
+
+KIND = {"tau": "sign", "per-head tau": "sign", "ssmax_scale": "sign", "slope_scale": "size", "gamma": "size",
+        "per-layer gamma": "size", "kappa": "size"}
+"""Issue 53's middle-mass targets by intervention: temperature and SSMax in sign, slope, branch and distance
+changes in size (within 1.25x of the measured)."""
+
+
+def target_middle(row: dict, key: str = "middle_extended") -> str | None:
+    """The sign target (temperature, SSMax) or the 1.25x size target (slope, gamma, kappa), where the measured
+    middle-mass change is significant (its 95 % interval excludes 0); None where neither applies."""
+    kind = KIND.get(row["intervention"], KIND.get(row["intervention"].split("=")[0]))
+    low, high = row["middle_measured_interval"]
+    if kind is None:
+        return None
+    if low <= 0 <= high:
+        return "not significant"
+    measured, predicted = row["middle_measured"], row[key]
+    if kind == "sign":
+        return "met (sign)" if np.sign(predicted) == np.sign(measured) else "missed (sign)"
+    ratio = predicted / measured
+    return f"{'met' if 1 / 1.25 <= ratio <= 1.25 else 'missed'} ({ratio:.2f}x)"
 
 
 def markdown(rows: list[dict]) -> str:
-    """The validation table of docs/interventions.md."""
-    lines = ["| model | intervention | effect / noise (p) | naive rollout | anchored | per-sequence rows | "
-             "anchored per-sequence | unchanged p_B | target | middle mass: measured [95 %] | predicted (naive / "
-             "per-seq.) | held-out loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    """The validation table of docs/interventions.md, today's layer beside the extended one (issue 53)."""
+    lines = ["| model | intervention | effect / noise (p) | today: naive | today: anchored | per-seq. rows | "
+             "extended | extended anchored | extended, lambda = branch share | unchanged p_B | target (a): today naive / "
+             "anchored / extended / anchored | middle mass: measured [95 %] | predicted: today / extended / branch share | "
+             "target (b, c): today / extended / branch share |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['family']} | `{r['intervention']}` | not applied: {r['error']} ||||||||||")
+            lines.append(f"| {r['family']} | `{r['intervention']}` | not applied: {r['error']} ||||||||||||")
             continue
         low, high = r["middle_measured_interval"]
         seq = "-" if r["sequences_ratio"] is None else f"{r['sequences_ratio']:.1f}x"
-        aseq = "-" if r["anchored_sequences_ratio"] is None else f"{r['anchored_sequences_ratio']:.1f}x"
-        mseq = "-" if r["middle_sequences"] is None else f"{r['middle_sequences']:+.3f}"
-        loss = "-" if r["loss_after"] is None else f"{r['loss_before']:.3f} -> {r['loss_after']:.3f}"
+        a = "-" if target_a(r) is None else " / ".join(
+            target_a(r, key) for key in ("naive_ratio", "anchored_ratio", "extended_ratio", "extended_anchored_ratio"))
+        m = target_middle(r)
+        m = "-" if m is None else f"{target_middle(r, 'middle_predicted')} / {m} / {target_middle(r, 'middle_share')}"
         lines.append(f"| {r['family']} | `{r['intervention']}` | {r['effect_ratio']:.1f}x ({r['effect_p']:.3f}) | "
-                     f"{r['naive_ratio']:.1f}x | {r['anchored_ratio']:.1f}x | {seq} | {aseq} | "
-                     f"{r['unchanged_ratio']:.1f}x | {verdict(r)} | {r['middle_measured']:+.3f} [{low:+.3f}, {high:+.3f}] | "
-                     f"{r['middle_predicted']:+.3f} / {mseq} | {loss} |")
+                     f"{r['naive_ratio']:.1f}x | {r['anchored_ratio']:.1f}x | {seq} | {r['extended_ratio']:.1f}x | "
+                     f"{r['extended_anchored_ratio']:.1f}x | {r['share_ratio']:.1f}x | {r['unchanged_ratio']:.1f}x | "
+                     f"{a} | {r['middle_measured']:+.3f} [{low:+.3f}, {high:+.3f}] | {r['middle_predicted']:+.3f} / "
+                     f"{r['middle_extended']:+.3f} / {r['middle_share']:+.3f} | {m} |")
+    return "\n".join(lines) + "\n" + summary(rows)
+
+
+def summary(rows: list[dict]) -> str:
+    """Per model: the share of rows meeting each target, today's layer and the extended one, and the unchanged row."""
+    lines = ["", "| model | (a) rows > 3x noise met: today naive / today anchored / extended / extended anchored / "
+             "branch share / branch share anchored | (b) tau, SSMax sign met (today / extended / branch "
+             "share) | "
+             "(c) slope, gamma, kappa within 1.25x (today / extended / branch share) | (d) unchanged p_B vs baseline measurement: today / extended "
+             "(max abs profile difference) |", "|---|---:|---:|---:|---|"]
+    for family in dict.fromkeys(r["family"] for r in rows):
+        done = [r for r in rows if r["family"] == family and "error" not in r]
+        big = [r for r in done if target_a(r) is not None]
+        count = lambda key, check, subset: sum(check(r, key) for r in subset)  # noqa: E731
+        a = " / ".join(str(count(key, lambda r, k: target_a(r, k) == "met", big))
+                       for key in ("naive_ratio", "anchored_ratio", "extended_ratio", "extended_anchored_ratio",
+                                   "share_ratio", "share_anchored_ratio")) + f" of {len(big)}"
+        parts = []
+        for kind in ("sign", "size"):
+            subset = [r for r in done if KIND.get(r["intervention"], KIND.get(r["intervention"].split("=")[0])) == kind
+                      and target_middle(r) != "not significant"]
+            met = lambda r, k: target_middle(r, k).startswith("met")  # noqa: E731
+            parts.append(f"{count('middle_predicted', met, subset)} / {count('middle_extended', met, subset)} / "
+                         f"{count('middle_share', met, subset)} of {len(subset)}")
+        first = done[0]
+        d = (f"{first['baseline_ratio']:.2f}x / {first['baseline_extended_ratio']:.2f}x "
+             f"({max(r['unchanged_max_difference'] for r in done):.1e})")
+        lines.append(f"| {family} | {a} | {parts[0]} | {parts[1]} | {d} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
+    global LENGTH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--families", default="bloom,llama")
     parser.add_argument("--table-only", action="store_true", help="rewrite table.md from results.json")
+    parser.add_argument("--length", type=int, default=LENGTH, help="measured sequence length N (the models' window)")
+    parser.add_argument("--no-extras", action="store_true",
+                        help="skip the held-out loss and the task by depth (neither depends on the prediction)")
     arguments = parser.parse_args(argv)
+    LENGTH = arguments.length  # every measurement, rollout and task of the run reads the module's N
     torch.set_num_threads(1)
     arguments.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(print, flush=True)
@@ -356,8 +471,9 @@ def main(argv=None) -> int:
         return 0
     results, task_results = [], {}
     for family in arguments.families.split(","):
-        rows = run_family(family, arguments.models, arguments.out, arguments.samples, log)
-        task_results[family] = tasks(family, arguments.models, arguments.out, rows, log)
+        rows = run_family(family, arguments.models, arguments.out, arguments.samples, log, not arguments.no_extras)
+        if not arguments.no_extras:
+            task_results[family] = tasks(family, arguments.models, arguments.out, rows, log)
         results += rows
     (arguments.out / "results.json").write_text(json.dumps({"rows": results, "tasks": task_results}, indent=2) + "\n")
     (arguments.out / "table.md").write_text(markdown(results))

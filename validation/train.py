@@ -31,12 +31,16 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-time cap per model")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--length", type=int, default=64, help="training window and measured sequence length N")
+    parser.add_argument("--corpus-root", type=Path, default=None,
+                        help="train on the *.py files under this folder (an installed package, e.g. sympy's) "
+                             "instead of the standard library's")
     parser.add_argument("--checkpoints", default=None, metavar="STEPS",
                         help="also save FAMILY-series/checkpoint-STEP/ (model and tokenizer) at these steps, "
                              "e.g. 0,10,30,100,300,1000,3000 (the Hugging Face Trainer's layout)")
     arguments = run.parse(["--out", "unused", "--steps", "0"])
     own = parser.parse_args(argv)
-    for name in ("out", "steps", "minutes", "layers", "seed", "checkpoints"):
+    for name in ("out", "steps", "minutes", "layers", "seed", "checkpoints", "length"):
         setattr(arguments, name, getattr(own, name))
     if arguments.out.exists() and any(arguments.out.iterdir()):
         print(f"train: error: --out {arguments.out}: directory is not empty", file=sys.stderr)
@@ -44,8 +48,10 @@ def main(argv=None) -> int:
     arguments.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     geometry = pipeline.Geometry(arguments.layers, arguments.heads, arguments.hidden, arguments.length)
-    train_texts, held_texts = pipeline.split_corpus(pipeline.stdlib_files()[: arguments.corpus_files])
+    train_texts, held_texts = pipeline.split_corpus(pipeline.stdlib_files(own.corpus_root)[: arguments.corpus_files])
     _, _, training = run.train_models(arguments, geometry, train_texts, held_texts)
+    training["corpus_root"] = str(own.corpus_root or "the standard library")
+    training["seed"], training["length"], training["layers"] = own.seed, own.length, own.layers
     (arguments.out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
     print(json.dumps(training, indent=2))
     return 0
