@@ -49,7 +49,7 @@ import torch
 import transformers
 
 from jaxroll.designs.objective import kernel_kl
-from jaxroll.model import as_dense_model
+from jaxroll.model import layer_kernels
 from jaxroll.measure import measure
 from jaxroll.measure.effect import effect
 
@@ -111,7 +111,7 @@ fig.suptitle("Tiny random BLOOM: a slope scale and distance bias designed throug
 # %%
 changed = jaxroll.interventions.apply_all(rollout_model, designed.interventions)
 kl = np.asarray(kernel_kl(rollout_model, changed))
-dense = [np.asarray(as_dense_model(m).kernel.kernels) for m in (rollout_model, changed)]
+dense = [np.asarray(layer_kernels(m, m.sequence_length)) for m in (rollout_model, changed)]
 positive = dense[0] > 0
 numpy_kl = np.where(positive, dense[1] * np.log(np.where(positive, dense[1], 1.0) / np.where(positive, dense[0], 1.0)),
                     0.0).sum(-1).mean(-1)
