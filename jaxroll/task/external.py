@@ -371,7 +371,8 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
         profile_at: ``length -> (length,)`` influence profile (e.g. ``lambda L: jaxroll.influence(model, L)``),
             called once per length of the table.
         fit_settings: the settings the link is fitted on (default: the file's first; `split_settings`).
-        resamples, seed: the parametric bootstrap of Spearman's interval.
+        resamples: draws of the parametric bootstrap of Spearman's interval.
+        seed: its random seed.
         source: where the profiles came from, for the statement.
 
     Returns:
