@@ -267,7 +267,8 @@ BAD_ARGUMENTS = {
     # command: (a bad value, a missing file or folder)
     "rollout": (["--length", "0"], [MISSING + ".yaml"]),
     "presets": (["--json", "extra"], None),
-    "measure": (["--texts", "t", "--length", "0", "--samples", "1", "--out", "o", "m"], None),
+    "measure": (["--texts", "t", "--length", "0", "--samples", "1", "--out", "o", "m"],
+                [MISSING, "--texts", str(ROOT / "README.md"), "--length", "8", "--samples", "1", "--out", "o"]),
     "compare": (["a.csv", "b.csv", "--fraction", "x"], [MISSING + "a.csv", MISSING + "b.csv"]),
     "forces": (["--preset", "gpt"], [MISSING + ".yaml"]),
     "fit": (["--steps", "0", "p.csv"], [MISSING + ".yaml", MISSING + ".csv"]),
@@ -280,12 +281,12 @@ BAD_ARGUMENTS = {
     "effect": (["--measured", "a", "--measured", "b", "--predicted", "p.csv", "--level", "x"],
                ["--measured", MISSING, "--measured", MISSING + "2", "--predicted", MISSING + ".csv"]),
     "cache": (["sideways"], None),
-    "task": (["m", "--out", "o", "--dtype", "int8"], None),
+    "task": (["m", "--out", "o", "--dtype", "int8"], [MISSING, "--out", "o"]),
     "compare-task": (["t", "--score", "guess"], [MISSING]),
     "series": (["--measured", "m", "--title"], ["--measured", MISSING]),
 }
 """Per command, a bad value and (where it reads files before loading a model) a missing input; measure and task
-load MODEL_DIR with transformers, so their missing folder is refused by the loader (jaxroll/measure/loading.py)."""
+refuse a missing MODEL_DIR before torch loads (`_common.check_model_folder`, the loader's words)."""
 
 _REFUSALS = """
 import contextlib, io, json, sys

@@ -442,3 +442,13 @@ def _backends_started() -> bool:
     except ImportError:
         return True
     return backends_are_initialized()
+
+
+def check_model_folder(path) -> None:
+    """Refuse a MODEL_DIR that is missing or not a folder, in the loader's words (`jaxroll.measure.loading`),
+    before torch and transformers import."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"model {path}: no such directory (models load from local files only)")
+    if not path.is_dir():
+        raise ConfigError(f"model {path}: not a directory; allowed: a directory written by save_pretrained")

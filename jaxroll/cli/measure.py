@@ -189,6 +189,8 @@ def _refuse_early(arguments) -> None:
     alone is left to the transformers config). `_request` checks all of it
     again once they load, with what needs them (the tokenizer, the memory).
     """
+    for model in arguments.model:
+        _common.check_model_folder(model)
     from ..measure.distributed import from_environment
     from ..measure.registry import parse_stats
 

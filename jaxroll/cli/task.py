@@ -83,6 +83,7 @@ def _refuse_early(arguments) -> None:
     (`torch_plan.config_json`; a folder it cannot read alone is left to the
     transformers config, which `_run_task` checks again).
     """
+    _common.check_model_folder(arguments.model)
     from ..task import grid
 
     lengths = _grid(arguments)[1]
