@@ -27,6 +27,8 @@ from jaxroll.measure.path_stats import (branch_share, measure_paths, path_ingred
                                         probability_over_value)
 from jaxroll.measure.precision import full_precision  # noqa: E402
 
+import path_oracle  # noqa: E402  (tests/path_oracle.py)
+
 VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 2, 8, 6, 3
 
 
@@ -58,84 +60,15 @@ def ids(seed=0):
     return np.random.default_rng(seed).integers(0, VOCAB, (SEQUENCES, LENGTH))
 
 
-# Per family: (blocks, attention output module, value-detaching hook target and function), written out by hand.
-def _blocks(model, family):
-    return model.transformer.h if family in ("bloom", "gpt2") else model.model.layers
-
-
-def _attention_output(block, family):
-    return {"bloom": lambda: block.self_attention.dense, "gpt2": lambda: block.attn.c_proj,
-            "llama": lambda: block.self_attn.o_proj}[family]()
-
-
-def _detach_values(block, family):
-    if family == "llama":
-        return block.self_attn.v_proj, lambda out: out.detach()
-    if family == "bloom":  # (B, N, H*3*d) laid out as (H, 3, d)
-        def bloom(out):
-            fused = out.view(*out.shape[:2], HEADS, 3, HIDDEN // HEADS)
-            parts = [fused[..., 0, :], fused[..., 1, :], fused[..., 2, :].detach()]
-            return torch.stack(parts, dim=3).reshape(out.shape)
-        return block.self_attention.query_key_value, bloom
-
-    def gpt2(out):  # GPT-2: (q | k | v) along the last dimension
-        query, key, value = out.split(HIDDEN, dim=-1)
-        return torch.cat([query, key, value.detach()], dim=-1)
-    return block.attn.c_attn, gpt2
-
-
-class _DetachedSoftmax:
-    def __enter__(self):
-        self.original = torch.nn.functional.softmax
-        torch.nn.functional.softmax = lambda *a, **k: self.original(*a, **k).detach()
-
-    def __exit__(self, *exc):
-        torch.nn.functional.softmax = self.original
-
-
-def _calls(model, family, token_ids):
-    calls = []
-
-    def hook(module, args, kwargs):
-        calls.append((args, kwargs, (args[0] if args else kwargs["hidden_states"]).detach().clone()))
-
-    handles = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in _blocks(model, family)]
-    with torch.no_grad():
-        model(input_ids=torch.as_tensor(token_ids), use_cache=False)
-    for handle in handles:
-        handle.remove()
-    return calls
-
-
-def _run(block, args, kwargs, h):
-    out = block(h, *args[1:], **kwargs) if args else block(**dict(kwargs, hidden_states=h))
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 def _oracle_sums(model, family, token_ids):
     """``(S, 4, L)``: per sequence, path (identity, value, probability, mlp) and layer, sum_j ||J(N-1, j)||_F."""
     with full_precision(model):
         sums = []
-        for layer, (args, kwargs, h0) in enumerate(_calls(model, family, token_ids)):
-            block = _blocks(model, family)[layer]
-            projection = _attention_output(block, family)
+        for layer, (args, kwargs, h0) in enumerate(path_oracle.block_calls(model, family, token_ids)):
+            block = path_oracle.blocks(model, family)[layer]
 
             def attention(h, mode):
-                kept = {}
-                handles = [projection.register_forward_hook(lambda m, a, out: kept.__setitem__("a", out))]
-                if mode == "probability":
-                    module, detach = _detach_values(block, family)
-                    handles.append(module.register_forward_hook(lambda m, a, out: detach(out)))
-                try:
-                    if mode == "value":
-                        with _DetachedSoftmax():
-                            out = _run(block, args, kwargs, h)
-                    else:
-                        out = _run(block, args, kwargs, h)
-                finally:
-                    for handle in handles:
-                        handle.remove()
-                return kept["a"], out
+                return path_oracle.attention_and_output(block, family, args, kwargs, h, mode, HEADS, HIDDEN)
 
             functions = [lambda h: attention(h, "value")[0][:, -1],
                          lambda h: attention(h, "probability")[0][:, -1],

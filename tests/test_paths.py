@@ -23,6 +23,8 @@ from jaxroll import ConfigError  # noqa: E402
 from jaxroll.measure.paths import layer_paths  # noqa: E402
 from jaxroll.measure.precision import full_precision  # noqa: E402
 
+import path_oracle  # noqa: E402  (tests/path_oracle.py)
+
 VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 4, 16, 6, 2
 
 
@@ -54,65 +56,6 @@ def ids(seed=0):
     return np.random.default_rng(seed).integers(0, VOCAB, (SEQUENCES, LENGTH))
 
 
-# Per family: (blocks, attention output module, value-detaching hook target and function).
-def _blocks(model, family):
-    if family == "gpt_neox":
-        return model.gpt_neox.layers
-    return model.transformer.h if family in ("bloom", "gpt2") else model.model.layers
-
-
-def _attention_output(block, family):
-    return {"bloom": lambda: block.self_attention.dense, "gpt2": lambda: block.attn.c_proj,
-            "llama": lambda: block.self_attn.o_proj, "gpt_neox": lambda: block.attention.dense}[family]()
-
-
-def _detach_values(block, family):
-    if family == "llama":
-        return block.self_attn.v_proj, lambda out: out.detach()
-    if family in ("bloom", "gpt_neox"):  # (B, N, H*3*d) laid out as (H, 3, d)
-        def bloom(out):
-            fused = out.view(*out.shape[:2], HEADS, 3, HIDDEN // HEADS)
-            parts = [fused[..., 0, :], fused[..., 1, :], fused[..., 2, :].detach()]
-            return torch.stack(parts, dim=3).reshape(out.shape)
-        return (block.attention if family == "gpt_neox" else block.self_attention).query_key_value, bloom
-
-    def gpt2(out):  # GPT-2: (q | k | v) along the last dimension
-        query, key, value = out.split(HIDDEN, dim=-1)
-        return torch.cat([query, key, value.detach()], dim=-1)
-    return block.attn.c_attn, gpt2
-
-
-class _DetachedSoftmax:
-    def __enter__(self):
-        self.original = torch.nn.functional.softmax
-        torch.nn.functional.softmax = lambda *a, **k: self.original(*a, **k).detach()
-
-    def __exit__(self, *exc):
-        torch.nn.functional.softmax = self.original
-
-
-def _calls(model, family, token_ids):
-    calls = []
-
-    def hook(module, args, kwargs):
-        calls.append((args, kwargs, (args[0] if args else kwargs["hidden_states"]).detach().clone()))
-
-    handles = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in _blocks(model, family)]
-    with torch.no_grad():
-        model(input_ids=torch.as_tensor(token_ids), use_cache=False)
-    for handle in handles:
-        handle.remove()
-    return calls
-
-
-def _run(block, args, kwargs, h):
-    if args:
-        out = block(h, *args[1:], **kwargs)
-    else:
-        out = block(**dict(kwargs, hidden_states=h))
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 def _jacobians(model, family, token_ids, query):
     """Per layer: {path: (S, N, D, D) Jacobian of the path's output at `query` w.r.t. the block input}."""
     # transformers computes some softmaxes and rotary tables in float32 even in a float64 model: the
@@ -123,35 +66,18 @@ def _jacobians(model, family, token_ids, query):
 
 def _jacobians_float64(model, family, token_ids, query):
     result = []
-    for layer, (args, kwargs, h0) in enumerate(_calls(model, family, token_ids)):
-        block = _blocks(model, family)[layer]
-        projection = _attention_output(block, family)
+    for layer, (args, kwargs, h0) in enumerate(path_oracle.block_calls(model, family, token_ids)):
+        block = path_oracle.blocks(model, family)[layer]
 
         def attention_at_query(h, mode):
-            kept = {}
-            handle = projection.register_forward_hook(lambda m, a, out: kept.__setitem__("a", out))
-            extra = None
-            if mode == "probability":
-                module, detach = _detach_values(block, family)
-                extra = module.register_forward_hook(lambda m, a, out: detach(out))
-            try:
-                if mode == "value":
-                    with _DetachedSoftmax():
-                        out = _run(block, args, kwargs, h)
-                else:
-                    out = _run(block, args, kwargs, h)
-            finally:
-                handle.remove()
-                if extra is not None:
-                    extra.remove()
-            return kept["a"], out
+            return path_oracle.attention_and_output(block, family, args, kwargs, h, mode, HEADS, HIDDEN)
 
         functions = {
             "value": lambda h: attention_at_query(h, "value")[0][:, query],
             "probability": lambda h: attention_at_query(h, "probability")[0][:, query],
             "attention": lambda h: attention_at_query(h, "full")[0][:, query],
             "mlp": lambda h: (lambda a, out: (out - h - a)[:, query])(*attention_at_query(h, "full")),
-            "block": lambda h: _run(block, args, kwargs, h)[:, query],
+            "block": lambda h: path_oracle.run_block(block, args, kwargs, h)[:, query],
         }
         paths = {}
         for name, function in functions.items():
