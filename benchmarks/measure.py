@@ -79,6 +79,18 @@ import numpy as np
 HIDDEN, HEADS, VOCAB = 64, 4, 256
 
 
+
+def rotated_medians(runs: dict, repeats: int) -> dict:
+    """Median seconds of each call, rounds interleaved and rotated: the machine's load hits all alike."""
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in times.items()}
+
 def tiny(family, layers=2, seed=0, implementation="eager", **extra):
     import torch
     import transformers as T
@@ -280,14 +292,7 @@ def targets_table(length, samples, repeats):
             "measure": lambda: measure(model, ids, stats=stats, batch_size=batch),
             "measure_no_ckpt": lambda: measure(model, ids, stats=stats, batch_size=batch, checkpointing=False),
             "measure_batch1": lambda: measure(model, ids, stats=stats, batch_size=1)}
-    times = {name: [] for name in runs}
-    names = list(runs)
-    for repeat in range(repeats):  # interleaved and rotated: the machine's load hits all alike
-        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    median = {name: float(np.median(values)) for name, values in times.items()}
+    median = rotated_medians(runs, repeats)
     return [{"model": f"bloom L=2 D={HIDDEN} H={HEADS}", "length": length, "samples": samples, "batch": batch,
              "repeats": repeats, "bare_s": median["bare"], "bare_ckpt_s": median["bare_ckpt"],
              "measure_s": median["measure"], "measure_no_ckpt_s": median["measure_no_ckpt"],
@@ -355,14 +360,7 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
             "no_kernel": lambda: measure(model, ids, stats=("lambda", "influence"), batch_size=batch),
             "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets"),
                                        batch_size=batch)}
-    times = {name: [] for name in runs}
-    names = list(runs)
-    for repeat in range(repeats):  # interleaved and rotated: the machine's load hits all alike
-        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    median = {name: float(np.median(values)) for name, values in times.items()}
+    median = rotated_medians(runs, repeats)
     return [{"model": f"llama L={layers} D={hidden} H={HEADS} sdpa", "length": length, "samples": samples,
              "batch": batch, "repeats": repeats, "default_kernel": "+".join(kernel), "bare_s": median["bare"],
              "default_s": median["default"], "ratio_default": median["default"] / median["bare"],
