@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_patching import HEAD_DIM, HEADS, N, _attentions, _ids, _linear, _run_patched, hand_output, tiny  # noqa: E402
-from test_patching_positions import _causal_softmax, _rescaled  # noqa: E402
+from test_patching_positions import _causal_softmax, _rescaled, hand_rescaled  # noqa: E402
 
 from jaxroll.interventions import RotaryRescale, ms_poe_order, ms_poe_ratios  # noqa: E402
 from jaxroll.measure import measure  # noqa: E402
@@ -31,19 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 # Different ratios inside each group of 2 query heads (num_key_value_heads = 2): what check used to refuse.
 RATIOS = np.array([[1.2, 1.35, 1.5, 1.65], [1.65, 1.2, 1.35, 1.5]])
-
-
-def hand_grouped(attention, x, config, ratios):
-    """q at p / r_h, k of group g at p / r_{first head of g} (then repeated), v repeated: ``(B, N, H, d)``."""
-    theta = config.rope_parameters["rope_theta"]
-    B = x.shape[0]
-    q = _linear(attention.q_proj, x).reshape(B, N, HEADS, HEAD_DIM)
-    k = _linear(attention.k_proj, x).reshape(B, N, -1, HEAD_DIM)
-    v = _linear(attention.v_proj, x).reshape(B, N, -1, HEAD_DIM)
-    groups = HEADS // k.shape[2]
-    first = [ratios[g * groups] for g in range(k.shape[2])]  # the authors' cos[::num_key_value_groups]
-    k = np.repeat(_rescaled(k, theta, first), groups, axis=2)
-    return _rescaled(q, theta, ratios), k, np.repeat(v, groups, axis=2)
 
 
 def test_the_tiny_model_has_grouped_queries_and_check_takes_ratios_that_differ_within_a_group():
@@ -61,7 +48,7 @@ def test_grouped_ms_poe_matches_the_hand_written_attention(family, implementatio
     eager = implementation == "eager"
     inputs, outputs, probabilities = _run_patched(model, family, [RotaryRescale(RATIOS)], _ids(), eager)
     for layer, attention in enumerate(_attentions(model, family)):
-        q, k, v = hand_grouped(attention, inputs[layer], model.config, RATIOS[layer])
+        q, k, v = hand_rescaled(attention, inputs[layer], model.config, RATIOS[layer])
         expected = _causal_softmax(q, k)
         if eager:
             np.testing.assert_allclose(probabilities[layer], expected, rtol=0, atol=1e-10)
@@ -89,7 +76,7 @@ def test_recomputed_rows_under_grouped_ms_poe_are_the_patched_attention():
     inputs, _, probabilities = _run_patched(model, "llama", changes, torch.as_tensor(ids), True)
     expected = []
     for layer, attention in enumerate(_attentions(model, "llama")):
-        q, k, _ = hand_grouped(attention, inputs[layer], model.config, RATIOS[layer])
+        q, k, _ = hand_rescaled(attention, inputs[layer], model.config, RATIOS[layer])
         expected.append(_causal_softmax(q, k).mean(axis=(0, 1)))
     np.testing.assert_allclose(recomputed.attention_mean, np.stack(expected), rtol=0, atol=1e-10)
     np.testing.assert_allclose(recomputed.attention_mean, np.stack([p.mean(axis=(0, 1)) for p in probabilities]),

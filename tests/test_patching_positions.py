@@ -54,15 +54,18 @@ def _rescaled(x, theta, ratios):
 
 
 def hand_rescaled(attention, x, config, ratios):
-    """q, k rotated at p / r_h, v repeated to H heads, from the module's weights."""
+    """q rotated at p / r_h; the keys of key-value group g at p / r of g's first query head (Ms-PoE's
+    ``cos[::num_key_value_groups]``), then repeated; v repeated to H heads; from the module's weights:
+    ``(B, N, H, d)`` each."""
     theta = config.rope_parameters["rope_theta"]
     B = x.shape[0]
     q = _linear(attention.q_proj, x).reshape(B, N, HEADS, HEAD_DIM)
     k = _linear(attention.k_proj, x).reshape(B, N, -1, HEAD_DIM)
     v = _linear(attention.v_proj, x).reshape(B, N, -1, HEAD_DIM)
     groups = HEADS // k.shape[2]
-    k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
-    return _rescaled(q, theta, ratios), _rescaled(k, theta, ratios), v
+    first = [np.asarray(ratios)[g * groups] for g in range(k.shape[2])]
+    k = np.repeat(_rescaled(k, theta, first), groups, axis=2)
+    return _rescaled(q, theta, ratios), k, np.repeat(v, groups, axis=2)
 
 
 def _per_layer(ratio):
