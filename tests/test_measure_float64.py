@@ -213,3 +213,18 @@ def test_no_operation_of_a_float64_pass_is_float32(family):
         model(input_ids=torch.as_tensor(ids[:1]), use_cache=False)
     if family not in ("gpt2", "opt", "bloom", "mpt", "falcon"):
         assert recorder.seen
+
+
+def test_frozen_eval_freezes_inside_and_restores_mode_and_flags_even_after_an_error():
+    from jaxroll.measure.precision import frozen_eval
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Linear(2, 1))
+    model.train()
+    model[2].weight.requires_grad_(False)  # a flag that is not the default must come back as it was
+    before = [parameter.requires_grad for parameter in model.parameters()]
+    with pytest.raises(RuntimeError):
+        with frozen_eval(model):
+            assert not model.training and not any(p.requires_grad for p in model.parameters())
+            raise RuntimeError("inside")
+    assert model.training and [parameter.requires_grad for parameter in model.parameters()] == before
+    assert before == [True, True, False, True]

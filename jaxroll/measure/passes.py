@@ -77,7 +77,7 @@ from .hooks import Hooks
 from . import pass_setup as setup
 from .layer_maps import LayerMap, resolve
 from .partial_sums import PartialSums
-from .precision import full_precision
+from .precision import frozen_eval, full_precision
 from .registry import HOOK_KINDS, Shapes, default_stats, parse_stats, registered
 from .result import Measurement, measurement_from_sums
 
@@ -306,20 +306,15 @@ class _Passes:
     def run(self, sums, model_ids, batch_size, checkpoint_path, fingerprint, bar) -> float:
         """Every batch of this process's sequences not yet in `sums`; the seconds of the loop."""
         model = self.model
-        was_training = model.training
-        grad_flags = [parameter.requires_grad for parameter in model.parameters()]
         started = time.perf_counter()
-        model.eval()
         attached = []
         try:
-            # Only the embeddings need gradients: weights that do not require
-            # them save no activations for their own gradients.
-            for parameter in model.parameters():
-                parameter.requires_grad_(False)
-            # A float64 model in float64 end to end: no float32 norms, rotary tables or softmax (precision.py).
-            # The patch after the hooks: a hook on the q/k projection reads the model's own q, k (the rows
-            # apply the change), and the branch scale runs before the hook that reads a (it is prepended).
-            with full_precision(model), self.hooks, (self.patching or contextlib.nullcontext()), \
+            # Only the embeddings need gradients (frozen_eval). A float64 model in float64 end to end: no
+            # float32 norms, rotary tables or softmax (precision.py). The patch after the hooks: a hook on the
+            # q/k projection reads the model's own q, k (the rows apply the change), and the branch scale runs
+            # before the hook that reads a (it is prepended).
+            with frozen_eval(model), full_precision(model), self.hooks, \
+                    (self.patching or contextlib.nullcontext()), \
                     (self.rotary if self.rotary is not None else contextlib.nullcontext()):
                 attached += self._attach()
                 self._batches(sums, model_ids, batch_size, checkpoint_path, fingerprint, bar)
@@ -328,9 +323,6 @@ class _Passes:
                 handle.remove()
             if bar is not None:
                 bar.close()
-            for parameter, flag in zip(model.parameters(), grad_flags):
-                parameter.requires_grad_(flag)
-            model.train(was_training)
         return time.perf_counter() - started
 
     def _attach(self) -> list:
@@ -561,23 +553,13 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         # The output head on positions >= `position` only (the last N - p rows), not on all N.
         keywords["logits_to_keep"], row = ids.shape[1] - position % ids.shape[1], 0
-    was_training = model.training
-    grad_flags = [parameter.requires_grad for parameter in model.parameters()]
-    model.eval()
-    try:
-        # Only the embeddings need gradients: frozen weights keep no inputs for their own gradients.
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        with full_precision(model):
-            embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-            logits = model(inputs_embeds=embeddings, **keywords).logits[0, row]
-            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            probabilities = torch.softmax(logits.to(dtype), dim=-1)
-            (gradient,) = torch.autograd.grad(probabilities.max(), embeddings)
-    finally:
-        for parameter, flag in zip(model.parameters(), grad_flags):
-            parameter.requires_grad_(flag)
-        model.train(was_training)
+    # Only the embeddings need gradients: frozen weights keep no inputs for their own gradients.
+    with frozen_eval(model), full_precision(model):
+        embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logits = model(inputs_embeds=embeddings, **keywords).logits[0, row]
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        probabilities = torch.softmax(logits.to(dtype), dim=-1)
+        (gradient,) = torch.autograd.grad(probabilities.max(), embeddings)
     return gradient[0].double().norm(dim=-1).cpu().numpy()
 
 

@@ -119,6 +119,7 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
     """
     from .layer_maps import resolve
     from .paths import layer_paths
+    from .precision import frozen_eval
 
     ids = np.asarray(token_ids)
     if not (isinstance(samples, (int, np.integer)) and not isinstance(samples, bool) and samples >= 1):
@@ -134,19 +135,11 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
     exact = projections is None or int(projections) >= width
     falcon = resolved.layer_map.name == "falcon" and resolved.layer_map.position == "alibi"
     eager = getattr(model.config, "_attn_implementation", "eager") in (None, "eager")
-    was_training, flags = model.training, [parameter.requires_grad for parameter in model.parameters()]
-    model.eval()  # as the hooked pass: dropout off; no weight gradients (they would only hold memory)
-    try:
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        with _falcon_alibi_once(model, falcon and eager and falcon_alibi == "once"), \
-                (patching if patching is not None else contextlib.nullcontext()):
-            info = layer_paths(model, ids, queries=[-1], projections=None if exact else int(projections),
-                               seed=seed, keep_sequences=True)
-    finally:
-        for parameter, flag in zip(model.parameters(), flags):
-            parameter.requires_grad_(flag)
-        model.train(was_training)
+    # As the hooked pass: dropout off, no weight gradients (they would only hold memory).
+    with frozen_eval(model), _falcon_alibi_once(model, falcon and eager and falcon_alibi == "once"), \
+            (patching if patching is not None else contextlib.nullcontext()):
+        info = layer_paths(model, ids, queries=[-1], projections=None if exact else int(projections),
+                           seed=seed, keep_sequences=True)
     sums = [info.per_sequence[name][:, :, 0, :].sum(-1) for name in PATH_NAMES[1:]]  # (M, L) each
     per_sequence = np.stack([np.full_like(sums[0], math.sqrt(width))] + sums, axis=1)
     record = {"samples": int(ids.shape[0]), "query": int(ids.shape[1] - 1),

@@ -41,7 +41,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["Float64Mode", "full_precision", "rebuild_float64_buffers", "checkpoint_contexts"]
+__all__ = ["Float64Mode", "full_precision", "rebuild_float64_buffers", "checkpoint_contexts", "frozen_eval"]
 
 
 def _widen(value):
@@ -156,3 +156,24 @@ def full_precision(model):
     finally:
         for module, name, old in reversed(saved):
             module._buffers[name] = old
+
+
+@contextlib.contextmanager
+def frozen_eval(model):
+    """`model` in eval mode with every weight's ``requires_grad`` off while inside; both restored after.
+
+    A measuring pass differentiates with respect to the input embeddings only:
+    frozen weights keep no inputs for their own gradients, and eval mode turns
+    dropout off.
+    """
+    was_training = model.training
+    flags = [parameter.requires_grad for parameter in model.parameters()]
+    model.eval()
+    try:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        yield model
+    finally:
+        for parameter, flag in zip(model.parameters(), flags):
+            parameter.requires_grad_(flag)
+        model.train(was_training)

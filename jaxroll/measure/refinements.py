@@ -390,7 +390,7 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     """
     import torch
 
-    from .precision import full_precision  # torch is loaded here, not when the statistic registers
+    from .precision import frozen_eval, full_precision  # torch is loaded here, not when the statistic registers
 
     ingredients = tuple(dict.fromkeys(ingredients))
     unknown = [item for item in ingredients if item not in INGREDIENTS]
@@ -412,30 +412,23 @@ def measure_refinements(model, token_ids, *, ingredients=INGREDIENTS, groups=Non
     handles = _attach(resolved, switches, lambda kind, layer, value, row=0: seen.__setitem__((kind, layer), value))
     sums = {}
     backward = "gradient" in ingredients
-    flags = [parameter.requires_grad for parameter in model.parameters()]
-    was_training = model.training
     try:
-        model.eval()
-        for parameter in model.parameters():  # only the embeddings need gradients
-            parameter.requires_grad_(False)
-        started = time.perf_counter()
-        for index, row in enumerate(token_ids):
-            seen.clear()
-            ids = torch.as_tensor(row, device=model.get_input_embeddings().weight.device)[None]
-            with torch.set_grad_enabled(backward), full_precision(model):  # float64 models: float64 throughout
-                embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(backward)
-                logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
-                if backward:
-                    torch.autograd.grad(_target(logits), embeddings)
-            for key, value in _rows(seen, layers, switches).items():
-                sums.setdefault(key, np.zeros((num_groups, *value.shape)))[groups[index]] += value
-        seconds = time.perf_counter() - started
+        with frozen_eval(model):  # only the embeddings need gradients
+            started = time.perf_counter()
+            for index, row in enumerate(token_ids):
+                seen.clear()
+                ids = torch.as_tensor(row, device=model.get_input_embeddings().weight.device)[None]
+                with torch.set_grad_enabled(backward), full_precision(model):  # float64 models: float64 throughout
+                    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(backward)
+                    logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+                    if backward:
+                        torch.autograd.grad(_target(logits), embeddings)
+                for key, value in _rows(seen, layers, switches).items():
+                    sums.setdefault(key, np.zeros((num_groups, *value.shape)))[groups[index]] += value
+            seconds = time.perf_counter() - started
     finally:
         for handle in handles:
             handle.remove()
-        for parameter, flag in zip(model.parameters(), flags):
-            parameter.requires_grad_(flag)
-        model.train(was_training)
     counts = np.bincount(groups, minlength=num_groups)
     return RefinementIngredients(counts=counts, seconds=seconds, attention_heads=sums["attention_heads"],
                                  **{field: sums.get(field) for field in _OUTPUT.values() if field != "attention_heads"})

@@ -57,7 +57,7 @@ import torch
 from ..errors import ConfigError
 from ..theory.rows import query_positions
 from .layer_maps import LayerMap, resolve
-from .precision import full_precision
+from .precision import frozen_eval, full_precision
 
 __all__ = ["influence_rows", "final_norm", "TARGETS", "JACOBIAN_BYTES"]
 
@@ -115,12 +115,7 @@ def influence_rows(model, token_ids, queries, *, batch_size: int = 8, layer_map:
     # Only the query positions' logits, where the model can keep a subset (transformers >= 4.50).
     subset = "logits_to_keep" in inspect.signature(model.forward).parameters
     rows = np.zeros((ids.shape[0], positions.size, ids.shape[1]))
-    flags = [parameter.requires_grad for parameter in model.parameters()]
-    was_training = model.training
-    model.eval()
-    try:
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
+    with frozen_eval(model):
         for start in range(0, ids.shape[0], batch_size):
             batch = torch.as_tensor(ids[start:start + batch_size], dtype=torch.long, device=device)
             with full_precision(model):  # a float64 model in float64 throughout (precision.py)
@@ -128,10 +123,6 @@ def influence_rows(model, token_ids, queries, *, batch_size: int = 8, layer_map:
                                                       else _batch_jacobian_rows(model, batch, keep, subset, hook))
             if progress is not None:
                 progress.update(batch.shape[0])
-    finally:
-        for parameter, flag in zip(model.parameters(), flags):
-            parameter.requires_grad_(flag)
-        model.train(was_training)
     if not np.all(np.isfinite(rows)):
         raise ConfigError("influence rows: a non-finite gradient; allowed: finite models")
     return rows, positions
