@@ -13,8 +13,8 @@ from importlib.metadata import version
 
 from ..errors import ConfigError
 from . import _common
-from . import (cache, compare, compare_task, design, effect, fit, fit_kernel, forces, kinetic, measure, presets, rollout,
-               score, series, sweep, task)
+from . import (cache, compare, compare_task, design, effect, fit, fit_kernel, forces, kinetic, measure, predict_rows,
+               presets, rollout, score, series, sweep, task)
 
 __all__ = ["main"]
 
@@ -26,7 +26,7 @@ def _build_parser():
     parser.add_argument("--version", action="version", version=f"jaxroll {version('jaxroll')}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_common.Parser)
     for command in (rollout, presets, measure, compare, forces, fit, fit_kernel, design, sweep, kinetic, score, effect,
-                    cache, task, compare_task, series):
+                    cache, task, compare_task, series, predict_rows):
         command.add_parser(commands)
     return parser
 

@@ -1,0 +1,303 @@
+"""The per-sequence-rows prediction of an intervention: each sequence's own attention rows, changed, averaged, rolled out.
+
+For a Hugging Face causal LM with T blocks and H heads, sequences
+``s = 1..S`` of N tokens, and an intervention whose torch patch
+(`jaxroll.measure.torch_plan.check`) maps layer t's logits by the
+`LogitChange` ``z' = a(i) z_c + c(i) b + d(i, j)`` (z_c the content logit
+``s q_i . k_j``, b the model's ALiBi bias in logit units, 0 for rotary and
+learned positions):
+
+    log alpha_{t,h}^s[i, j] = z_c + b + r(i)                 (the measured row, r(i) its log normaliser)
+    alpha'_{t,h}^s[i, :]    = softmax_j( a(i) (log alpha - b) + c(i) b + d(i, j) )
+    A'_t                    = mean_{s,h} alpha'_{t,h}^s       (T, N, N), one kernel per layer
+    lambda'_t               = gamma_t lambda_t / (gamma_t lambda_t + 1 - lambda_t)   (the branch scale, else lambda_t)
+    p'                      = e_{N-1}^T R'_T ... R'_1 / sum,  R'_t = (1 - lambda'_t) I + lambda'_t A'_t
+
+with ``alpha`` the eager attention probabilities (``alpha[i, j]`` = the
+weight with which token i reads token j) and ``lambda_t`` the baseline
+measurement's. The row constant ``a(i) r(i)`` cancels in the softmax, so the
+changed row is exact at the first layer; later layers' q and k would change
+with their inputs, which this holds fixed. The *predicted baseline* is the
+same without the change, ``A_t = mean_{s,h} alpha_{t,h}^s`` rolled out with
+``lambda_t``: the rollout of the mean kernel (the measured ``attention``
+statistic's kernel), not the mean of per-sequence rollouts
+(`jaxroll.measure.sequence_rollout`): averaging first is what the
+intervention's change of order ("tempering the mean is not the mean of the
+tempered rows", docs/interventions.md) is about, and only the rows change.
+
+Sink tokens (a longer sequence) and a rotary rescale (q and k rotated at
+``p / r`` before the logit) are not maps of the measured rows: refused in one
+line. Sequences stream in micro-batches of B: a forward hook on each
+attention module turns one layer's ``(B, H, N, N)`` probabilities into the
+running sums ``(T, N, N)`` (changed and unchanged) before the next layer
+runs, so no ``S x T x H x N x N`` array is ever held (`working_bytes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction", "working_bytes",
+           "rolled_out", "PROFILE_FILE", "BASELINE_FILE"]
+
+PROFILE_FILE = "profile.csv"
+"""The predicted profile of the intervened model (``jaxroll effect --predicted``)."""
+BASELINE_FILE = "baseline_profile.csv"
+"""The predicted profile of the unchanged model (``jaxroll effect --predicted-baseline``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPrediction:
+    """What `predict_rows` returns, NumPy float64.
+
+    Attributes:
+        profile: ``p' (N,)``, the intervened model's predicted profile (sums to 1).
+        baseline: ``p (N,)``, the same without the change (the rollout of the mean kernel).
+        lambdas: ``lambda'_t (T,)`` the intervened rollout used (the branch scale applied).
+        kernels: ``A'_t (T, N, N)``, the mean changed kernels; baseline_kernels: ``A_t``.
+        sequences: S, the sequences averaged.
+    """
+
+    profile: np.ndarray
+    baseline: np.ndarray
+    lambdas: np.ndarray
+    kernels: np.ndarray
+    baseline_kernels: np.ndarray
+    sequences: int
+
+
+def row_plan(changes, config):
+    """`torch_plan.check` of `changes` against a transformers `config`, refusing what is no map of the rows.
+
+    Raises:
+        ConfigError: one line naming the intervention: anything the torch
+            patch refuses, sink tokens, a rotary rescale.
+    """
+    from .torch_plan import check
+
+    plan = check(changes, config)
+    if plan.sinks:
+        raise ConfigError.of("--intervene sinks", plan.sinks,
+                             "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
+                             "gamma); sink tokens lengthen the sequence: jaxroll rollout --intervene sinks=K")
+    if plan.change is not None and plan.change.rotary_ratios is not None:
+        raise ConfigError.of("--intervene rotary_ratio", "given",
+                             "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
+                             "gamma); a rotary rescale moves q and k: jaxroll rollout --intervene rotary_ratio=R")
+    return plan
+
+
+def working_bytes(layers: int, heads: int, length: int, batch_size: int) -> int:
+    """Peak bytes of `predict_rows` beside the model's own forward: the two running sums ``2 T N^2`` and about
+    five ``(B, H, N, N)`` float64 copies of one layer's rows (read, log, changed logits, softmax, mask)."""
+    n2 = int(length) ** 2
+    return 8 * (2 * int(layers) * n2 + 5 * int(batch_size) * int(heads) * n2 + 2 * int(layers) * int(length))
+
+
+def rolled_out(lambdas, kernels) -> np.ndarray:
+    """``e_{N-1}^T R_T ... R_1`` over its sum, ``R_t = (1 - lambda_t) I + lambda_t A_t``: NumPy float64 ``(N,)``
+    (`jaxroll.numpy_rollout.influence_with_mass` on the dense kernels ``(T, N, N)``)."""
+    from ..numpy_rollout import SmallModel, influence_with_mass
+
+    kernels = np.asarray(kernels, dtype=np.float64)
+    model = SmallModel(lambdas=np.asarray(lambdas, dtype=np.float64), sequence_length=kernels.shape[-1],
+                       kind="dense", kernels=kernels)
+    return influence_with_mass(model)[0]
+
+
+def _changed_rows(probabilities, change, layer: int, bias, window):
+    """One layer's rows ``(B, H, N, N)`` changed by `change` (module docstring), float64, hidden entries 0."""
+    import torch
+
+    n = probabilities.shape[-1]
+    rows = keys = torch.arange(n, device=probabilities.device)
+    counts = rows + 1 if window is None else (rows + 1).clamp(max=window)
+    counts = counts.to(torch.float64)[None, None, :, None]  # n_i, the keys row i sees (SSMax)
+    hidden = probabilities == 0  # above the diagonal, outside a window
+    logits = torch.log(probabilities.masked_fill(hidden, 1.0))
+    content = logits if bias is None else logits - bias
+    # SSMax's a = s ln 1 = 0 at row 0: mask after the change, never 0 x -inf.
+    logits = change.logits(layer, content, bias, rows, keys, counts).masked_fill(hidden, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def _accumulate(sums, plan, bias, windows):
+    """The hook's callback: one layer's probabilities added, head-averaged, to both running sums."""
+    def on_probabilities(layer, probabilities):
+        p = probabilities.double()
+        sums["baseline"][layer] += p.mean(1).sum(0).cpu().numpy()
+        if plan.change is None:
+            sums["changed"][layer] += p.mean(1).sum(0).cpu().numpy()
+            return
+        changed = _changed_rows(p, plan.change, layer, None if bias is None else bias.to(p.device), windows[layer])
+        sums["changed"][layer] += changed.mean(1).sum(0).cpu().numpy()
+    return on_probabilities
+
+
+def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
+                 plan=None) -> RowPrediction:
+    """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring).
+
+    Args:
+        model: a Hugging Face ``*ForCausalLM`` loaded with eager attention (its
+            attention modules return the probabilities); eval mode for the
+            run, restored after.
+        token_ids: ``(S, N)`` integer ids, the baseline measurement's.
+        lambdas: ``(T,)`` the baseline measurement's ``lambda_t``.
+        changes: interventions (`jaxroll.interventions.parse`), ``[]`` for none.
+        batch_size: sequences per forward pass (B >= 1).
+        max_memory: refuse when `working_bytes` exceeds it (bytes; default: the memory available).
+        plan: `row_plan` of `changes`, when the caller checked it already.
+
+    Returns:
+        `RowPrediction`: profiles ``(N,)``, kernels ``(T, N, N)``.
+
+    Raises:
+        ConfigError: one line naming the field: ids, batch size, lambdas,
+            an intervention that maps no rows, the memory budget, a model
+            without eager probabilities, a non-finite profile.
+    """
+    import torch
+
+    from .. import memory
+    from .attention_rows import key_bias
+    from .hooks import Hooks
+    from .layer_maps import resolve
+    from .precision import frozen_eval, full_precision
+
+    ids = np.asarray(token_ids)
+    if ids.ndim != 2 or ids.shape[0] == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError.of("token_ids", f"shape {ids.shape}, dtype {ids.dtype}", "integer ids (S, N), S >= 1")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ConfigError.of("--batch-size", batch_size, "an integer >= 1")
+    resolved = resolve(model)
+    layers, n = len(resolved.blocks), ids.shape[1]
+    lambdas = np.asarray(lambdas, dtype=np.float64)
+    if lambdas.shape != (layers,) or not np.all((lambdas >= 0) & (lambdas <= 1)):
+        raise ConfigError.of("lambdas", f"shape {lambdas.shape}", f"({layers},) values in [0, 1], one per block")
+    plan = row_plan(changes, model.config) if plan is None else plan
+    memory.check_fits(working_bytes(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0])),
+                      f"--batch-size {batch_size}: per-sequence rows of T = {layers}, H = {resolved.num_heads}, N = {n}",
+                      max_memory, allowed="a smaller --batch-size (or --max-memory SIZE to override)")
+    bias = key_bias(model, resolved, n)
+    bias = None if bias is None else bias[None, :, None, :]  # (1, H, 1, N): b_h(j)
+    sums = {"baseline": np.zeros((layers, n, n)), "changed": np.zeros((layers, n, n))}
+    device = model.get_input_embeddings().weight.device
+    hooks = Hooks(resolved, model.config, on_probabilities=_accumulate(sums, plan, bias, resolved.windows))
+    with frozen_eval(model), hooks, torch.no_grad(), full_precision(model):
+        for first in range(0, ids.shape[0], int(batch_size)):
+            batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
+            model(input_ids=batch, use_cache=False)
+    baseline_kernels, kernels = sums["baseline"] / ids.shape[0], sums["changed"] / ids.shape[0]
+    mixed = lambdas
+    branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
+    if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
+        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
+    profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
+    if not (np.all(np.isfinite(profile)) and np.all(np.isfinite(baseline))):
+        raise ConfigError.of("per-sequence rows", "a non-finite profile", "finite attention rows")
+    return RowPrediction(profile, baseline, mixed, kernels, baseline_kernels, int(ids.shape[0]))
+
+
+def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(token_ids (S, N), lambdas (T,), metadata)`` of a baseline measurement folder, checked."""
+    from .outputs import read_measurement
+
+    if not directory.is_dir():
+        raise ConfigError.of(flag, str(directory), "the --out of jaxroll measure (a folder)")
+    arrays, metadata = read_measurement(directory, flag=flag)
+    missing = [name for name in ("token_ids", "lambdas") if name not in arrays]
+    if missing:
+        raise ConfigError.of(f"{flag} {directory}", f"no {missing[0]} in measurement.npz",
+                             "a measurement with --stats lambda,...")
+    ids = np.asarray(arrays["token_ids"])
+    n = ids.shape[-1]
+    # Every per-position array of the folder must read the same N as its token ids (a folder edited by hand,
+    # or arrays from two runs, would roll out one N against another's lambdas).
+    lengths = {"metadata.json sequence_length": (metadata or {}).get("sequence_length"),
+               "influence_per_sequence": arrays["influence_per_sequence"].shape[-1]
+               if "influence_per_sequence" in arrays else None}
+    for name, length in lengths.items():
+        if length is not None and int(length) != n:
+            raise ConfigError.of(f"{flag} {directory}", f"token_ids of N = {n}, {name} of N = {length}",
+                                 "one N throughout (the --out of one jaxroll measure run)")
+    if (metadata or {}).get("interventions") or (metadata or {}).get("sink_tokens"):
+        raise ConfigError.of(f"{flag} {directory}", "measured under --intervene",
+                             "the baseline measurement (no --intervene)")
+    return ids, np.asarray(arrays["lambdas"], dtype=np.float64), metadata or {}
+
+
+def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size: int = 8,
+                             max_memory: int | None = None, device: str = "cpu", flag: str = "--measured"):
+    """`predict_rows` of ``--intervene SPEC`` from a baseline measurement folder: ``(RowPrediction, record)``.
+
+    The folder (``jaxroll measure``'s ``--out``) gives the model (its
+    metadata.json's ``model``, unless `model_dir`), the token ids and the
+    lambdas; the model loads in the dtype it was measured in, with eager
+    attention. Everything the folder, the model's config.json and `spec`
+    decide is checked before the weights load. `record` is JSON-ready.
+
+    Raises:
+        ConfigError: one line naming the field (`flag`, ``--model``,
+            ``--intervene``, ``--batch-size``, the memory budget).
+    """
+    from .loading import inspect_model, load_model
+    from .torch_plan import parse_for, position_limit
+
+    directory = Path(directory)
+    token_ids, lambdas, metadata = _measured_inputs(directory, flag)
+    source = model_dir if model_dir is not None else metadata.get("model")
+    if not source or not Path(source).is_dir():
+        raise ConfigError.of("--model", source, f"the model folder {flag} {directory} was measured on (its "
+                             "metadata.json names none there: give --model DIR)")
+    info = inspect_model(source)
+    if info.num_layers != lambdas.size:
+        raise ConfigError.of("--model", str(source), f"a model of {lambdas.size} blocks, as {flag} {directory} "
+                             f"measured (it has {info.num_layers})")
+    limit, field = position_limit(info.config)
+    n = token_ids.shape[1]
+    if limit is not None and n > limit:
+        raise ConfigError.of(f"{flag} {directory}", f"N = {n}", f"N <= the model's {field} ({limit})")
+    changes = parse_for(spec, info.config)
+    plan = row_plan(changes, info.config)
+    from .. import memory
+
+    memory.check_fits(working_bytes(info.num_layers, info.num_heads, n, min(int(batch_size), token_ids.shape[0])),
+                      f"--batch-size {batch_size}: per-sequence rows of T = {info.num_layers}, H = {info.num_heads}, N = {n}",
+                      max_memory, allowed="a smaller --batch-size (or --max-memory SIZE to override)")
+    dtype = str(metadata.get("dtype") or "float32")
+    model = load_model(source, dtype=dtype, attn_implementation="eager", device=device)
+    prediction = predict_rows(model, token_ids, lambdas, changes, batch_size=batch_size, max_memory=max_memory,
+                              plan=plan)
+    from ..interventions import describe
+    from .effect import middle_mass
+
+    record = {"measured": str(directory), "model": str(source), "dtype": dtype, "intervention": spec,
+              "interventions": describe(changes), "sequences": prediction.sequences, "length": int(n),
+              "lambdas": lambdas.tolist(), "lambdas_intervened": prediction.lambdas.tolist(),
+              "middle_mass": {"predicted": float(middle_mass(prediction.profile)),
+                              "predicted_baseline": float(middle_mass(prediction.baseline))},
+              "method": "per-sequence rows: each sequence's attention rows changed by the patch's logit change, "
+                        "averaged over sequences and heads per layer, rolled out with the lambdas"}
+    record["middle_mass"]["change"] = record["middle_mass"]["predicted"] - record["middle_mass"]["predicted_baseline"]
+    return prediction, record
+
+
+def write_prediction(out, prediction: RowPrediction, record: dict) -> list[Path]:
+    """Write `PROFILE_FILE` (the intervened model's ``p'``), `BASELINE_FILE` (``p``) and rows.json (`record`)
+    into the existing folder `out`, as ``jaxroll effect --predicted/--predicted-baseline`` read them."""
+    import json
+
+    from ..io import write_profile
+
+    out = Path(out)
+    paths = [write_profile(prediction.profile, out / PROFILE_FILE, overwrite=True),
+             write_profile(prediction.baseline, out / BASELINE_FILE, overwrite=True)]
+    path = out / "rows.json"
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return paths + [path]
