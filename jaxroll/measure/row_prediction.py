@@ -224,8 +224,9 @@ def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray
                if "influence_per_sequence" in arrays else None}
     for name, length in lengths.items():
         if length is not None and int(length) != n:
-            raise ConfigError.of(f"{flag} {directory}", f"token_ids of N = {n}, {name} of N = {length}",
-                                 "one N throughout (the --out of one jaxroll measure run)")
+            raise ConfigError(f"{flag} {directory}: token_ids of N = {n}, {name} of N = {length}; allowed: one N "
+                              "throughout (the --out of one jaxroll measure run)", field=flag, value=str(directory),
+                              allowed="one N throughout")
     if (metadata or {}).get("interventions") or (metadata or {}).get("sink_tokens"):
         raise ConfigError.of(f"{flag} {directory}", "measured under --intervene",
                              "the baseline measurement (no --intervene)")

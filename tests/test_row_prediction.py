@@ -1,0 +1,278 @@
+"""The per-sequence-rows prediction (`jaxroll.measure.row_prediction`, ``jaxroll predict-rows``).
+
+Oracles, none of them the code under test:
+
+- a one-layer Llama (rotary, grouped-query attention): its attention computed
+  by hand in NumPy float64 from the weights (RMSNorm, projections, rotary
+  angles, ``q.k / sqrt(d)``), the logits changed by the documented
+  ``z' = s ln n_i (z / tau + kappa log(1 + i - j))``, softmaxed, averaged
+  over sequences and heads, rolled out by hand with the gamma-mixed lambda
+  (1e-10);
+- a two-layer BLOOM (ALiBi): the rows the eager model returns
+  (``output_attentions``), changed in NumPy by ``(log alpha - m_h j) / tau +
+  (slope / tau) m_h j`` with the slopes ``2^(-8 (h + 1) / H)`` written here,
+  averaged and rolled out by hand (1e-10);
+- without a change, the prediction is the rollout of the mean kernel: the
+  measured ``attention`` statistic (recomputed from q and k by `measure`)
+  rolled out by hand with the measured lambdas (1e-10), not the mean of
+  per-sequence rollouts (which differs);
+- refusals: one line, exit 2, no --out; the command end to end into
+  ``jaxroll effect``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tiny_tokenizer import run_cli, save_tiny, word_texts  # noqa: E402
+
+from jaxroll.interventions import parse  # noqa: E402
+from jaxroll.measure.row_prediction import predict_rows  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
+
+VOCAB, N, S = 64, 10, 3
+
+
+def _perturbed(model):
+    """Weights scaled so that the attention is far from uniform (as tests/test_intervene_measure.py)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0) if parameter.ndim == 2 else parameter.add_(0.1 * torch.randn_like(parameter))
+    return model.double().eval()
+
+
+def _llama(layers=1):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=16, intermediate_size=24, vocab_size=VOCAB)
+    return _perturbed(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+
+
+def _bloom(layers=2):
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(n_layer=layers, n_head=4, hidden_size=16, vocab_size=VOCAB)
+    return _perturbed(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+
+
+def _ids():
+    return np.random.default_rng(3).integers(0, VOCAB, size=(S, N))
+
+
+def _softmax_rows(z):
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def _roll(lambdas, kernels):
+    v = np.zeros(kernels.shape[-1])
+    v[-1] = 1.0
+    for lam, kernel in zip(lambdas[::-1], kernels[::-1]):
+        v = (1 - lam) * v + lam * (v @ kernel)
+    return v / v.sum()
+
+
+def _mixed(gamma, lam):
+    return gamma * lam / (gamma * lam + 1 - lam)
+
+
+def _llama_logits(model, ids):
+    """``q.k / sqrt(d)`` of the one layer, per sequence and head ``(S, H, N, N)``, by hand in float64."""
+    weights = {name: p.detach().numpy().astype(np.float64) for name, p in model.named_parameters()}
+    config = model.config
+    heads, kv, hidden = config.num_attention_heads, config.num_key_value_heads, config.hidden_size
+    d = hidden // heads
+    h = weights["model.embed_tokens.weight"][ids]  # (S, N, D)
+    x = h / np.sqrt((h ** 2).mean(-1, keepdims=True) + config.rms_norm_eps)
+    x = x * weights["model.layers.0.input_layernorm.weight"]
+    q = (x @ weights["model.layers.0.self_attn.q_proj.weight"].T).reshape(S, N, heads, d)
+    k = (x @ weights["model.layers.0.self_attn.k_proj.weight"].T).reshape(S, N, kv, d)
+    theta = config.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    angles = np.arange(N)[:, None] * inv_freq[None, :]
+    cos, sin = (np.concatenate([f(angles)] * 2, -1)[None, :, None, :] for f in (np.cos, np.sin))
+
+    def rotate(t):
+        half = t.shape[-1] // 2
+        return t * cos + np.concatenate([-t[..., half:], t[..., :half]], -1) * sin
+
+    q, k = rotate(q), rotate(k)
+    k = np.repeat(k, heads // kv, axis=2)  # query head h reads key head h // groups
+    return np.einsum("sihd,sjhd->shij", q, k) / np.sqrt(d)
+
+
+def test_llama_prediction_matches_a_hand_computed_numpy_oracle():
+    model, ids = _llama(), _ids()
+    tau, kappa, ssmax, gamma, lam = 0.7, 0.5, 1.3, 0.6, np.array([0.37])
+    prediction = predict_rows(model, ids, lam, parse(f"tau={tau},kappa={kappa},ssmax_scale={ssmax},gamma={gamma}"),
+                              batch_size=2)
+    z = _llama_logits(model, ids)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    causal = j <= i
+    scale = ssmax * np.log(i + 1.0)
+    changed = np.where(causal, scale * (z / tau + kappa * np.log1p(np.maximum(i - j, 0))), -np.inf)
+    plain = np.where(causal, z, -np.inf)
+    kernel, base_kernel = _softmax_rows(changed).mean((0, 1)), _softmax_rows(plain).mean((0, 1))
+    np.testing.assert_allclose(prediction.kernels[0], kernel, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.baseline_kernels[0], base_kernel, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.lambdas, _mixed(gamma, lam), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(prediction.profile, _roll(_mixed(gamma, lam), kernel[None]), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.baseline, _roll(lam, base_kernel[None]), rtol=0, atol=1e-10)
+    assert np.abs(prediction.profile - prediction.baseline).max() > 1e-3  # the change is visible
+
+
+def test_bloom_prediction_changes_the_models_own_rows_by_hand():
+    model, ids = _bloom(), _ids()
+    tau, slope, lam = 1.5, 0.5, np.array([0.3, 0.55])
+    prediction = predict_rows(model, ids, lam, parse(f"tau={tau},slope_scale={slope}"), batch_size=2)
+    from jaxroll.measure.precision import full_precision
+
+    with torch.no_grad(), full_precision(model):  # BLOOM's softmax in float64 too (float32 by default)
+        attentions = model(input_ids=torch.as_tensor(ids), output_attentions=True).attentions
+    heads = model.config.n_head
+    m = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)  # BLOOM's slopes for a power-of-two head count
+    bias = m[:, None, None] * np.arange(N)[None, None, :]  # b_h(j) = m_h j, per key (S broadcast)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    kernels = []
+    for alpha in attentions:
+        alpha = alpha.double().numpy()
+        logits = np.log(np.where(j <= i, alpha, 1.0))
+        changed = np.where(j <= i, (logits - bias) / tau + (slope / tau) * bias, -np.inf)
+        kernels.append(_softmax_rows(changed).mean((0, 1)))
+    kernels = np.stack(kernels)
+    np.testing.assert_allclose(prediction.kernels, kernels, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.profile, _roll(lam, kernels), rtol=0, atol=1e-10)
+
+
+def test_without_a_change_it_is_the_rollout_of_the_mean_kernel():
+    from jaxroll.measure import measure
+    from jaxroll.theory.sequence_mean import mean_of_rollouts
+
+    model, ids = _llama(layers=2), _ids()
+    measured = measure(model, ids, stats=("lambda", "attention"), batch_size=2)
+    lambdas = np.asarray(measured.lambdas, dtype=np.float64)
+    prediction = predict_rows(model, ids, lambdas, [], batch_size=2)
+    oracle = _roll(lambdas, np.asarray(measured.attention_mean, dtype=np.float64))
+    np.testing.assert_allclose(prediction.baseline, oracle, rtol=0, atol=1e-10)
+    np.testing.assert_array_equal(prediction.profile, prediction.baseline)
+    # Not the mean of per-sequence rollouts: averaging the kernels first is a different quantity.
+    own = np.stack([np.asarray(measure(model, ids[s:s + 1], stats=("attention",)).attention_mean) for s in range(S)])
+    mean_rows = mean_of_rollouts(np.broadcast_to(lambdas, (S, lambdas.size)), own, [N - 1])[0]
+    assert np.abs(mean_rows / mean_rows.sum() - oracle).max() > 1e-6
+
+
+def test_the_batch_size_does_not_change_the_prediction():
+    model, ids = _bloom(), _ids()
+    changes = parse("tau=0.8,kappa=0.3")
+    one = predict_rows(model, ids, np.array([0.4, 0.6]), changes, batch_size=1)
+    all_ = predict_rows(model, ids, np.array([0.4, 0.6]), changes, batch_size=S)
+    np.testing.assert_allclose(one.profile, all_.profile, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("spec, field", [("sinks=4", "--intervene sinks"), ("rotary_ratio=2", "--intervene rotary_ratio"),
+                                         ("slope_scale=0.5", "slope_scale")])
+def test_interventions_that_map_no_rows_are_refused(spec, field):
+    from jaxroll.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        predict_rows(_llama(), _ids(), np.array([0.4]), parse(spec))
+    assert error.value.field == field and "\n" not in str(error.value)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A tiny Llama saved, its baseline measured (float64) and the same texts measured under tau=1.5."""
+    from jaxroll.cli import main
+
+    root = tmp_path_factory.mktemp("rows")
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=32, intermediate_size=64, vocab_size=VOCAB)
+    save_tiny(root / "model", config)
+    word_texts(root / "texts.txt", [30] * 4)
+    common = ["--texts", root / "texts.txt", "--length", 12, "--samples", 4, "--dtype", "float64", "--quiet"]
+    for name, extra in (("base", ["--stats", "lambda,influence,attention"]),
+                        ("tau", ["--stats", "lambda,influence", "--intervene", "tau=1.5"])):
+        assert main([str(a) for a in ["measure", root / "model", *common, *extra, "--out", root / name]]) == 0
+    return root
+
+
+def test_command_end_to_end_into_effect(measured, tmp_path, capsys):
+    from jaxroll import io
+    from jaxroll.measure.effect import middle_mass
+
+    out = tmp_path / "pred"
+    code, stdout, stderr = run_cli(["predict-rows", "--measured", measured / "base", "--intervene", "tau=1.5",
+                                    "--out", out, "--json"], capsys)
+    assert code == 0, stderr
+    record = json.loads(stdout)
+    profile, baseline = io.read_profile(out / "profile.csv"), io.read_profile(out / "baseline_profile.csv")
+    # The files are the library's prediction on the folder's model, ids and lambdas.
+    arrays = np.load(measured / "base" / "measurement.npz")
+    model = transformers.AutoModelForCausalLM.from_pretrained(measured / "model", dtype=torch.float64,
+                                                              attn_implementation="eager")
+    direct = predict_rows(model, arrays["token_ids"], arrays["lambdas"], parse("tau=1.5"))
+    np.testing.assert_allclose(profile, direct.profile, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(baseline, _roll(arrays["lambdas"], arrays["attention_mean"]), rtol=0, atol=1e-10)
+    assert record["middle_mass"]["change"] == pytest.approx(middle_mass(profile) - middle_mass(baseline), abs=1e-12)
+    code, stdout, stderr = run_cli(["effect", "--measured", measured / "base", "--measured", measured / "tau",
+                                    "--predicted", out / "profile.csv", "--predicted-baseline",
+                                    out / "baseline_profile.csv", "--out", tmp_path / "effect", "--resamples", 50,
+                                    "--json"], capsys)
+    assert code == 0, stderr
+    result = json.loads(stdout)
+    middle = result["changes"]["middle_mass"]
+    assert middle["predicted"] == pytest.approx(middle_mass(profile) - middle_mass(baseline), abs=1e-12)
+
+
+def _bad(measured, tmp_path):
+    """``(argv, words the one line must hold)`` for each refusal."""
+    shifted = tmp_path / "shifted"
+    shifted.mkdir()
+    for name in ("metadata.json", "config.yaml"):
+        (shifted / name).write_bytes((measured / "base" / name).read_bytes())
+    arrays = dict(np.load(measured / "base" / "measurement.npz"))
+    arrays["token_ids"] = arrays["token_ids"][:, :-2]  # N = 10 against the folder's 12
+    np.savez(shifted / "measurement.npz", **arrays)
+    base = ["predict-rows", "--measured", measured / "base"]
+    return [
+        (base + ["--intervene", "tau=-1"], ["tau"]),
+        (base + ["--intervene", "warmth=2"], ["warmth"]),
+        (base + ["--intervene", "sinks=2"], ["--intervene sinks", "allowed"]),
+        (["predict-rows", "--measured", tmp_path / "nowhere", "--intervene", "tau=2"], ["--measured", "allowed"]),
+        (["predict-rows", "--measured", shifted, "--intervene", "tau=2"], ["N = 10", "N = 12", "allowed"]),
+        (["predict-rows", "--measured", measured / "tau", "--intervene", "tau=2"], ["--intervene", "baseline"]),
+        (base + ["--intervene", "tau=2", "--model", tmp_path / "nowhere"], ["--model"]),
+        (base + ["--intervene", "tau=2", "--max-memory", "1K"], ["--batch-size", "allowed"]),
+        (base, ["--intervene"]),
+    ]
+
+
+def test_command_refuses_bad_input_in_one_line_before_out(measured, tmp_path, capsys):
+    for argv, words in _bad(measured, tmp_path):
+        out = tmp_path / "out"
+        code, stdout, stderr = run_cli(argv + ["--out", out], capsys)
+        assert code == 2, (argv, stderr)
+        assert stderr.startswith("jaxroll: error: ") and stderr.count("\n") == 1, stderr
+        assert all(word in stderr for word in words), (words, stderr)
+        assert not out.exists(), argv
+
+
+def test_command_keeps_what_the_user_wrote_without_force(measured, tmp_path, capsys):
+    out = tmp_path / "kept"
+    out.mkdir()
+    (out / "profile.csv").write_text("mine\n")
+    code, _, stderr = run_cli(["predict-rows", "--measured", measured / "base", "--intervene", "tau=2", "--out", out],
+                              capsys)
+    assert code == 2 and "--force" in stderr
+    assert (out / "profile.csv").read_text() == "mine\n"
