@@ -177,7 +177,8 @@ def test_the_batch_size_does_not_change_the_prediction():
     np.testing.assert_allclose(one.profile, all_.profile, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("spec, field", [("sinks=4", "--intervene sinks"), ("rotary_ratio=2", "--intervene rotary_ratio"),
+@pytest.mark.parametrize("spec, field", [("sinks=4", "--intervene sinks"),
+                                         ("rotary_ratio=2", "--intervene rotary_ratio"),
                                          ("slope_scale=0.5", "slope_scale")])
 def test_interventions_that_map_no_rows_are_refused(spec, field):
     from jaxroll.errors import ConfigError

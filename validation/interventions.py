@@ -51,7 +51,7 @@ import pipeline  # noqa: E402
 import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
 from jaxroll.engine.probability import plain_kernel  # noqa: E402
-from jaxroll.measure import patching, torch_plan  # noqa: E402
+from jaxroll.measure import patching, row_prediction, torch_plan  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure.effect import anchored_profile, effect, middle_mass  # noqa: E402
 from jaxroll.measure.offsets import offset_rollout_model  # noqa: E402
@@ -167,49 +167,13 @@ def held_out_loss(model, stream: np.ndarray, changes) -> float:
         return pipeline.held_out_loss(model, stream, LENGTH)
 
 
-def sequence_attention(model, token_ids: np.ndarray) -> list[torch.Tensor]:
-    """Each layer's attention probabilities of each sequence, ``(S, H, N, N)`` float64 (eager forward)."""
-    with torch.no_grad():
-        output = model(input_ids=torch.as_tensor(token_ids), output_attentions=True)
-    return [layer.double() for layer in output.attentions]
-
-
-def per_sequence_prediction(model, attention, lambdas, changes, hf_config):
-    """The rollout of the mean over sequences of each sequence's own changed attention.
-
-    Per sequence, head and layer, the measured ``log A = s q.k + b + row constant``
-    gives the content logit ``log A - b`` (b the model's ALiBi bias, 0 for
-    rotary), which the patch's `LogitChange` maps to ``a (log A - b) + c b + d``;
-    its softmax is the changed row, exact at the first layer (later layers'
-    q and k change with their inputs, which this holds fixed). The changed
-    rows are averaged over sequences and heads into one kernel per layer;
-    `BranchScale` acts on the lambdas as in `BranchScale.apply`.
-    """
-    from jaxroll.engine.dense import DenseKernel
-    from jaxroll.measure.attention_rows import key_bias
-    from jaxroll.measure.layer_maps import resolve
-
-    plan = torch_plan.check(changes, hf_config)
-    n = attention[0].shape[-1]
-    resolved = resolve(model)
-    bias = key_bias(model, resolved, n)
-    bias = None if bias is None else bias[None, :, None, :]
-    rows = keys = torch.arange(n)
-    counts = (rows + 1).to(torch.float64)[None, None, :, None]
-    kernels = []
-    for layer, probabilities in enumerate(attention):
-        hidden = probabilities == 0  # above the diagonal
-        logits = torch.log(probabilities.masked_fill(hidden, 1.0))
-        if plan.change is not None:
-            # SSMax's a = s ln 1 = 0 at row 0: mask after the change, never 0 x -inf.
-            content = logits if bias is None else logits - bias
-            logits = plan.change.logits(layer, content, bias, rows, keys, counts)
-        logits = logits.masked_fill(hidden, float("-inf"))
-        kernels.append(torch.softmax(logits, dim=-1).mean(dim=(0, 1)).numpy())
-    base = jaxroll.RolloutModel(lambdas=np.asarray(lambdas), kernel=DenseKernel.create(np.stack(kernels)),
-                                sequence_length=n)
-    mixing = [c for c in changes if isinstance(c, interventions.BranchScale)]
-    return np.asarray(jaxroll.influence(interventions.apply_all(base, mixing)), dtype=np.float64)
+def per_sequence_prediction(model, token_ids: np.ndarray, lambdas, changes) -> tuple[np.ndarray, np.ndarray]:
+    """``(p_I, p_B)`` by the per-sequence rows: `jaxroll.measure.row_prediction.predict_rows` (each sequence's
+    own eager rows changed by the patch's `LogitChange`, averaged over sequences and heads, rolled out with the
+    lambdas, `BranchScale` acting on them; p_B the same unchanged), float64 throughout. The code that was here
+    (``log A`` of a float32-softmax forward) moved into the library and ``jaxroll predict-rows``."""
+    prediction = row_prediction.predict_rows(model, token_ids, lambdas, changes)
+    return prediction.profile, prediction.baseline
 
 
 def held_stream(models_dir: Path) -> np.ndarray:
@@ -241,11 +205,10 @@ def run_family(family: str, models_dir: Path, out: Path, samples: int, log, extr
     model = pipeline.load_float64(model_dir)
     stream = held_stream(models_dir) if extras else None
     loss_before = held_out_loss(model, stream, []) if extras else None
-    attention = sequence_attention(model, baseline["token_ids"])
     context = {"family": family, "model_dir": model_dir, "texts": texts, "out": out, "samples": samples,
                "baseline": baseline, "base_dir": base_dir, "hf_config": hf_config, "model": model,
-               "stream": stream, "loss_before": loss_before, "attention": attention,
-               "p_sequences_base": per_sequence_prediction(model, attention, baseline["lambdas"], [], hf_config),
+               "stream": stream, "loss_before": loss_before,
+               "p_sequences_base": per_sequence_prediction(model, baseline["token_ids"], baseline["lambdas"], [])[1],
                "extended": rollout_models(baseline, family, base_dir / "config.yaml")}
     context["today"] = today_models(context["extended"])
     context["share"] = branch_share_models(context["extended"], baseline)
@@ -292,8 +255,8 @@ def run_row(context: dict, entry: str, slug: str, spec: str, changes) -> dict:
     p_base_share, p_share, _ = predict(context["share"], changes, length)
     # Sinks lengthen the sequence and a rotary rescale moves q and k: neither is a map of the baseline's rows.
     rows_apply = not sinks and not any(isinstance(c, interventions.RotaryRescale) for c in changes)
-    p_sequences = per_sequence_prediction(context["model"], context["attention"], baseline["lambdas"], changes,
-                                          context["hf_config"]) if rows_apply else None
+    p_sequences = per_sequence_prediction(context["model"], baseline["token_ids"], baseline["lambdas"],
+                                          changes)[0] if rows_apply else None
     intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
     measured_ref, measured_int = reference["influence_per_sequence"], intervened["influence_per_sequence"]
     m_ref = profile_of(measured_ref)

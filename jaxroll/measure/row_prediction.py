@@ -1,4 +1,4 @@
-"""The per-sequence-rows prediction of an intervention: each sequence's own attention rows, changed, averaged, rolled out.
+"""The per-sequence-rows prediction of an intervention: each sequence's attention rows changed, averaged, rolled out.
 
 For a Hugging Face causal LM with T blocks and H heads, sequences
 ``s = 1..S`` of N tokens, and an intervention whose torch patch
@@ -86,7 +86,8 @@ def row_plan(changes, config):
                              "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
                              "gamma); sink tokens lengthen the sequence: jaxroll rollout --intervene sinks=K")
     if plan.change is not None and plan.change.rotary_ratios is not None:
-        raise ConfigError.of("--intervene rotary_ratio", "given",
+        rotary = next(change for change in changes if getattr(change, "torch_change", None) == "rotary")
+        raise ConfigError.of("--intervene rotary_ratio", np.asarray(rotary.value).tolist(),
                              "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
                              "gamma); a rotary rescale moves q and k: jaxroll rollout --intervene rotary_ratio=R")
     return plan
@@ -97,6 +98,15 @@ def working_bytes(layers: int, heads: int, length: int, batch_size: int) -> int:
     five ``(B, H, N, N)`` float64 copies of one layer's rows (read, log, changed logits, softmax, mask)."""
     n2 = int(length) ** 2
     return 8 * (2 * int(layers) * n2 + 5 * int(batch_size) * int(heads) * n2 + 2 * int(layers) * int(length))
+
+
+def _check_memory(layers: int, heads: int, length: int, batch: int, limit: int | None) -> None:
+    """One line naming --batch-size when `working_bytes` exceeds `limit` (default: the memory available)."""
+    from .. import memory
+
+    memory.check_fits(working_bytes(layers, heads, length, batch),
+                      f"--batch-size {batch}: per-sequence rows of T = {layers}, H = {heads}, N = {length}", limit,
+                      allowed="a smaller --batch-size (or --max-memory SIZE to override)")
 
 
 def rolled_out(lambdas, kernels) -> np.ndarray:
@@ -164,7 +174,6 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
     """
     import torch
 
-    from .. import memory
     from .attention_rows import key_bias
     from .hooks import Hooks
     from .layer_maps import resolve
@@ -181,9 +190,7 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
     if lambdas.shape != (layers,) or not np.all((lambdas >= 0) & (lambdas <= 1)):
         raise ConfigError.of("lambdas", f"shape {lambdas.shape}", f"({layers},) values in [0, 1], one per block")
     plan = row_plan(changes, model.config) if plan is None else plan
-    memory.check_fits(working_bytes(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0])),
-                      f"--batch-size {batch_size}: per-sequence rows of T = {layers}, H = {resolved.num_heads}, N = {n}",
-                      max_memory, allowed="a smaller --batch-size (or --max-memory SIZE to override)")
+    _check_memory(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0]), max_memory)
     bias = key_bias(model, resolved, n)
     bias = None if bias is None else bias[None, :, None, :]  # (1, H, 1, N): b_h(j)
     sums = {"baseline": np.zeros((layers, n, n)), "changed": np.zeros((layers, n, n))}
@@ -253,9 +260,11 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
     directory = Path(directory)
     token_ids, lambdas, metadata = _measured_inputs(directory, flag)
     source = model_dir if model_dir is not None else metadata.get("model")
+    if model_dir is not None and not Path(model_dir).is_dir():
+        raise ConfigError.of("--model", str(model_dir), f"the folder of the model {flag} {directory} measured")
     if not source or not Path(source).is_dir():
-        raise ConfigError.of("--model", source, f"the model folder {flag} {directory} was measured on (its "
-                             "metadata.json names none there: give --model DIR)")
+        raise ConfigError.of("--model", None, f"--model DIR: {flag} {directory}/metadata.json names "
+                             f"{source!r}, not a folder here")
     info = inspect_model(source)
     if info.num_layers != lambdas.size:
         raise ConfigError.of("--model", str(source), f"a model of {lambdas.size} blocks, as {flag} {directory} "
@@ -266,11 +275,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
         raise ConfigError.of(f"{flag} {directory}", f"N = {n}", f"N <= the model's {field} ({limit})")
     changes = parse_for(spec, info.config)
     plan = row_plan(changes, info.config)
-    from .. import memory
-
-    memory.check_fits(working_bytes(info.num_layers, info.num_heads, n, min(int(batch_size), token_ids.shape[0])),
-                      f"--batch-size {batch_size}: per-sequence rows of T = {info.num_layers}, H = {info.num_heads}, N = {n}",
-                      max_memory, allowed="a smaller --batch-size (or --max-memory SIZE to override)")
+    _check_memory(info.num_layers, info.num_heads, n, min(int(batch_size), token_ids.shape[0]), max_memory)
     dtype = str(metadata.get("dtype") or "float32")
     model = load_model(source, dtype=dtype, attn_implementation="eager", device=device)
     prediction = predict_rows(model, token_ids, lambdas, changes, batch_size=batch_size, max_memory=max_memory,
