@@ -284,6 +284,8 @@ BAD_ARGUMENTS = {
     "task": (["m", "--out", "o", "--dtype", "int8"], [MISSING, "--out", "o"]),
     "compare-task": (["t", "--score", "guess"], [MISSING]),
     "series": (["--measured", "m", "--title"], ["--measured", MISSING]),
+    "predict-rows": (["--measured", "m", "--intervene", "tau=2", "--batch-size", "0"],
+                     ["--measured", MISSING, "--intervene", "tau=2"]),
 }
 """Per command, a bad value and (where it reads files before loading a model) a missing input; measure and task
 refuse a missing MODEL_DIR before torch loads (`_common.check_model_folder`, the loader's words)."""

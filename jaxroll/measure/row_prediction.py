@@ -254,11 +254,11 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
         ConfigError: one line naming the field (`flag`, ``--model``,
             ``--intervene``, ``--batch-size``, the memory budget).
     """
+    directory = Path(directory)
+    token_ids, lambdas, metadata = _measured_inputs(directory, flag)  # before torch and transformers load
     from .loading import inspect_model, load_model
     from .torch_plan import parse_for, position_limit
 
-    directory = Path(directory)
-    token_ids, lambdas, metadata = _measured_inputs(directory, flag)
     source = model_dir if model_dir is not None else metadata.get("model")
     if model_dir is not None and not Path(model_dir).is_dir():
         raise ConfigError.of("--model", str(model_dir), f"the folder of the model {flag} {directory} measured")
