@@ -84,8 +84,10 @@ def _mixed(gamma, lam):
     return gamma * lam / (gamma * lam + 1 - lam)
 
 
-def _llama_logits(model, ids):
-    """``q.k / sqrt(d)`` of the one layer, per sequence and head ``(S, H, N, N)``, by hand in float64."""
+def _llama_logits(model, ids, ratios=None):
+    """``q.k / sqrt(d)`` of the one layer, per sequence and head ``(S, H, N, N)``, by hand in float64; with
+    `ratios` ``(H,)`` query head h rotated at positions ``p / r_h`` and the keys it reads at their group's
+    first head's ratio (Ms-PoE's convention under grouped-query attention)."""
     weights = {name: p.detach().numpy().astype(np.float64) for name, p in model.named_parameters()}
     config = model.config
     heads, kv, hidden = config.num_attention_heads, config.num_key_value_heads, config.hidden_size
@@ -97,15 +99,17 @@ def _llama_logits(model, ids):
     k = (x @ weights["model.layers.0.self_attn.k_proj.weight"].T).reshape(S, N, kv, d)
     theta = config.rope_parameters["rope_theta"]
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
-    angles = np.arange(N)[:, None] * inv_freq[None, :]
-    cos, sin = (np.concatenate([f(angles)] * 2, -1)[None, :, None, :] for f in (np.cos, np.sin))
+    ratios = np.ones(heads) if ratios is None else np.asarray(ratios, dtype=np.float64)
+    groups = heads // kv
 
-    def rotate(t):
+    def rotate(t, r):  # t (S, N, H, d), r (H,): positions p / r_h
+        angles = (np.arange(N)[:, None, None] / r[None, :, None]) * inv_freq[None, None, :]  # (N, H, d/2)
+        cos, sin = (np.concatenate([f(angles)] * 2, -1)[None] for f in (np.cos, np.sin))
         half = t.shape[-1] // 2
         return t * cos + np.concatenate([-t[..., half:], t[..., :half]], -1) * sin
 
-    q, k = rotate(q), rotate(k)
-    k = np.repeat(k, heads // kv, axis=2)  # query head h reads key head h // groups
+    k = np.repeat(k, groups, axis=2)  # query head h reads key head h // groups
+    q, k = rotate(q, ratios), rotate(k, ratios[(np.arange(heads) // groups) * groups])
     return np.einsum("sihd,sjhd->shij", q, k) / np.sqrt(d)
 
 
@@ -127,6 +131,21 @@ def test_llama_prediction_matches_a_hand_computed_numpy_oracle():
     np.testing.assert_allclose(prediction.profile, _roll(_mixed(gamma, lam), kernel[None]), rtol=0, atol=1e-10)
     np.testing.assert_allclose(prediction.baseline, _roll(lam, base_kernel[None]), rtol=0, atol=1e-10)
     assert np.abs(prediction.profile - prediction.baseline).max() > 1e-3  # the change is visible
+
+
+def test_a_rotary_rescale_rotates_q_and_k_per_head_as_the_hand_oracle(tmp_path):
+    model, ids = _llama(), _ids()
+    ratios, tau, lam = [1.0, 2.0, 1.5, 3.0], 0.8, np.array([0.45])
+    spec = tmp_path / "ratios.yaml"
+    spec.write_text(f"rotary_ratio: {ratios}\ntau: {tau}\n")
+    prediction = predict_rows(model, ids, lam, parse(str(spec)), batch_size=2)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    changed = np.where(j <= i, _llama_logits(model, ids, ratios) / tau, -np.inf)
+    plain = np.where(j <= i, _llama_logits(model, ids), -np.inf)
+    kernel = _softmax_rows(changed).mean((0, 1))
+    np.testing.assert_allclose(prediction.kernels[0], kernel, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.baseline_kernels[0], _softmax_rows(plain).mean((0, 1)), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.profile, _roll(lam, kernel[None]), rtol=0, atol=1e-10)
 
 
 def test_bloom_prediction_changes_the_models_own_rows_by_hand():
@@ -177,9 +196,7 @@ def test_the_batch_size_does_not_change_the_prediction():
     np.testing.assert_allclose(one.profile, all_.profile, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("spec, field", [("sinks=4", "--intervene sinks"),
-                                         ("rotary_ratio=2", "--intervene rotary_ratio"),
-                                         ("slope_scale=0.5", "slope_scale")])
+@pytest.mark.parametrize("spec, field", [("sinks=4", "--intervene sinks"), ("slope_scale=0.5", "slope_scale")])
 def test_interventions_that_map_no_rows_are_refused(spec, field):
     from jaxroll.errors import ConfigError
 

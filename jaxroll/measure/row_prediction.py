@@ -25,12 +25,15 @@ statistic's kernel), not the mean of per-sequence rollouts
 intervention's change of order ("tempering the mean is not the mean of the
 tempered rows", docs/interventions.md) is about, and only the rows change.
 
-Sink tokens (a longer sequence) and a rotary rescale (q and k rotated at
-``p / r`` before the logit) are not maps of the measured rows: refused in one
-line. Sequences stream in micro-batches of B: a forward hook on each
-attention module turns one layer's ``(B, H, N, N)`` probabilities into the
-running sums ``(T, N, N)`` (changed and unchanged) before the next layer
-runs, so no ``S x T x H x N x N`` array is ever held (`working_bytes`).
+A rotary rescale (query head h rotated at positions ``p / r_h``, its keys
+at their group's first ratio) is no map of the logits: there the changed rows
+are recomputed from each layer's hooked q and k, rotated as the patched
+attention rotates them (`jaxroll.measure.attention_rows.row_chunks` with the
+same `LogitChange`, so tau and the rest apply with it). Sink tokens (a longer
+sequence) are refused in one line. Sequences stream in micro-batches of B:
+forward hooks turn one layer's ``(B, H, N, N)`` rows into the running sums
+``(T, N, N)`` (changed and unchanged) before the next layer runs, so no
+``S x T x H x N x N`` array is ever held (`working_bytes`).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def row_plan(changes, config):
 
     Raises:
         ConfigError: one line naming the intervention: anything the torch
-            patch refuses, sink tokens, a rotary rescale.
+            patch refuses (a rotary rescale outside the rotary families whose
+            rotary module is mapped, among others), sink tokens.
     """
     from .torch_plan import check
 
@@ -84,12 +88,8 @@ def row_plan(changes, config):
     if plan.sinks:
         raise ConfigError.of("--intervene sinks", plan.sinks,
                              "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
-                             "gamma); sink tokens lengthen the sequence: jaxroll rollout --intervene sinks=K")
-    if plan.change is not None and plan.change.rotary_ratios is not None:
-        rotary = next(change for change in changes if getattr(change, "torch_change", None) == "rotary")
-        raise ConfigError.of("--intervene rotary_ratio", np.asarray(rotary.value).tolist(),
-                             "interventions that map the measured rows (tau, slope_scale, ssmax_scale, kappa, "
-                             "gamma); a rotary rescale moves q and k: jaxroll rollout --intervene rotary_ratio=R")
+                             "rotary_ratio, gamma); sink tokens lengthen the sequence: jaxroll rollout --intervene "
+                             "sinks=K")
     return plan
 
 
@@ -141,12 +141,42 @@ def _accumulate(sums, plan, bias, windows):
     def on_probabilities(layer, probabilities):
         p = probabilities.double()
         sums["baseline"][layer] += p.mean(1).sum(0).cpu().numpy()
+        if plan is None:  # the changed rows come from q and k (`_accumulate_rotated`)
+            return
         if plan.change is None:
             sums["changed"][layer] += p.mean(1).sum(0).cpu().numpy()
             return
         changed = _changed_rows(p, plan.change, layer, None if bias is None else bias.to(p.device), windows[layer])
         sums["changed"][layer] += changed.mean(1).sum(0).cpu().numpy()
     return on_probabilities
+
+
+def _accumulate_rotated(sums, plan, resolved, capture, config):
+    """The q, k hook's callback under a rotary rescale: the changed rows recomputed from the layer's q and k,
+    rotated at ``p / r_h`` (keys at their group's first ratio, `LogitChange.key_rotary_ratios`), as the patched
+    attention rotates them (`jaxroll.measure.passes` does the same for ``measure --intervene``)."""
+    import functools
+
+    import torch
+
+    from .attention_rows import rotate, row_chunks
+    from .patching import rerotate
+
+    change = plan.change
+    scale = float(resolved.layer_map.logit_scale(config, resolved.head_dim))
+
+    def on_query_key(layer, q, k):
+        dtype = q.dtype  # the model's precision for the logits, as its own attention
+        q, k = rotate(q, capture.cos, capture.sin), rotate(k, capture.cos, capture.sin)
+        positions = torch.arange(q.shape[1], device=q.device)
+        inv_freq = capture.module.inv_freq
+        q = rerotate(q.transpose(1, 2), positions, inv_freq, change.rotary_ratios[layer]).transpose(1, 2)
+        k = rerotate(k.transpose(1, 2), positions, inv_freq, change.key_rotary_ratios[layer]).transpose(1, 2)
+        for start, rows in row_chunks(q, k, scale=scale, window=resolved.windows[layer], precision=dtype,
+                                      change=functools.partial(change.logits, layer)):
+            stop = start + rows.shape[2]
+            sums["changed"][layer][start:stop] += rows.mean(1).sum(0).cpu().numpy()
+    return on_query_key
 
 
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
@@ -172,9 +202,11 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
             an intervention that maps no rows, the memory budget, a model
             without eager probabilities, a non-finite profile.
     """
+    import contextlib
+
     import torch
 
-    from .attention_rows import key_bias
+    from .attention_rows import RotaryCapture, key_bias
     from .hooks import Hooks
     from .layer_maps import resolve
     from .precision import frozen_eval, full_precision
@@ -195,8 +227,12 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
     bias = None if bias is None else bias[None, :, None, :]  # (1, H, 1, N): b_h(j)
     sums = {"baseline": np.zeros((layers, n, n)), "changed": np.zeros((layers, n, n))}
     device = model.get_input_embeddings().weight.device
-    hooks = Hooks(resolved, model.config, on_probabilities=_accumulate(sums, plan, bias, resolved.windows))
-    with frozen_eval(model), hooks, torch.no_grad(), full_precision(model):
+    rotated = plan.change is not None and plan.change.rotary_ratios is not None
+    capture = RotaryCapture(model, resolved) if rotated else contextlib.nullcontext()
+    hooks = Hooks(resolved, model.config, on_probabilities=_accumulate(sums, None if rotated else plan, bias,
+                                                                       resolved.windows),
+                  on_query_key=_accumulate_rotated(sums, plan, resolved, capture, model.config) if rotated else None)
+    with frozen_eval(model), capture, hooks, torch.no_grad(), full_precision(model):
         for first in range(0, ids.shape[0], int(batch_size)):
             batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
             model(input_ids=batch, use_cache=False)
