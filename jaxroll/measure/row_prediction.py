@@ -45,8 +45,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction", "working_bytes",
-           "rolled_out", "PROFILE_FILE", "BASELINE_FILE"]
+__all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction",
+           "working_bytes", "rolled_out", "PROFILE_FILE", "BASELINE_FILE"]
 
 PROFILE_FILE = "profile.csv"
 """The predicted profile of the intervened model (``jaxroll effect --predicted``)."""
@@ -181,7 +181,12 @@ def _accumulate_rotated(sums, plan, resolved, capture, config):
 
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
                  plan=None) -> RowPrediction:
-    """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring).
+    """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring):
+
+        A'_t = mean_{s,h} softmax_j(a(i) (log alpha_{t,h}^s - b) + c(i) b + d(i, j))     (T, N, N)
+        p'   = e_{N-1}^T R'_T ... R'_1 / sum,  R'_t = (1 - lambda'_t) I + lambda'_t A'_t  (N,)
+
+    and p the same with a = c = 1, d = 0 and lambda_t (the rollout of the mean kernel).
 
     Args:
         model: a Hugging Face ``*ForCausalLM`` loaded with eager attention (its
