@@ -167,11 +167,12 @@ def held_out_loss(model, stream: np.ndarray, changes) -> float:
         return pipeline.held_out_loss(model, stream, LENGTH)
 
 
-def per_sequence_prediction(model, token_ids: np.ndarray, lambdas, changes) -> tuple[np.ndarray, np.ndarray]:
+def per_sequence_prediction(model, token_ids: np.ndarray, lambdas, changes):
     """``(p_I, p_B)`` by the per-sequence rows: `jaxroll.measure.row_prediction.predict_rows` (each sequence's
     own eager rows changed by the patch's `LogitChange`, averaged over sequences and heads, rolled out with the
     lambdas, `BranchScale` acting on them; p_B the same unchanged), float64 throughout. The code that was here
-    (``log A`` of a float32-softmax forward) moved into the library and ``jaxroll predict-rows``."""
+    (``log A`` of a float32-softmax forward) moved into the library and ``jaxroll predict-rows``. Returns
+    ``(p_I (N,), p_B (N,))``, NumPy float64."""
     prediction = row_prediction.predict_rows(model, token_ids, lambdas, changes)
     return prediction.profile, prediction.baseline
 
