@@ -88,15 +88,15 @@ def tokenizer_for(vocab: int):
     return transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0")
 
 
-def tiny_model(family: str, max_n: int, dtype: str = "float64"):
-    """A causal LM from a config in `dtype` (sdpa attention): 2 layers, hidden 64, 4 heads."""
+def tiny_model(family: str, max_n: int, dtype: str = "float64", layers: int = 2):
+    """A causal LM from a config in `dtype` (sdpa attention): `layers` layers (2 by default), hidden 64, 4 heads."""
     torch.manual_seed(0)
     if family == "llama":
         config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
                                           max_position_embeddings=max_n)
     else:
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=max_n)
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=max_n)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model = model.to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # weights large enough that attention is far from uniform
@@ -288,17 +288,19 @@ def main(argv=None) -> None:
                         "influence_gradients, e.g. --only 'captum Saliency + L2' 'inseq saliency + L2'")
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"],
                         help="the models' dtype, the same for every method (float32: no float64 mode rows)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the tiny models (influence_gradients "
+                        "computes the last one's attention at the target row only: 1/layers of the attention)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as CSV")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"# {versions()}; torch threads {args.threads}; {args.dtype}; "
+    print(f"# {versions()}; torch threads {args.threads}; {args.dtype}; {args.layers} layers; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {os.getloadavg()[0]:.1f}")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS), flush=True)
     rows = []
     for family in args.families:
-        model, tokenizer = tiny_model(family, max(args.n) + 1, args.dtype), tokenizer_for(VOCAB)
+        model, tokenizer = tiny_model(family, max(args.n) + 1, args.dtype, args.layers), tokenizer_for(VOCAB)
         wide = args.dtype == "float64"  # the float64 mode changes nothing in a float32 model
         case(family, 64, 1, args.flashtrace_max_n, model, tokenizer, float64_mode=wide)  # warm-up: first calls
         for index, n in enumerate(args.n):
