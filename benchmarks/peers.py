@@ -5,7 +5,9 @@ token ids, ``influence_j = ||d f / d e_j||_2`` with ``f = max_v
 softmax(logits_{N-1})_v`` (the top probability at the last position) and
 ``e_j`` the input embedding of token j. Computed by
 
-- jaxroll ``influence_gradients(model, ids)`` (`jaxroll.measure.passes`) and
+- jaxroll ``influence_gradients(model, ids)`` (`jaxroll.measure.passes`; the
+  output head and the last block's attention at the target row only,
+  `jaxroll.measure.target_row`) and
   ``measure(model, ids[None], stats=("influence",), batch_size=1)``, its
   ``influence_per_sequence[0]`` (the default: activation checkpointing);
 - captum: ``Saliency(forward).attribute(embeddings, abs=False)`` with
