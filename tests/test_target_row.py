@@ -97,3 +97,21 @@ def test_the_interface_entry_comes_back_after_an_error_and_other_modules_fall_th
         assert local["sdpa"] is sentinel
     finally:
         del local["sdpa"]
+
+
+@pytest.mark.parametrize("family, spec", [("llama", "tau=0.5,kappa=1,ssmax_scale=1.2,gamma=0.3,rotary_ratio=2"),
+                                          ("gpt2", "tau=0.5,kappa=1,ssmax_scale=1.2,gamma=0.3")])
+def test_under_an_intervention_the_single_row_is_still_row_p(family, spec):
+    # patching.py's wrapper reads a single query as the last of its keys (a decoding step), which is row p
+    # here; its row-dependent terms (SSMax's ln n_i, the distance bias, the rotary re-rotation) must match.
+    from jaxroll.interventions import parse
+    from jaxroll.measure.patching import patch
+
+    model = tiny(family)
+    model.set_attn_implementation("sdpa")
+    ids = np.random.default_rng(5).integers(0, model.config.vocab_size, N)
+    for position in (-1, 4):
+        with patch(model, parse(spec)):
+            got = influence_gradients(model, ids, position=position)
+            expected = _saliency_every_row(model, ids, position)
+        assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(expected)
