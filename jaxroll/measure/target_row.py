@@ -61,9 +61,12 @@ def _row_wrapper(previous, attention, row: int, n: int):
 
 @contextlib.contextmanager
 def last_block_at_row(model, attention, position: int, n: int):
-    """While inside, `attention` (a module of `model`) computes only query row ``position % n`` (module docstring).
+    """While inside, `attention` (a module of `model`) computes only query row ``p = position % n`` (module docstring).
 
-    For a model on sdpa attention; on any other implementation, or without
+    Its sdpa call on q, k, v ``(B, H, n, d)`` becomes one on ``q[:, :, p]``
+    against ``k, v[:, :, :p + 1]`` (and the mask's row p), whose output
+    ``(B, 1, H, d)`` is padded with zero rows to ``(B, n, H, d)``: row p is
+    ``softmax(s q_p K_{<=p}^T + mask_p) V_{<=p}``, the others 0. For a model on sdpa attention; on any other implementation, or without
     transformers' attention interface, it does nothing. The interface entry
     is restored on exit, also after an error.
     """
