@@ -5,7 +5,9 @@ token ids, ``influence_j = ||d f / d e_j||_2`` with ``f = max_v
 softmax(logits_{N-1})_v`` (the top probability at the last position) and
 ``e_j`` the input embedding of token j. Computed by
 
-- jaxroll ``influence_gradients(model, ids)`` (`jaxroll.measure.passes`) and
+- jaxroll ``influence_gradients(model, ids)`` (`jaxroll.measure.passes`; the
+  output head and the last block's attention at the target row only,
+  `jaxroll.measure.target_row`) and
   ``measure(model, ids[None], stats=("influence",), batch_size=1)``, its
   ``influence_per_sequence[0]`` (the default: activation checkpointing);
 - captum: ``Saliency(forward).attribute(embeddings, abs=False)`` with
@@ -46,14 +48,20 @@ only what they import that is missing:
         typeguard==2.13.3 treescope==0.1.10 seaborn==0.13.2
     /work/peers-venv/bin/pip install spacy==3.8.18 wordfreq==3.1.1  # FlashTrace imports them
     /work/peers-venv/bin/python benchmarks/peers.py --n 512 4096 --rounds 15 5
-    /work/peers-venv/bin/python benchmarks/peers.py --n 32768 --rounds 2 --families llama \
+    /work/peers-venv/bin/python benchmarks/peers.py --n 512 4096 --rounds 15 5 --dtype float32 --flashtrace-max-n 0
+    /work/peers-venv/bin/python benchmarks/peers.py --n 32768 --rounds 1 --families llama \
         --only "captum Saliency + L2" "inseq saliency + L2"
+
+``--dtype float32`` (the dtype users run by default) builds the models in
+float32 for every method; the float64 mode rows are left out there (it does
+nothing to a float32 model).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import platform
 import resource
 import statistics
@@ -69,7 +77,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 VOCAB = 256
-COLUMNS = ("family", "N", "method", "seconds", "over_captum", "over_inseq", "rel_diff", "rel_diff_float64_mode",
+COLUMNS = ("family", "dtype", "N", "method", "seconds", "over_captum", "over_inseq", "rel_diff", "rel_diff_float64_mode",
            "rounds", "peak_rss_gib")
 
 
@@ -82,16 +90,17 @@ def tokenizer_for(vocab: int):
     return transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0")
 
 
-def tiny_model(family: str, max_n: int):
-    """A float64 causal LM from a config (sdpa attention): 2 layers, hidden 64, 4 heads."""
+def tiny_model(family: str, max_n: int, dtype: str = "float64", layers: int = 2):
+    """A causal LM from a config in `dtype` (sdpa attention): `layers` layers (2 by default), hidden 64, 4 heads."""
     torch.manual_seed(0)
     if family == "llama":
         config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
                                           max_position_embeddings=max_n)
     else:
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=max_n)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").double().eval()
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=max_n)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # weights large enough that attention is far from uniform
         for parameter in model.parameters():
             if parameter.ndim == 2:
@@ -231,7 +240,8 @@ def float64_mode_values(model, functions: dict, reference) -> dict:
     return out
 
 
-def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=True, only=None) -> list[dict]:
+def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=True, only=None,
+         dtype="float64") -> list[dict]:
     ids = np.random.default_rng(n).integers(1, VOCAB, n)  # id 0 ("w0") is the pad token, which inseq drops
     functions = methods(family, model, tokenizer, ids, flashtrace_max_n, float64_mode, only)
     seconds, values, failed = rounds_of(functions, rounds)
@@ -245,14 +255,14 @@ def case(family, n, rounds, flashtrace_max_n, model, tokenizer, float64_mode=Tru
     for name, value in values.items():
         other = name.startswith("FlashTrace")
         rows.append({
-            "family": family, "N": n, "method": name, "seconds": seconds[name],
+            "family": family, "dtype": dtype, "N": n, "method": name, "seconds": seconds[name],
             "over_captum": seconds[name] / captum if captum else "", "over_inseq": seconds[name] / inseq if inseq else "",
             "rel_diff": f"rank corr {spearman(value, reference):.3f}" if other else relative(value, reference),
             "rel_diff_float64_mode": exact.get(name, ""), "rounds": rounds,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         })
     for name, error in failed.items():
-        rows.append({"family": family, "N": n, "method": name, "seconds": "", "over_captum": "", "over_inseq": "",
+        rows.append({"family": family, "dtype": dtype, "N": n, "method": name, "seconds": "", "over_captum": "", "over_inseq": "",
                      "rel_diff": error, "rel_diff_float64_mode": "", "rounds": rounds, "peak_rss_gib": ""})
     return rows
 
@@ -278,23 +288,30 @@ def main(argv=None) -> None:
                         help="the peers' values again under jaxroll's float64 mode up to this N (one more call each)")
     parser.add_argument("--only", nargs="+", default=None, help="time only these methods (by name) and jaxroll's "
                         "influence_gradients, e.g. --only 'captum Saliency + L2' 'inseq saliency + L2'")
+    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                        help="the models' dtype, the same for every method (float32: no float64 mode rows)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the tiny models (influence_gradients "
+                        "computes the last one's attention at the target row only: 1/layers of the attention)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as CSV")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"# {versions()}; torch threads {args.threads}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# {versions()}; torch threads {args.threads}; {args.dtype}; {args.layers} layers; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {os.getloadavg()[0]:.1f}")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS), flush=True)
     rows = []
     for family in args.families:
-        model, tokenizer = tiny_model(family, max(args.n) + 1), tokenizer_for(VOCAB)
-        case(family, 64, 1, args.flashtrace_max_n, model, tokenizer)  # warm-up: first calls, lazy imports
+        model, tokenizer = tiny_model(family, max(args.n) + 1, args.dtype, args.layers), tokenizer_for(VOCAB)
+        wide = args.dtype == "float64"  # the float64 mode changes nothing in a float32 model
+        case(family, 64, 1, args.flashtrace_max_n, model, tokenizer, float64_mode=wide)  # warm-up: first calls
         for index, n in enumerate(args.n):
             rounds = args.rounds[min(index, len(args.rounds) - 1)]
             for row in case(family, n, rounds, args.flashtrace_max_n, model, tokenizer,
-                            float64_mode=n <= args.float64_mode_max_n, only=args.only):
+                            float64_mode=wide and n <= args.float64_mode_max_n, only=args.only, dtype=args.dtype):
                 rows.append(row)
                 print("| " + " | ".join(fmt(row[c]) for c in COLUMNS) + " |", flush=True)
+    print(f"# done {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {os.getloadavg()[0]:.1f}")
     if args.out is not None:
         with open(args.out, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=COLUMNS)

@@ -543,9 +543,13 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
 
     The unnormalised gradient norms ``(N,)`` (float64) that `measure`
     averages, for any target position (``-1``: the last). Positions after
-    `position` get exactly 0 under causal masking.
+    `position` get exactly 0 under causal masking. The last block's attention
+    is computed at row `position` only (`jaxroll.measure.target_row`: the
+    other rows of the last block never reach f).
     """
-    resolve(model, layer_map)
+    from .target_row import last_block_at_row
+
+    attentions = resolve(model, layer_map).attentions
     device = model.get_input_embeddings().weight.device
     ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long, device=device).reshape(1, -1)
     keywords = {"use_cache": False}
@@ -553,8 +557,9 @@ def influence_gradients(model, token_ids, *, position: int = -1, layer_map: Laye
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         # The output head on positions >= `position` only (the last N - p rows), not on all N.
         keywords["logits_to_keep"], row = ids.shape[1] - position % ids.shape[1], 0
-    # Only the embeddings need gradients: frozen weights keep no inputs for their own gradients.
-    with frozen_eval(model), full_precision(model):
+    # Only the embeddings need gradients: frozen weights keep no inputs for their own gradients. Only
+    # row `position` of the last block's attention reaches f: the others are not computed (target_row.py).
+    with frozen_eval(model), full_precision(model), last_block_at_row(model, attentions[-1], position, ids.shape[1]):
         embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
         logits = model(inputs_embeds=embeddings, **keywords).logits[0, row]
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
