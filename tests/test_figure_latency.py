@@ -5,9 +5,9 @@
   `matplotlib.artist.kwdoc` as they found it;
 - one BLAS thread gives the numbers that two give, bit for bit (the oracle:
   the same command on two threads);
-- matplotlib loaded without its property tables (`jaxroll.cli._figures`)
-  draws the same pixels as matplotlib loaded as usual (the oracle: a fresh
-  process with the ordinary import).
+- matplotlib loaded by `jaxroll.plot` without its property tables draws the
+  same pixels as matplotlib loaded as usual (the oracle: a fresh process
+  that imports matplotlib before jaxroll.plot).
 
 Speed itself is measured by benchmarks/latency.py, never asserted here.
 """
@@ -112,9 +112,8 @@ def test_one_blas_thread_gives_the_numbers_of_two(measured):
 
 _DRAW = """
 import sys
-if sys.argv[1] == "lean":
-    from jaxroll.cli._figures import load_matplotlib
-    load_matplotlib(True)
+if sys.argv[1] == "usual":  # matplotlib loaded before jaxroll.plot: its own docstrings, as usual
+    import matplotlib.backends.backend_agg, matplotlib.figure
 import numpy as np
 from jaxroll.plot import plot_effect, plot_prediction_against_measurement
 from matplotlib.lines import Line2D
@@ -141,16 +140,7 @@ def test_matplotlib_without_property_tables_draws_the_same_pixels(tmp_path):
                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
         assert process.returncode == 0, process.stderr
         tables[how] = process.stdout.strip()
-    assert tables == {"lean": "False", "usual": "True"}  # the lean import did leave the tables out
+    assert tables == {"lean": "False", "usual": "True"}  # jaxroll.plot's import did leave them out
     for name in ("effect.png", "score.png"):
         lean, usual = (np.asarray(Image.open(tmp_path / how / name)) for how in ("lean", "usual"))
         assert lean.shape == usual.shape and np.array_equal(lean, usual), name
-
-
-def test_a_callers_main_keeps_matplotlibs_docstrings():
-    """`load_matplotlib(False)` (a caller's ``main([...])``) imports nothing and changes nothing."""
-    code = ("import sys\nfrom jaxroll.cli._figures import load_matplotlib\nload_matplotlib(False)\n"
-            "print('matplotlib.figure' in sys.modules)")
-    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert process.returncode == 0 and process.stdout.strip() == "False"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from . import _common
-from ._figures import load_matplotlib
 
 
 def add_parser(commands) -> None:
@@ -92,7 +91,6 @@ def _score_rows(arguments, saved, outputs) -> dict:
     """Every measured row against ``--rows-config``'s rows (rows.json, rows.png written); the rows.json object."""
     from ..measure.row_scores import rows_lines, score_measured_rows
 
-    load_matplotlib(getattr(arguments, "command_line", False))  # for rows.png (_figures)
     record, scores, distance = score_measured_rows(
         saved, arguments.measured, f"--measured {arguments.measured}", arguments.rows_config, outputs,
         B=arguments.resamples, seed=arguments.seed, level=arguments.level, buffer=arguments.buffer,
@@ -113,7 +111,6 @@ def _score_profile(arguments, saved, figure):
     rows = saved.influence_rows(f"--measured {arguments.measured}", predicted.size, arguments.predicted)
     result = score(predicted, rows, B=arguments.resamples, seed=arguments.seed, level=arguments.level)
     if figure is not None:
-        load_matplotlib(getattr(arguments, "command_line", False))  # ~0.1 s lighter (_figures)
         from ..measure.uncertainty import profile_band
         from ..plot import plot_prediction_against_measurement
 
