@@ -234,11 +234,6 @@ arguments = _build_parser().parse_args(sys.argv[1:], namespace=argparse.Namespac
 mark("import jaxroll.cli (NumPy included), parse")
 import jaxroll.io, jaxroll.measure.effect, jaxroll.measure.outputs, jaxroll.measure.uncertainty
 mark("import the command's NumPy modules")
-try:
-    from jaxroll.cli._figures import load_matplotlib
-    load_matplotlib(True)
-except ImportError:  # a tree without it (before)
-    pass
 import jaxroll.plot as plot
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 mark("import matplotlib (jaxroll.plot)")
