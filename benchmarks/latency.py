@@ -223,10 +223,16 @@ def phases(arguments) -> None:
 _FIGURE_PHASES = r"""
 import sys, time
 started = time.time()
-marks, last = {"interpreter start": started - float(sys.argv[1])}, time.perf_counter()
+# phase -> [wall s, CPU s of this process]; the interpreter's start: since the parent's clock read, its CPU so far
+marks, last = {"interpreter start": [started - float(sys.argv[1]), time.process_time()]}, None
 def mark(name):
     global last
-    now = time.perf_counter(); marks[name] = marks.get(name, 0.0) + now - last; last = now
+    now = (time.perf_counter(), time.process_time())
+    if last is not None:
+        wall, cpu = marks.setdefault(name, [0.0, 0.0])
+        marks[name] = [wall + now[0] - last[0], cpu + now[1] - last[1]]
+    last = now
+mark("")
 sys.argv[1:] = sys.argv[2:]  # the command line as jaxroll's sees it (jaxroll.cli reads its command on import)
 import argparse
 from jaxroll.cli import _build_parser
@@ -280,16 +286,17 @@ def figure_phases(arguments) -> None:
                 if round_:
                     marks.append(json.loads(result.stderr.strip().splitlines()[-1]))
         load_after = _load()
-    print(f"phases of jaxroll effect and jaxroll score --out (N = 64, S = 16), s: medians of {arguments.rounds} "
-          f"interleaved rounds; load averages (1/5/15 min) {load_before} before, {load_after} after\n")
+    print(f"phases of jaxroll effect and jaxroll score --out (N = 64, S = 16): wall s / CPU s, medians of "
+          f"{arguments.rounds} interleaved rounds; load averages (1/5/15 min) {load_before} before, {load_after} "
+          "after\n")
     columns = list(runs)
     print("| phase | " + " | ".join(f"{command} [{tree}]" for command, tree in columns) + " |")
     print("| --- |" + " ---: |" * len(columns))
     names = list(dict.fromkeys(name for marks in runs.values() for name in marks[0]))
     for name in names + ["sum"]:
-        cells = [statistics.median(sum(m.values()) if name == "sum" else m.get(name, 0.0) for m in runs[column])
-                 for column in columns]
-        print(f"| {name} | " + " | ".join(f"{cell:.3f}" for cell in cells) + " |")
+        cells = [[statistics.median(sum(m[key][i] for key in m) if name == "sum" else m.get(name, [0.0, 0.0])[i]
+                                    for m in runs[column]) for i in (0, 1)] for column in columns]
+        print(f"| {name} | " + " | ".join(f"{wall:.3f} / {cpu:.3f}" for wall, cpu in cells) + " |")
 
 
 def _against(name: str) -> str | None:
