@@ -5,8 +5,9 @@
 multiply-adds). OpenBLAS, as NumPy's wheels bundle it, splits such a
 product over a thread per core; waking and joining them cost more than the
 product itself: 3.0 ms a product against 0.08 ms on one thread (2 cores,
-load average 2, 2026-12-06), and starting the pool adds about 40 ms to
-``import numpy``. The threads split the rows and columns of the result, not
+load average about 2, 2026-12-06), and starting the pool adds about 45 ms
+to ``import numpy`` (docs/performance.md, "effect and score with their
+figures"). The threads split the rows and columns of the result, not
 the sums, so every number is the same bit for bit (tests/
 test_figure_latency.py compares ``--json`` with two threads and with one).
 

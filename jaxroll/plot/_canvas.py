@@ -14,8 +14,9 @@ CPU time of importing matplotlib's figure and Agg canvas (0.33 s -> 0.22 s of
 CPU, 7 fresh processes each, load average 5, 2026-12-06, matplotlib
 3.11.2), paid by every one-off ``jaxroll effect`` or ``score``. Only the
 docstrings differ: where jaxroll.plot is imported before matplotlib's figure
-module, ``help(Line2D.set)`` in that process lists no properties; everything
-drawn is the same pixel for pixel (tests/test_figure_latency.py).
+module, ``help(Line2D.set)`` in that process lists no properties (nor do the
+lists matplotlib interpolates into other docstrings, such as ``Axes.plot``'s);
+everything drawn is the same pixel for pixel (tests/test_figure_latency.py).
 
 Influence profiles are drawn on linear axes, where the U-shape of the paper
 (primacy and recency, the lost middle) is visible; quantities that span many
