@@ -12,7 +12,10 @@ import sys
 from importlib.metadata import version
 
 from ..errors import ConfigError
-from . import _common
+from . import _common, _threads
+
+# Before the command modules below load NumPy: the NumPy-only commands run on one BLAS thread (see _threads).
+_threads.one_blas_thread(sys.argv[1:])
 from . import (cache, compare, compare_task, design, effect, fit, fit_kernel, forces, kinetic, measure, predict_rows,
                presets, rollout, score, series, sweep, task)
 
