@@ -322,6 +322,7 @@ def test_command_writes_the_table_the_json_and_the_figure(inputs, capsys, monkey
     assert record["changes"]["middle_mass"]["reference"] == "predicted baseline"
     assert record["headline"] == "predicted change = rollout(intervened) - rollout(baseline)"
     assert record["intervention"] == "tau=0.7" and record["predicted_baseline"] == str(reference)
+    assert record["predictor"] == "the rollout"
     (figure,) = figures
     linear, logarithmic, change = figure.axes
     assert (linear.get_yscale(), logarithmic.get_yscale(), change.get_yscale()) == ("linear", "log", "linear")

@@ -251,6 +251,7 @@ def test_command_end_to_end_into_effect(measured, tmp_path, capsys):
     result = json.loads(stdout)
     middle = result["changes"]["middle_mass"]
     assert middle["predicted"] == pytest.approx(middle_mass(profile) - middle_mass(baseline), abs=1e-12)
+    assert result["predictor"] == "the per-sequence rows"  # rows.json beside the profile names the predictor
 
 
 def _bad(measured, tmp_path):

@@ -90,10 +90,14 @@ def _run_effect(arguments) -> None:
     except ValueError as error:
         raise ConfigError(f"effect: {error}") from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
+    # jaxroll predict-rows writes rows.json beside its profile.csv: name that predictor in legends and effect.json.
+    predictor = ("the per-sequence rows" if (arguments.predicted.parent / "rows.json").is_file() else "the rollout")
     record = {"baseline": str(folders[0]), "intervened": str(folders[1]), "predicted": str(arguments.predicted),
-              "predicted_baseline": reference_name, "intervention": intervention} | result.as_dict()
+              "predicted_baseline": reference_name, "predictor": predictor, "intervention": intervention
+              } | result.as_dict()
     write_effect(out, result, record, baseline_rows, intervened_rows, predicted, predicted_baseline=reference,
-                 intervention=intervention, model=str(baseline_saved.metadata.get("model") or ""))
+                 intervention=intervention, model=str(baseline_saved.metadata.get("model") or ""),
+                 predictor=predictor)
     if arguments.json:
         _common.print_json(record)
     else:

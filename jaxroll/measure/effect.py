@@ -536,7 +536,8 @@ def effect(baseline_per_sequence, intervened_per_sequence, predicted, *, predict
 
 
 def write_effect(directory, result: Effect, record: dict, baseline_per_sequence, intervened_per_sequence, predicted,
-                 *, predicted_baseline=None, intervention: str = "", model: str = "") -> list:
+                 *, predicted_baseline=None, intervention: str = "", model: str = "",
+                 predictor: str = "the rollout") -> list:
     """``effect.json`` (`record`: the inputs' names and ``result.as_dict()``) and ``effect.png`` into `directory`.
 
     The figure (`jaxroll.plot.plot_effect`) draws the measured means
@@ -546,7 +547,7 @@ def write_effect(directory, result: Effect, record: dict, baseline_per_sequence,
     log y axes, and the changes: ``m_I - m_B`` over the pointwise band of its
     resamples (drawn as `effect` draws them: shared when paired) and the
     headline ``p_I - p_B``. Legends and title name the `intervention`
-    (``tau=0.7``) and the `model`; the title gives the measured effect, the
+    (``tau=0.7``), the `model` and the `predictor`; the title gives the measured effect, the
     prediction's score and the middle mass's changes. Returns the two paths.
     """
     import json
@@ -566,7 +567,7 @@ def write_effect(directory, result: Effect, record: dict, baseline_per_sequence,
     figure = plot_effect(directory / "effect.png", baseline, intervened, predicted, bands=bands,
                          change_band=change_band, predicted_baseline=predicted_baseline, name=intervention,
                          sequences=(result.sequences_baseline, result.sequences_intervened), level=result.level,
-                         title=_title(result, intervention, model))
+                         title=_title(result, intervention, model), predictor=predictor)
     return [directory / "effect.json", figure]
 
 

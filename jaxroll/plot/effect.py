@@ -10,19 +10,20 @@ from .measured import _log_panel
 BASELINE_COLOR, INTERVENED_COLOR, PREDICTED_COLOR, PREDICTED_BASELINE_COLOR = "C0", "C3", "k", "0.45"
 
 
-def effect_labels(name: str = "", sequences=(None, None)) -> tuple:
+def effect_labels(name: str = "", sequences=(None, None), predictor: str = "the rollout") -> tuple:
     """The legend entries, by the intervention's `name` (``tau=0.7``; "" for an unnamed one): the measured
     baseline and intervened profiles (with their numbers of sequences), the predicted intervened and baseline
-    profiles, the measured change and the predicted change."""
+    profiles (by `predictor`), the measured change and the predicted change."""
     name = name or "intervened"
     counts = [f" (mean of {count} sequences)" if count else "" for count in sequences]
     return (f"baseline, measured{counts[0]}", f"{name}, measured{counts[1]}",
-            f"{name}, predicted by the rollout", "baseline, predicted by the rollout",
+            f"{name}, predicted by {predictor}", f"baseline, predicted by {predictor}",
             f"measured change: {name} - baseline", f"predicted change: rollout({name}) - rollout(baseline)")
 
 
 def effect_figure(baseline, intervened, predicted, *, predicted_baseline=None, bands=(None, None),
-                  change_band=None, name: str = "", sequences=(None, None), level: float = 0.95, title: str = ""):
+                  change_band=None, name: str = "", sequences=(None, None), level: float = 0.95, title: str = "",
+                  predictor: str = "the rollout"):
     """Three panels: the measured baseline (blue) and intervened (red) profiles over their pointwise bands with
     the rollout's predicted intervened (black, dashed) and baseline (grey, dotted) profiles, on linear and on
     log y axes; and the changes, measured ``m_I - m_B`` (over `change_band`) and predicted ``p_I - p_B``.
@@ -31,13 +32,15 @@ def effect_figure(baseline, intervened, predicted, *, predicted_baseline=None, b
     (`jaxroll.measure.uncertainty.profile_band`); `change_band` the same for
     ``m_I - m_B``. `name`: the intervention (``tau=0.7``), which names the
     legends (`effect_labels`, with the numbers of `sequences`). Without
-    `predicted_baseline` the third panel has no predicted change. The title
+    `predicted_baseline` the third panel has no predicted change. `predictor`
+    names where the predicted profiles come from (``"the per-sequence rows"``
+    for `jaxroll predict-rows`). The title
     (the figure's) may run to several lines. The edges and middle are shaded
     as `jaxroll.metrics` defines them (the middle mass is one of the changes
     reported).
     """
     baseline, intervened, predicted = (np.asarray(p, dtype=np.float64) for p in (baseline, intervened, predicted))
-    names = effect_labels(name, sequences)
+    names = effect_labels(name, sequences, predictor)
     lines = title.count("\n") + 1
     figure, panels = _figure(19, 5.0 + 0.17 * lines, 3, top=0.55 + 0.17 * lines)
     linear, logarithmic, change = panels[0]
