@@ -62,7 +62,8 @@ from jaxroll.measure.effect import middle_mass  # noqa: E402
 from jaxroll.measure.paths import layer_paths  # noqa: E402
 
 CHANGES = {"beta=0.95": ("tau", 1 / 0.95), "beta=1.05": ("tau", 1 / 1.05), "tau=0.7": ("tau", 0.7),
-           "tau=1.5": ("tau", 1.5), "ssmax_scale=0.3": ("ssmax", 0.3)}
+           "tau=1.5": ("tau", 1.5), "ssmax_scale=0.3": ("ssmax", 0.3),
+           "ssmax_scale=0.5": ("ssmax", 0.5)}
 
 
 def baseline(model_dir: Path, texts: Path, out: Path, samples: int, length: int, spec: str | None = None) -> dict:
@@ -188,7 +189,7 @@ def candidates(alpha, lambdas, rho, measured_rows, kind=None, value=None) -> dic
     closed, closed0 = closed_form(rows), closed_form(alpha)
     closed[:, 0, 0] = closed0[:, 0, 0] = 1.0  # row 0 sees one key: its path is 0, its shape that key
     out = {}
-    for name in ("today", "A-shaped", "closed shape", "closed shape+size", "measured shape"):
+    for name in ("today", "A-shaped", "closed shape", "closed shape+size", "closed ratio", "measured shape"):
         layers = []
         for t, lam in enumerate(lambdas):
             prob_weight = rho[t] * sigma[:, None]
@@ -198,12 +199,39 @@ def candidates(alpha, lambdas, rho, measured_rows, kind=None, value=None) -> dic
                 branch = (1.0 - rho[t] + prob_weight) * mean[t]
             elif name == "closed shape":
                 branch = (1.0 - rho[t]) * mean[t] + prob_weight * closed[t] / closed[t].sum(-1, keepdims=True)
+            elif name == "closed ratio":  # A's shape moved by C'/C: today's layer at the measured setting
+                moved = mean0[t] * closed[t] / np.where(closed0[t] > 0, closed0[t], 1.0)
+                branch = (1.0 - rho[t]) * mean[t] + prob_weight * moved / moved.sum(-1, keepdims=True)
             elif name == "closed shape+size":
                 size = np.where(closed0[t].sum(-1) > 0, closed0[t].sum(-1), 1.0)
                 branch = (1.0 - rho[t]) * mean[t] + prob_weight * closed[t] / size[:, None]
             else:
                 ratio = np.where(closed0[t] > 0, closed[t] / np.where(closed0[t] > 0, closed0[t], 1.0), 1.0)
                 branch = (1.0 - rho[t]) * mean[t] + prob_weight * offset_shape(measured_rows[t]) * ratio
+            layers.append(layer_of(lam, branch))
+        out[name] = roll(lambdas, np.stack(layers))
+    return out | mean_candidates(alpha.mean(axis=(1, 2)), lambdas, rho, kind, value)
+
+
+def mean_candidates(mean0, lambdas, rho, kind=None, value=None) -> dict:
+    """The engine's route on a dense measured kernel: the change acts on the mean kernel ``mean_{s,h} alpha``
+    (tempering the mean), and the closed form is taken of the (changed) mean kernel as one head."""
+    n = mean0.shape[-1]
+    mean = mean0 if kind is None else changed(mean0[:, None, None], kind, value)[:, 0, 0]
+    sigma = np.ones(n) if kind is None else gains(kind, value, n)
+    closed = closed_form(mean[:, None, None])
+    closed[:, 0, 0] = 1.0
+    out = {}
+    for name in ("mean: today", "mean: A-shaped", "mean: closed shape"):
+        layers = []
+        for t, lam in enumerate(lambdas):
+            prob_weight = rho[t] * sigma[:, None]
+            if name == "mean: today":
+                branch = mean[t]
+            elif name == "mean: A-shaped":
+                branch = (1.0 - rho[t] + prob_weight) * mean[t]
+            else:
+                branch = (1.0 - rho[t]) * mean[t] + prob_weight * closed[t] / closed[t].sum(-1, keepdims=True)
             layers.append(layer_of(lam, branch))
         out[name] = roll(lambdas, np.stack(layers))
     return out
@@ -223,8 +251,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--candidates-only", action="store_true",
+                        help="recompute the candidates' columns of an earlier run's results.json (its measured kept)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.candidates_only:
+        return refresh(args)
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     base = baseline(args.model, args.texts, args.out, args.samples, args.length)
@@ -249,6 +281,7 @@ def main(argv=None) -> int:
         shapes.append(entry)
     print(f"# shapes done {time.time() - start:.0f} s", flush=True)
     measured_shape = prob / prob.sum(-1, keepdims=True)
+    np.savez(args.out / "shape.npz", probability=measured_shape, value=value, A=alpha.mean(axis=(1, 2))[:, -1])
     rows0 = influence_profile(model, ids, [])
     profile0 = rows0.sum(0) / rows0.sum()
     predicted0 = candidates(alpha, base["lambdas"], rho, measured_shape)
@@ -288,6 +321,33 @@ def main(argv=None) -> int:
                       "wall_s": result["wall_s"]}, indent=1))
     for t, entry in enumerate(shapes):
         print(t, json.dumps(entry))
+    return 0
+
+
+def refresh(args) -> int:
+    """The candidates of an earlier run recomputed from its rho, lambdas and token ids (a forward pass)."""
+    result = json.loads((args.out / "results.json").read_text())
+    base = baseline(args.model, args.texts, args.out, args.samples, args.length)
+    alpha = attention_rows(pipeline.load_float64(args.model), torch.as_tensor(base["token_ids"], dtype=torch.long))
+    rho, lambdas = np.asarray(result["rho"]), base["lambdas"]
+    keep = set()
+    if (args.out / "shape.npz").is_file():
+        with np.load(args.out / "shape.npz") as archive:
+            measured_shape = archive["probability"]
+    else:  # a run before shape.npz: its measured-shape column kept as it was
+        measured_shape, keep = alpha.mean(axis=(1, 2))[:, -1], {"measured shape"}
+    predicted0 = {k: v for k, v in candidates(alpha, lambdas, rho, measured_shape).items() if k not in keep}
+    for spec, (kind, value) in CHANGES.items():
+        if spec not in result["changes"]:
+            continue
+        predicted = candidates(alpha, lambdas, rho, measured_shape, kind, value)
+        result["changes"][spec] |= {name: float(middle_mass(p) - middle_mass(predicted0[name]))
+                                    for name, p in predicted.items() if name not in keep}
+        print(spec, json.dumps(result["changes"][spec]), flush=True)
+    up, down = result["changes"]["beta=1.05"], result["changes"]["beta=0.95"]
+    result["d_middle_d_beta"] |= {name: (up[name] - down[name]) / 0.1 for name in predicted0}
+    result["baseline_middle"] |= {name: float(middle_mass(p)) for name, p in predicted0.items()}
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
