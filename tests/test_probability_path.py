@@ -499,4 +499,4 @@ def test_path_shape_refusals():
     with pytest.raises(ConfigError, match="probability_shares"):
         with_path_shape(base, shape, 1.0)
     with pytest.raises(ConfigError, match="logit_gains"):
-        with_path_shape(base, shape, SHARES, 0.0)
+        with_path_shape(base, shape, SHARES, -0.5)

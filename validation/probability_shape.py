@@ -55,7 +55,10 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
 
+import jaxroll  # noqa: E402
 from jaxroll import interventions  # noqa: E402
+from jaxroll.engine.probability import moved_shape, with_path_shape  # noqa: E402
+from jaxroll.model import RolloutModel  # noqa: E402
 from jaxroll.cli import main as cli  # noqa: E402
 from jaxroll.measure import patching  # noqa: E402
 from jaxroll.measure.effect import middle_mass  # noqa: E402
@@ -210,7 +213,16 @@ def candidates(alpha, lambdas, rho, measured_rows, kind=None, value=None) -> dic
                 branch = (1.0 - rho[t]) * mean[t] + prob_weight * offset_shape(measured_rows[t]) * ratio
             layers.append(layer_of(lam, branch))
         out[name] = roll(lambdas, np.stack(layers))
+    out["closed ratio (engine)"] = engine_profile(mean0, mean, closed0, closed, lambdas, rho, sigma)
     return out | mean_candidates(alpha.mean(axis=(1, 2)), lambdas, rho, kind, value)
+
+
+def engine_profile(mean0, mean, closed0, closed, lambdas, rho, sigma) -> np.ndarray:
+    """The "closed ratio" candidate through the engine: `with_path_shape` of `moved_shape`, `jaxroll.influence`."""
+    shape = moved_shape(mean0, closed0, closed)
+    kernel = with_path_shape(mean, shape, rho, np.broadcast_to(sigma, (len(lambdas), len(sigma))))
+    model = RolloutModel.create(kernel=kernel, lambdas=np.clip(lambdas, 0.0, 1.0), sequence_length=mean.shape[-1])
+    return np.asarray(jaxroll.influence(model), dtype=np.float64)
 
 
 def mean_candidates(mean0, lambdas, rho, kind=None, value=None) -> dict:
@@ -246,14 +258,18 @@ def shape_stats(row: np.ndarray) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--texts", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--texts", type=Path)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--table", type=Path, nargs="*", help="print the Markdown table of these runs and stop")
     parser.add_argument("--candidates-only", action="store_true",
                         help="recompute the candidates' columns of an earlier run's results.json (its measured kept)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown(args.table))
+        return 0
     torch.set_num_threads(1)
     if args.candidates_only:
         return refresh(args)
@@ -322,6 +338,35 @@ def main(argv=None) -> int:
     for t, entry in enumerate(shapes):
         print(t, json.dumps(entry))
     return 0
+
+
+COLUMNS = ("today", "A-shaped", "closed shape", "closed ratio", "measured shape", "mean: today", "mean: A-shaped",
+           "mean: closed shape", "today, patched rows", "today, patched rows and lambdas")
+
+
+def markdown(runs: list[Path]) -> str:
+    """One row per model and change: the measured middle-mass change [95 %] and each candidate's prediction,
+    a sign mark where the measured interval excludes 0."""
+    head = "| model | change | measured [95 %] | " + " | ".join(COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(COLUMNS))]
+    for run in runs:
+        result = json.loads((run / "results.json").read_text())
+        name = f"{Path(result['model']).parent.name} {Path(result['model']).name.split('-')[0]} (S = {result['samples']})"
+        for spec, row in result["changes"].items():
+            low, high = row["interval"][1:]
+            significant = low > 0 or high < 0
+            cells = []
+            for column in COLUMNS:
+                value = row.get(column)
+                mark = "" if value is None or not significant else (" ok" if np.sign(value) == np.sign(row["measured"]) else " WRONG")
+                cells.append("-" if value is None else f"{value:+.4f}{mark}")
+            lines.append(f"| {name} | `{spec}` | {row['measured']:+.4f} [{low:+.4f}, {high:+.4f}] | " + " | ".join(cells) + " |")
+        derivative = result["d_middle_d_beta"]
+        low, high = derivative["measured interval"][1:]
+        cells = [f"{derivative[c]:+.3f}" if c in derivative else "-" for c in COLUMNS]
+        lines.append(f"| {name} | d middle / d beta at 1 | {derivative['measured']:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def refresh(args) -> int:

@@ -349,7 +349,7 @@ def with_path_shape(attention, shape, shares, gains=1.0, causal: bool = True) ->
     a `FormedPathKernel` (``gained = sigma Phat``), rolled out with the model's lambdas. `attention` K
     ``(T, n, n)`` row-stochastic (the changed rows, averaged), `shape` ``(T, n, n)`` >= 0 (e.g. `moved_shape`),
     `shares` rho ``(T,)`` or a number in [0, 1), `gains` sigma a number, ``(T,)`` or ``(T, n)`` (per row,
-    SSMax's ``s ln n_i``) > 0. With ``shape = K`` and ``sigma = 1`` (or ``rho = 0``) it is today's layer
+    SSMax's ``s ln n_i``) >= 0. With ``shape = K`` and ``sigma = 1`` (or ``rho = 0``) it is today's layer
     ``(1 - lambda) I + lambda K``. Concrete inputs are checked; traced ones (grad, vmap) pass.
 
     Raises:
@@ -368,8 +368,8 @@ def with_path_shape(attention, shape, shares, gains=1.0, causal: bool = True) ->
         check_range("probability_shares", np.asarray(shares), 0.0, 1.0)
         if np.any(np.asarray(shares) == 1.0):
             raise ConfigError.of("probability_shares", np.asarray(shares).tolist(), "each in [0, 1)")
-    if is_concrete(gains):
-        check_range("logit_gains", np.asarray(gains), 0.0, None, low_open=True)
+    if is_concrete(gains):  # >= 0: SSMax's s ln n_i is 0 at row 0, which sees one key
+        check_range("logit_gains", np.asarray(gains), 0.0, None)
     total = jnp.sum(shape, axis=-1, keepdims=True)
     normalised = jnp.where(total > 0, shape / jnp.where(total > 0, total, 1.0), attention)
     return FormedPathKernel(attention, gains[:, :, None] * normalised, shares, causal)
