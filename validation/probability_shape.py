@@ -28,13 +28,22 @@ For one model (float64, eager attention), S held-out sequences of N tokens, the 
      ``B_i = (1 - rho + rho sigma_i) K'_i``, ``R_i = ((1 - lambda) e_i + lambda B_i) / (1 - lambda + lambda W_i)``;
    - ``closed shape``: ``B_i = (1 - rho) K'_i + rho sigma_i C'_i / |C'_i|`` (the path's shape, its size as today's);
    - ``closed shape+size``: ``B_i = (1 - rho) K'_i + rho sigma_i C'_i / |C_i|`` (its size moving with the rows' spread);
+   - ``closed ratio``: ``B_i = (1 - rho) K'_i + rho sigma_i P_i / |P_i|``, ``P = K * C' / C`` (A's shape moved
+     by the closed form's change: today's layer exactly at no change); ``closed ratio (engine)`` the same through
+     `jaxroll.engine.probability.with_path_shape` of `moved_shape` and `jaxroll.influence` (a check);
    - ``measured shape``: row i's path shape the measured target row's by offset
      (``P_t(i - j)``), moved by ``C'/C`` under the change, sized as closed shape+size;
+   - ``mean: ...``: today's, the A-shaped and the closed-shape layers with the change applied to the mean kernel
+     ``mean_{s,h} alpha`` (the engine's route for a measured dense kernel) and the closed form of that mean;
+   - ``today, patched rows (and lambdas)``: today's layer on the patched model's own mean rows (and its own
+     lambdas, ``jaxroll measure --intervene X --stats lambda``): whether later layers' changed q, k explain a miss.
 
    ``W_i = sum_j B_i(j)``. Predicted middle-mass change = the candidate's
    profile under the change minus its own unchanged profile.
 
-Writes ``results.json`` and ``table.md`` into ``--out``; prints the tables.
+Writes ``results.json`` (and ``shape.npz``, ``influence_rows.npz``) into ``--out``. ``--candidates-only``
+recomputes the candidates of an earlier run (its measured columns kept); ``--table RUN...`` prints the Markdown
+table of runs (a sign mark where the measured 95 % interval excludes 0).
 """
 
 from __future__ import annotations
@@ -249,6 +258,24 @@ def mean_candidates(mean0, lambdas, rho, kind=None, value=None) -> dict:
     return out
 
 
+def shape_table(alpha, prob, value, rho) -> list[dict]:
+    """Per layer, at the target row: A's, the probability and value paths' and the closed form's row shapes
+    (`shape_stats`) and their total variation distances."""
+    closed = closed_form(alpha)[:, -1]
+    shapes = []
+    for t in range(len(prob)):
+        a_row = alpha[t].mean(axis=(0, 1))[-1]
+        rows = {"A": a_row, "probability": prob[t] / prob[t].sum(), "value": value[t] / value[t].sum(),
+                "closed": closed[t] / closed[t].sum()}
+        entry = {name: shape_stats(row) for name, row in rows.items()}
+        entry["tv(prob, A)"] = float(0.5 * np.abs(rows["probability"] - a_row).sum())
+        entry["tv(prob, closed)"] = float(0.5 * np.abs(rows["probability"] - rows["closed"]).sum())
+        entry["tv(value, A)"] = float(0.5 * np.abs(rows["value"] - a_row).sum())
+        entry["rho"] = float(rho[t])
+        shapes.append(entry)
+    return shapes
+
+
 def shape_stats(row: np.ndarray) -> dict:
     """Middle mass, key 0's mass and the last 10 %'s, of a row over its sum."""
     row = row / row.sum()
@@ -283,18 +310,7 @@ def main(argv=None) -> int:
     prob, value = paths.probability[:, 0], paths.value[:, 0]  # (L, N) at the last query
     rho = prob.sum(-1) / value.sum(-1)
     rho = rho / (1.0 + rho)
-    closed = closed_form(alpha)[:, -1]
-    shapes = []
-    for t in range(len(prob)):
-        a_row = alpha[t].mean(axis=(0, 1))[-1]
-        rows = {"A": a_row, "probability": prob[t] / prob[t].sum(), "value": value[t] / value[t].sum(),
-                "closed": closed[t] / closed[t].sum()}
-        entry = {name: shape_stats(row) for name, row in rows.items()}
-        entry["tv(prob, A)"] = float(0.5 * np.abs(rows["probability"] - a_row).sum())
-        entry["tv(prob, closed)"] = float(0.5 * np.abs(rows["probability"] - rows["closed"]).sum())
-        entry["tv(value, A)"] = float(0.5 * np.abs(rows["value"] - a_row).sum())
-        entry["rho"] = float(rho[t])
-        shapes.append(entry)
+    shapes = shape_table(alpha, prob, value, rho)
     print(f"# shapes done {time.time() - start:.0f} s", flush=True)
     measured_shape = prob / prob.sum(-1, keepdims=True)
     np.savez(args.out / "shape.npz", probability=measured_shape, value=value, A=alpha.mean(axis=(1, 2))[:, -1])
