@@ -413,7 +413,8 @@ def oracle_shaped_profile(attention, shape, lambdas, shares, gains):
     for t in reversed(range(len(lambdas))):
         hat = shape[t] / shape[t].sum(axis=-1, keepdims=True)
         branch = (1 - shares[t]) * attention[t] + shares[t] * gains[t][:, None] * hat
-        layer = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * branch) / (1 - lambdas[t] + lambdas[t] * branch.sum(-1))[:, None]
+        total = 1 - lambdas[t] + lambdas[t] * branch.sum(-1)
+        layer = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * branch) / total[:, None]
         row = row @ layer
     return row / row.sum()
 

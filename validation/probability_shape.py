@@ -367,16 +367,19 @@ def markdown(runs: list[Path]) -> str:
     lines = [head, "|" + "---|" * (3 + len(COLUMNS))]
     for run in runs:
         result = json.loads((run / "results.json").read_text())
-        name = f"{Path(result['model']).parent.name} {Path(result['model']).name.split('-')[0]} (S = {result['samples']})"
+        model = Path(result["model"])
+        name = f"{model.parent.name} {model.name.split('-')[0]} (S = {result['samples']})"
         for spec, row in result["changes"].items():
             low, high = row["interval"][1:]
             significant = low > 0 or high < 0
             cells = []
             for column in COLUMNS:
                 value = row.get(column)
-                mark = "" if value is None or not significant else (" ok" if np.sign(value) == np.sign(row["measured"]) else " WRONG")
+                right = value is not None and np.sign(value) == np.sign(row["measured"])
+                mark = "" if value is None or not significant else (" ok" if right else " WRONG")
                 cells.append("-" if value is None else f"{value:+.4f}{mark}")
-            lines.append(f"| {name} | `{spec}` | {row['measured']:+.4f} [{low:+.4f}, {high:+.4f}] | " + " | ".join(cells) + " |")
+            measured = f"{row['measured']:+.4f} [{low:+.4f}, {high:+.4f}]"
+            lines.append(f"| {name} | `{spec}` | {measured} | " + " | ".join(cells) + " |")
         derivative = result["d_middle_d_beta"]
         low, high = derivative["measured interval"][1:]
         cells = [f"{derivative[c]:+.3f}" if c in derivative else "-" for c in COLUMNS]

@@ -357,7 +357,8 @@ def with_path_shape(attention, shape, shares, gains=1.0, causal: bool = True) ->
     """
     attention, shape = jnp.asarray(attention), jnp.asarray(shape)
     if attention.ndim != 3 or shape.shape != attention.shape:
-        raise ConfigError.of("path_shape", tuple(shape.shape), f"an array of the attention's shape {tuple(attention.shape)}")
+        raise ConfigError.of("path_shape", tuple(shape.shape),
+                             f"an array of the attention's shape {tuple(attention.shape)}")
     layers, n = attention.shape[0], attention.shape[-1]
     shares = per_layer("probability_shares", shares, layers)
     gains = jnp.broadcast_to(jnp.asarray(gains, dtype=attention.dtype).reshape((-1, 1) if jnp.ndim(gains) == 1
