@@ -37,6 +37,12 @@ operations are the type's (returning the same subclass, ``temper`` dividing
 weights ``w_h W_h`` and ``lambda_i`` one per layer: each layer takes the type's
 own fast product. SSMax's row-dependent gains form the layers densely
 (`FormedPathKernel`, O(T N^2)).
+
+The path's own row shape (docs/design.md, "The path's own row shape"): `path_weights` gives the path's weight
+per key for orthogonal equal-norm values, ``C_ij = A_ij sqrt(1 - 2 A_ij + sum_k A_ik^2)`` (per head and
+sequence); `moved_shape` moves the measured kernel's rows by a change of those weights, ``P = K C' / C``; and
+`with_path_shape(K', P, rho, sigma)` forms ``B = (1 - rho) K' + rho sigma P / |P|`` as a `FormedPathKernel`,
+today's layer exactly at no change. It needs the per-sequence rows before and after a change.
 """
 
 from __future__ import annotations
