@@ -390,3 +390,114 @@ def test_temperature_sign_where_the_probability_path_dominates():
     assert ratio > 3.0 and measured < -0.05
     assert extended < 0.0 and abs(extended - measured) < abs(today - measured)
     assert today > 0.0  # today's rollout predicts the opposite sign on this model (the issue's finding)
+
+
+# The path's own row shape (with_path_shape, path_weights, moved_shape) ----------------------------------
+
+def oracle_weights(rows):
+    """``A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` by loops, float64."""
+    out = np.zeros_like(rows)
+    for index in np.ndindex(rows.shape[:-1]):
+        row = rows[index]
+        for j in range(len(row)):
+            others = sum(row[k] ** 2 for k in range(len(row)) if k != j)
+            out[index + (j,)] = row[j] * math.sqrt((1 - row[j]) ** 2 + others)
+    return out
+
+
+def oracle_shaped_profile(attention, shape, lambdas, shares, gains):
+    """The profile of layers ``B = (1 - rho) K + rho sigma_i shape_i / |shape_i|``, by hand."""
+    n = attention.shape[-1]
+    row = np.zeros(n)
+    row[-1] = 1.0
+    for t in reversed(range(len(lambdas))):
+        hat = shape[t] / shape[t].sum(axis=-1, keepdims=True)
+        branch = (1 - shares[t]) * attention[t] + shares[t] * gains[t][:, None] * hat
+        total = 1 - lambdas[t] + lambdas[t] * branch.sum(-1)
+        layer = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * branch) / total[:, None]
+        row = row @ layer
+    return row / row.sum()
+
+
+def shaped_case():
+    """Per-sequence rows (S = 3, H = 2) at two temperatures: the mean kernels, the moved shape, the row gains."""
+    logits = np.where(causal(N), RNG.normal(size=(T, 3, 2, N, N)) * 1.5, -np.inf)
+    rows, cooled = softmax_rows(logits), softmax_rows(logits / 0.7)
+    weights, changed = oracle_weights(rows).mean(axis=(1, 2)), oracle_weights(cooled).mean(axis=(1, 2))
+    base = rows.mean(axis=(1, 2))
+    shape = base * np.where(weights > 0, changed / np.where(weights > 0, weights, 1.0), 1.0)
+    gains = np.tile(np.linspace(0.6, 1.6, N), (T, 1))
+    return rows, cooled, base, cooled.mean(axis=(1, 2)), shape, gains
+
+
+def shaped_profile(attention, shape, shares, gains):
+    from jaxroll.engine.probability import with_path_shape
+
+    kernel = with_path_shape(attention, shape, shares, gains)
+    return jaxroll.influence(RolloutModel.create(kernel=kernel, lambdas=LAMBDAS, sequence_length=N))
+
+
+def test_path_weights_and_moved_shape_match_oracle():
+    from jaxroll.engine.probability import moved_shape, path_weights
+
+    rows, cooled, base, _, shape, _ = shaped_case()
+    np.testing.assert_allclose(path_weights(rows), oracle_weights(rows), rtol=0, atol=1e-12)
+    moved = moved_shape(base, jnp.mean(path_weights(rows), axis=(1, 2)), jnp.mean(path_weights(cooled), axis=(1, 2)))
+    np.testing.assert_allclose(moved, shape, rtol=0, atol=1e-12)
+    # one key (row 0) or a one-hot row: no spread, weight 0; a uniform row of n: (1/n) sqrt(1 - 1/n)
+    np.testing.assert_allclose(path_weights(np.eye(3)), np.zeros((3, 3)), rtol=0, atol=0)
+    np.testing.assert_allclose(path_weights(np.full((1, 4), 0.25)), np.full((1, 4), 0.25 * math.sqrt(0.75)),
+                               rtol=0, atol=1e-15)
+
+
+def test_path_shape_rollout_matches_oracle_and_neutral_is_today():
+    _, _, base, cooled, shape, gains = shaped_case()
+    got = shaped_profile(cooled, shape, SHARES, gains)
+    np.testing.assert_allclose(got, oracle_shaped_profile(cooled, shape, LAMBDAS, SHARES, gains), rtol=0, atol=1e-12)
+    today = jaxroll.influence(RolloutModel.create(kernel=DenseKernel.create(base), lambdas=LAMBDAS, sequence_length=N))
+    # neutral: the shape is the kernel's own rows (no change moved the weights) and the gains 1; or shares 0
+    np.testing.assert_allclose(shaped_profile(base, base, SHARES, 1.0), today, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(shaped_profile(base, shape, 0.0, gains), today, rtol=0, atol=1e-12)
+
+
+def test_path_shape_gradients_against_central_differences_and_vmap():
+    _, _, _, cooled, shape, gains = shaped_case()
+    other = oracle_weights(softmax_rows(np.where(causal(N), RNG.normal(size=(T, N, N)), -np.inf)))
+
+    def oracle(mix, shares):  # the shape moved toward another by mix, as the engine gets it
+        return oracle_middle_of(oracle_shaped_profile(cooled, (1 - mix) * shape + mix * other, LAMBDAS, shares,
+                                                      gains))
+
+    @jax.jit
+    def statistic(mix, shares):
+        return middle_mass(shaped_profile(cooled, (1 - mix) * shape + mix * other, shares, gains))
+
+    grads = jax.grad(statistic, argnums=(0, 1))(0.3, jnp.asarray(SHARES))
+    h = 1e-6
+    assert abs(grads[0] - (oracle(0.3 + h, SHARES) - oracle(0.3 - h, SHARES)) / (2 * h)) < 1e-8
+    for t in range(T):
+        step = np.eye(T)[t] * h
+        assert abs(grads[1][t] - (oracle(0.3, SHARES + step) - oracle(0.3, SHARES - step)) / (2 * h)) < 1e-8
+    shares = np.stack([SHARES * s for s in (0.0, 0.5, 1.2)])
+    batched = jax.vmap(lambda rho: shaped_profile(cooled, shape, rho, gains))(jnp.asarray(shares))
+    for row, rho in zip(batched, shares):
+        np.testing.assert_allclose(row, oracle_shaped_profile(cooled, shape, LAMBDAS, rho, gains), rtol=0, atol=1e-12)
+
+
+def oracle_middle_of(profile):
+    k = max(1, round(0.1 * len(profile)))
+    return profile[k: len(profile) - k].sum()
+
+
+def test_path_shape_refusals():
+    from jaxroll.engine.probability import with_path_shape
+
+    _, _, base, _, shape, _ = shaped_case()
+    with pytest.raises(ConfigError, match="path_shape"):
+        with_path_shape(base, shape[:, :4, :4], SHARES)
+    with pytest.raises(ConfigError, match="path_shape"):
+        with_path_shape(base, -shape, SHARES)
+    with pytest.raises(ConfigError, match="probability_shares"):
+        with_path_shape(base, shape, 1.0)
+    with pytest.raises(ConfigError, match="logit_gains"):
+        with_path_shape(base, shape, SHARES, -0.5)

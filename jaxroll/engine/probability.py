@@ -37,6 +37,12 @@ operations are the type's (returning the same subclass, ``temper`` dividing
 weights ``w_h W_h`` and ``lambda_i`` one per layer: each layer takes the type's
 own fast product. SSMax's row-dependent gains form the layers densely
 (`FormedPathKernel`, O(T N^2)).
+
+The path's own row shape (docs/design.md, "The path's own row shape"): `path_weights` gives the path's weight
+per key for orthogonal equal-norm values, ``C_ij = A_ij sqrt(1 - 2 A_ij + sum_k A_ik^2)`` (per head and
+sequence); `moved_shape` moves the measured kernel's rows by a change of those weights, ``P = K C' / C``; and
+`with_path_shape(K', P, rho, sigma)` forms ``B = (1 - rho) K' + rho sigma P / |P|`` as a `FormedPathKernel`,
+today's layer exactly at no change. It needs the per-sequence rows before and after a change.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from .plan import Path
 from .step import layer_step
 
 __all__ = ["ProbabilityPath", "FormedPathKernel", "with_probability_path", "probability_shares", "logit_gains",
-           "plain_kernel", "share_from_ratio", "mixing_weight"]
+           "plain_kernel", "share_from_ratio", "mixing_weight", "path_weights", "moved_shape", "with_path_shape"]
 
 
 def mixing_weight(weight, total):
@@ -305,3 +311,72 @@ def share_from_ratio(ratio) -> Float[Array, "..."]:
     if is_concrete(ratio):
         check_range("ratio", np.asarray(ratio, dtype=np.float64), 0.0, None)
     return jnp.asarray(ratio) / (1.0 + jnp.asarray(ratio))
+
+
+def _safe_sqrt(x):
+    """``sqrt(x)`` for x > 0, 0 elsewhere, with a finite gradient at 0 (a row with one key)."""
+    positive = x > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+def path_weights(rows) -> Float[Array, "... n n"]:
+    """The probability path's weight on each key for orthogonal value deviations of equal norm, per head and
+    sequence (average afterwards): ``C_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)
+    = A_ij sqrt(1 - 2 A_ij + sum_k A_ik^2)``, the norm ``A_ij |v_j - vbar_i|`` with ``v_k`` orthonormal.
+
+    `rows` ``(..., n, n)`` row-stochastic attention (any leading axes); same shape out. Differentiable (a
+    row with one key has weight 0 there and a finite gradient).
+    """
+    rows = jnp.asarray(rows)
+    spread = 1.0 - 2.0 * rows + jnp.sum(rows * rows, axis=-1, keepdims=True)
+    return rows * _safe_sqrt(spread)
+
+
+def moved_shape(attention, weights, changed_weights) -> Float[Array, "layers n n"]:
+    """The measured kernel's rows moved by a change of the path weights: ``P = K * C' / C`` (entrywise; 1 where
+    ``C = 0``), with ``C``, ``C'`` the mean `path_weights` of the per-sequence, per-head rows before and
+    after the change. At no change (``C' = C``) ``P = K``, so `with_path_shape` is today's layer there.
+
+    All three ``(T, n, n)``; not normalised (`with_path_shape` normalises each row).
+    """
+    weights, changed_weights = jnp.asarray(weights), jnp.asarray(changed_weights)
+    present = weights > 0
+    ratio = jnp.where(present, changed_weights / jnp.where(present, weights, 1.0), 1.0)
+    return jnp.asarray(attention) * ratio
+
+
+def with_path_shape(attention, shape, shares, gains=1.0, causal: bool = True) -> FormedPathKernel:
+    """Layers whose probability path has its own row shape: per layer t and row i,
+
+        Phat(i, :) = shape(i, :) / sum_j shape(i, j)     (attention's row where the shape's row sums to 0)
+        B(i, :)    = (1 - rho_t) K(i, :) + rho_t sigma_t(i) Phat(i, :),   W(i) = sum_j B(i, j)
+        R(i, :)    = ((1 - lambda_t) e_i + lambda_t B(i, :)) / (1 - lambda_t + lambda_t W(i))
+
+    a `FormedPathKernel` (``gained = sigma Phat``), rolled out with the model's lambdas. `attention` K
+    ``(T, n, n)`` row-stochastic (the changed rows, averaged), `shape` ``(T, n, n)`` >= 0 (e.g. `moved_shape`),
+    `shares` rho ``(T,)`` or a number in [0, 1), `gains` sigma a number, ``(T,)`` or ``(T, n)`` (per row,
+    SSMax's ``s ln n_i``) >= 0. With ``shape = K`` and ``sigma = 1`` (or ``rho = 0``) it is today's layer
+    ``(1 - lambda) I + lambda K``. Concrete inputs are checked; traced ones (grad, vmap) pass.
+
+    Raises:
+        ConfigError: one line naming ``path_shape``, ``probability_shares`` or ``logit_gains``.
+    """
+    attention, shape = jnp.asarray(attention), jnp.asarray(shape)
+    if attention.ndim != 3 or shape.shape != attention.shape:
+        raise ConfigError.of("path_shape", tuple(shape.shape),
+                             f"an array of the attention's shape {tuple(attention.shape)}")
+    layers, n = attention.shape[0], attention.shape[-1]
+    shares = per_layer("probability_shares", shares, layers)
+    gains = jnp.broadcast_to(jnp.asarray(gains, dtype=attention.dtype).reshape((-1, 1) if jnp.ndim(gains) == 1
+                                                                              else jnp.shape(gains)), (layers, n))
+    if is_concrete(shape) and np.any(np.asarray(shape) < 0):
+        raise ConfigError.of("path_shape", float(np.min(np.asarray(shape))), "entries >= 0")
+    if is_concrete(shares):
+        check_range("probability_shares", np.asarray(shares), 0.0, 1.0)
+        if np.any(np.asarray(shares) == 1.0):
+            raise ConfigError.of("probability_shares", np.asarray(shares).tolist(), "each in [0, 1)")
+    if is_concrete(gains):  # >= 0: SSMax's s ln n_i is 0 at row 0, which sees one key
+        check_range("logit_gains", np.asarray(gains), 0.0, None)
+    total = jnp.sum(shape, axis=-1, keepdims=True)
+    normalised = jnp.where(total > 0, shape / jnp.where(total > 0, total, 1.0), attention)
+    return FormedPathKernel(attention, gains[:, :, None] * normalised, shares, causal)
