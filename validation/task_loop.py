@@ -250,13 +250,14 @@ def design(folders: dict, work: Path, files: dict, base_selection: list[dict], l
         spans = [(r["depth"], r["depth"] + r["record_length"]) for r in base_selection
                  if r["length"] == 64 and r["depth_fraction"] in MIDDLE and r["sample"] == 0]
         rows = score(files["selection"], work / f"select-{slug}", str(folder / "interventions.yaml"))
-        gains = {n: middle_accuracy(rows, n) - middle_accuracy(base_selection, n) for n in LENGTHS}
+        selection = middle_change(base_selection, rows)
+        gains = {n: selection[n]["gain"] for n in LENGTHS}
         found[name] = {"folder": str(folder), "record": yaml.safe_load((folder / "interventions.yaml").read_text()),
                        "design": {k: summary.get(k) for k in ("middle_mass", "u_index", "kl", "converged")
                                   if k in summary},
-                       "rollout_middle_span_mass": [float(np.mean([profiles[a:b, col].sum() for a, b in spans]))
-                                                    for col in (1, 2)],
-                       "selection_middle_gain": gains, "selection_gain_mean": float(np.mean(list(gains.values())))}
+                       "rollout_middle_span_masses": [[float(profiles[a:b, col].sum()) for a, b in spans]
+                                                      for col in (1, 2)],
+                       "selection_middle": selection, "selection_middle_gain": gains, "selection_gain_mean": float(np.mean(list(gains.values())))}
         log(f"  design {name:20s} {found[name]['record']}  selection middle gain "
             + ", ".join(f"N={n}: {g:+.3f}" for n, g in gains.items()))
     return found
@@ -390,13 +391,21 @@ def record_text(record) -> str:
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
 
 
+def _selection_cell(selection) -> str:
+    if not selection:
+        return "-"
+    return "; ".join(f"{m['gain']:+.3f} [{m['gain_interval'][0]:+.3f}, {m['gain_interval'][1]:+.3f}]"
+                     for m in (selection.get(n, selection.get(str(n))) for n in LENGTHS))
+
+
 def markdown(changes: dict) -> str:
     """The changes' table: middle accuracy before -> after per length, the paired gain's interval, the losses."""
-    lines = ["| change | intervention | rollout middle mass | "
+    lines = ["| change | intervention | rollout, N = 64: middle records' span mass; accuracy by the link | "
              + " | ".join(f"middle accuracy N={n}: before -> after (gain [95 %])" for n in LENGTHS)
-             + " | answer loss | next-token loss |", "|---|---|---|" + "---|" * len(LENGTHS) + "---:|---:|"]
+             + " | selection cases: middle gain N=64, N=128 [95 %] | held-out answer loss (nats) |",
+             "|---|---|---|" + "---|" * len(LENGTHS) + "---|---:|"]
     for name, c in changes.items():
-        mass = c.get("middle_mass")
+        mass = c.get("rollout_middle_span_mass")
         cells = []
         for n in LENGTHS:
             m = c["middle"][str(n)] if str(n) in c["middle"] else c["middle"][n]
@@ -404,29 +413,40 @@ def markdown(changes: dict) -> str:
             cells.append(f"{m['before']:.3f} -> {m['after']:.3f} ({m['gain']:+.3f} [{lo:+.3f}, {hi:+.3f}])"
                          + (" **beyond**" if m["beyond_interval"] else ""))
         lines.append(f"| {name} | {record_text(c['record'])} | "
-                     + ("-" if mass is None else f"{mass[0]:.3f} -> {mass[1]:.3f}") + " | " + " | ".join(cells)
-                     + f" | {c['loss']['answer_loss']:.3f} | {c['loss']['next_token_loss']:.4f} |")
+                     + ("-" if mass is None else f"{mass[0]:.4f} -> {mass[1]:.4f}; "
+                        f"{c['rollout_middle_accuracy'][0]:.3f} -> {c['rollout_middle_accuracy'][1]:.3f}")
+                     + " | " + " | ".join(cells)
+                     + " | " + _selection_cell(c.get("selection_middle")) + f" | {c['loss']['answer_loss']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
-def apply_all(work: Path, out: Path, designs: dict, chosen: str, base_rows: list[dict], log) -> dict:
-    """The chosen design, the other candidates and the literature's changes on the held-out cases."""
+def apply_all(work: Path, out: Path, designs: dict, chosen: str, base_rows: list[dict], files: dict, log) -> dict:
+    """The chosen design, the other candidates and the literature's changes on the held-out cases (and the
+    literature's on the selection cases too, where the designs were already scored)."""
     literature = {"4 sink tokens": "sinks=4", f"SSMax s = {SSMAX_SCALE}": f"ssmax_scale={SSMAX_SCALE}",
                   "Ms-PoE 1.2-1.8": str(mspoe_spec(out / "mspoe.yaml"))}
     specs = {f"designed ({chosen})": (designs[chosen]["folder"] + "/interventions.yaml", designs[chosen])}
     specs.update({name: (spec, None) for name, spec in literature.items()})
     specs.update({f"candidate: {name}": (d["folder"] + "/interventions.yaml", d) for name, d in designs.items()
                   if name != chosen})
-    changes = {"baseline": {"record": "-", "middle": middle_change(base_rows, base_rows),
+    changes = {"baseline": {"record": "-", "middle": middle_change(base_rows, base_rows), "selection_middle": None,
                             "loss": losses(base_rows, None), "curves": depth_curves(work / "task-baseline")}}
     for name, (spec, found) in specs.items():
         slug = "".join(ch if ch.isalnum() else "-" for ch in name.lower())
         rows = score(HELD_OUT, work / f"held-{slug}", spec)
         record = found["record"] if found else (yaml.safe_load(Path(spec).read_text()) if spec.endswith(".yaml")
                                                 else spec)
+        if found is None:
+            chosen_rows = score(files["selection"], work / f"select-{slug}", spec)
+            selection = middle_change(score(files["selection"], work / "select-baseline"), chosen_rows)
+        else:
+            selection = found["selection_middle"]
         changes[name] = {"record": record, "spec": spec, "middle": middle_change(base_rows, rows),
+                         "selection_middle": selection,
                          "loss": losses(rows, spec), "curves": depth_curves(work / f"held-{slug}"),
-                         "middle_mass": found["design"].get("middle_mass") if found else None}
+                         "rollout_middle_span_mass": None if found is None else
+                         [float(np.mean(m)) for m in found["rollout_middle_span_masses"]],
+                         "rollout_middle_accuracy": None if found is None else found.get("rollout_middle_accuracy")}
         log(f"  {name:28s} middle " + ", ".join(
             f"N={n}: {m['before']:.3f} -> {m['after']:.3f} [{m['gain_interval'][0]:+.3f}, "
             f"{m['gain_interval'][1]:+.3f}]" for n, m in changes[name]["middle"].items())
@@ -439,7 +459,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the small outputs (validation/task-u-run/loop)")
     parser.add_argument("--work", type=Path, required=True, help="measurements and scored cases")
     parser.add_argument("--samples-per-depth", type=int, default=10, help="measured prompts per depth and length")
-    parser.add_argument("--selection", type=int, default=100, help="selection cases per depth and length")
+    parser.add_argument("--selection", type=int, default=500, help="selection cases per depth and length")
     arguments = parser.parse_args(argv)
     torch.set_num_threads(1)
     started = time.time()
@@ -460,12 +480,16 @@ def main(argv=None) -> int:
     base_selection = score(files["selection"], arguments.work / "select-baseline")
     target = middle_target(folders, arguments.work, base_rows)
     results["designs"] = design(folders, arguments.work, files, base_selection, log, target)
+    link = results["prediction"]["fit L=64"]["link"]
+    for found in results["designs"].values():  # the rollout's own forecast: span masses through the N = 64 link
+        found["rollout_middle_accuracy"] = [float(np.mean(1 / (1 + np.exp(-(link["a"] + link["b"] * np.log(m))))))
+                                            for m in found["rollout_middle_span_masses"]]
     chosen = max(results["designs"], key=lambda name: results["designs"][name]["selection_gain_mean"])
     results["chosen"] = chosen
     shutil.copy(Path(results["designs"][chosen]["folder"]) / "interventions.yaml", arguments.out / "interventions.yaml")
     shutil.copy(Path(results["designs"][chosen]["folder"]) / "design.png", arguments.out / "design.png")
     log(f"chosen on the selection cases: {chosen}; applying to the held-out cases")
-    changes = apply_all(arguments.work, arguments.out, results["designs"], chosen, base_rows, log)
+    changes = apply_all(arguments.work, arguments.out, results["designs"], chosen, base_rows, files, log)
     plot({name: c["curves"] for name, c in changes.items() if not name.startswith("candidate")},
          arguments.out / "accuracy-by-depth.png")
     for c in changes.values():
