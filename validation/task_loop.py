@@ -213,12 +213,6 @@ def bound(table_path: Path, folders: dict, files: dict, out: Path) -> dict:
     return found
 
 
-def middle_accuracy(rows: list[dict], length: int) -> float:
-    """Mean exact match over the middle depth fractions (`MIDDLE`) at `length`: cells weighted alike."""
-    return float(np.mean([np.mean([r["exact"] for r in rows if r["length"] == length and r["depth_fraction"] == f])
-                          for f in MIDDLE]))
-
-
 def middle_target(folders: dict, work: Path, base_rows: list[dict]) -> Path:
     """A target profile at N = 64: the rollout's own profile with the positions of the middle records' spans
     (depth fractions `MIDDLE`) multiplied by `BAND_GAIN`, renormalised (token_position,probability)."""
