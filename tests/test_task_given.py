@@ -203,3 +203,9 @@ def test_design_box_writes_a_form_beside_the_numbers():
 
     text = designed_text({"tau": 0.75, "kappa": -0.17, "kappa_form": "log1p", "gamma": 1.5}).splitlines()
     assert text[1:] == ["tau = 0.75", "kappa = -0.17", "kappa_form = log1p", "gamma = 1.5"]
+
+
+def test_a_grid_on_a_model_without_tokenizer_points_to_cases(llama, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(["task", llama, "--out", out, "--tasks", "kv", "--lengths", "66"], capsys)
+    assert code == 2 and "no tokenizer" in stderr and "--cases FILE.jsonl" in stderr and not out.exists()

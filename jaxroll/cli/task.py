@@ -144,7 +144,11 @@ def _run_task(arguments) -> None:
 
     sinks = sink_count(changes)
     _check_lengths(plan.config, plan.max_length, lengths, sinks)
-    builder = Builder(texts.load_tokenizer(arguments.model))
+    try:
+        tokenizer = texts.load_tokenizer(arguments.model)
+    except ConfigError as refused:  # a synthetic vocabulary has no tokenizer: its cases come as token ids
+        raise ConfigError(f"{refused}; or score cases given as token ids with --cases FILE.jsonl") from None
+    builder = Builder(tokenizer)
     prefix, sink_tokens = (), None
     if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
         from ..measure.torch_plan import sink_token
