@@ -448,6 +448,57 @@ def apply_all(work: Path, out: Path, designs: dict, chosen: str, base_rows: list
     return changes
 
 
+DOSES = {"branch scale (the design's lever)": ["gamma=1.25", "gamma=1.5", "gamma=2"],
+         "sink tokens": ["sinks=1", "sinks=2", "sinks=4", "sinks=8"]}
+"""Doses of the designed lever and of the sink tokens, scored on the selection cases: gain against cost."""
+
+
+def doses(work: Path, files: dict, log) -> dict:
+    """Middle gain (selection cases, paired interval) and answer-loss change (selection cases) of each dose:
+    the designed change and the literature's cheapest compared at equal loss cost."""
+    base = score(files["selection"], work / "select-baseline")
+    base_loss = float(-np.mean([r["logprob"] for r in base]))
+    found = {}
+    for family, specs in DOSES.items():
+        for spec in specs:
+            rows = score(files["selection"], work / f"dose-{spec.replace('=', '-')}", spec)
+            found[spec] = {"family": family, "middle": middle_change(base, rows),
+                           "answer_loss_change": float(-np.mean([r["logprob"] for r in rows])) - base_loss}
+            log(f"  dose {spec:12s} answer loss {found[spec]['answer_loss_change']:+.3f}; middle "
+                + ", ".join(f"N={n}: {m['gain']:+.3f}" for n, m in found[spec]["middle"].items()))
+    return found
+
+
+def plot_doses(found: dict, path: Path) -> Path:
+    """Middle gain against answer-loss change, one panel per length, a line per family of doses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, n in zip(axes, LENGTHS):
+        for family in DOSES:
+            specs = [k for k, v in found.items() if v["family"] == family]
+            x = [found[k]["answer_loss_change"] for k in specs]
+            y = np.array([found[k]["middle"][n]["gain"] for k in specs])
+            low = np.array([found[k]["middle"][n]["gain_interval"][0] for k in specs])
+            high = np.array([found[k]["middle"][n]["gain_interval"][1] for k in specs])
+            ax.errorbar(x, y, yerr=[y - low, high - y], marker="o", capsize=3, label=family)
+            for xi, yi, k in zip(x, y, specs):
+                ax.annotate(k, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(0, color="0.5", lw=1)
+        ax.set(title=f"N = {n} (500 selection cases per depth)", xlabel="answer loss change (nats, selection cases)")
+    axes[0].set_ylabel("middle accuracy gain, f = 0.4-0.6 (paired 95 % interval)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Task-U Llama: middle gain against loss cost, doses of the designed lever and of sink tokens",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the small outputs (validation/task-u-run/loop)")
@@ -486,6 +537,8 @@ def main(argv=None) -> int:
     changes = apply_all(arguments.work, arguments.out, results["designs"], chosen, base_rows, files, log)
     plot({name: c["curves"] for name, c in changes.items() if not name.startswith("candidate")},
          arguments.out / "accuracy-by-depth.png")
+    results["doses"] = doses(arguments.work, files, log)
+    plot_doses(results["doses"], arguments.out / "doses.png")
     for c in changes.values():
         c["curves"] = {str(n): v.tolist() for n, v in c["curves"].items()}
     results["changes"] = changes
