@@ -32,12 +32,15 @@ Every step is a jaxroll command, run in this process as a user would type it:
    the middle (depth fractions 0.4-0.6) gain with a paired bootstrap
    interval, and the held-out losses (the answer's cross-entropy, the
    training objective; next-token loss over every position of the held-out
-   sequences).
+   sequences);
+6. doses of the designed lever (gamma) and of sink tokens on the selection
+   cases: middle gain against answer-loss change (`DOSES`), the comparison
+   at equal loss cost.
 
 Writes into ``--out``: ``accuracy-table.csv``, ``predict-*/`` (compare-task's
 files), ``bound-*/``, ``designs.json``, ``design.png`` (the chosen design's
 profiles), ``interventions.yaml`` (the chosen design), ``mspoe.yaml``,
-``results.json``, ``table.md``, ``accuracy-by-depth.png``. Intermediate
+``results.json``, ``table.md``, ``accuracy-by-depth.png``, ``doses.png``. Intermediate
 measurements and scored cases go to ``--work``.
 """
 
