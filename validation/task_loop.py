@@ -125,7 +125,9 @@ def prepare(work: Path, samples_per_depth: int, selection: int) -> dict:
         files[length] = write_jsonl(work / f"prompts-{length}.jsonl", ({"prompt_ids": r["prompt_ids"]}
                                                                       for r in chosen))
         files[f"spans-{length}"] = [(r["depth_fraction"], r["record_start"], r["record_end"]) for r in chosen]
-    layout = train_task.Layout(key_tokens=1)
+    prompt = held[0]["prompt_ids"]  # ends [QUERY, key, ARROW]: the key's tokens lie between the two
+    layout = train_task.Layout(key_tokens=len(prompt) - 2 - prompt.index(train_task.QUERY),
+                               value_tokens=len(held[0]["answer_ids"]))
     cases = train_task.grid(layout, LENGTHS, DEPTHS, selection, SELECTION_SEED)
     files["selection"] = write_jsonl(work / "selection.jsonl", (
         {"prompt_ids": c["prompt_ids"], "answer_ids": c["answer_ids"], "depth": c["depth"],
@@ -420,8 +422,9 @@ def markdown(changes: dict) -> str:
 def apply_all(work: Path, out: Path, designs: dict, chosen: str, base_rows: list[dict], files: dict, log) -> dict:
     """The chosen design, the other candidates and the literature's changes on the held-out cases (and the
     literature's on the selection cases too, where the designs were already scored)."""
-    literature = {"4 sink tokens": "sinks=4", f"SSMax s = {SSMAX_SCALE}": f"ssmax_scale={SSMAX_SCALE}",
-                  "Ms-PoE 1.2-1.8": str(mspoe_spec(out / "mspoe.yaml"))}
+    literature = {"4 sink tokens": "sinks=4", f"SSMax s = {SSMAX_SCALE}": f"ssmax_scale={SSMAX_SCALE}"}
+    if json.loads((MODEL / "config.json").read_text())["model_type"] == "llama":  # Ms-PoE rescales rotary positions
+        literature["Ms-PoE 1.2-1.8"] = str(mspoe_spec(out / "mspoe.yaml"))
     specs = {f"designed ({chosen})": (designs[chosen]["folder"] + "/interventions.yaml", designs[chosen])}
     specs.update({name: (spec, None) for name, spec in literature.items()})
     specs.update({f"candidate: {name}": (d["folder"] + "/interventions.yaml", d) for name, d in designs.items()
@@ -507,8 +510,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the small outputs (validation/task-u-run/loop)")
     parser.add_argument("--work", type=Path, required=True, help="measurements and scored cases")
     parser.add_argument("--samples-per-depth", type=int, default=10, help="measured prompts per depth and length")
+    parser.add_argument("--model", type=Path, default=None, help="the model (default the task-U Llama, step 2,500)")
+    parser.add_argument("--held-out", type=Path, default=None, help="its held-out cases (train_task.py's)")
     parser.add_argument("--selection", type=int, default=500, help="selection cases per depth and length")
     arguments = parser.parse_args(argv)
+    global MODEL, HELD_OUT  # every step reads these two; another model (e.g. an ALiBi one) replaces them
+    MODEL = MODEL if arguments.model is None else arguments.model.resolve()
+    HELD_OUT = HELD_OUT if arguments.held_out is None else arguments.held_out.resolve()
     torch.set_num_threads(1)
     started = time.time()
 
@@ -522,7 +530,7 @@ def main(argv=None) -> int:
     table = accuracy_table(base_rows, arguments.out / "accuracy-table.csv")
     log("baseline scored; measuring")
     folders = measure(files, arguments.work, len(DEPTHS) * arguments.samples_per_depth)
-    results = {"model": str(MODEL.relative_to(ROOT)), "prediction": predict(table, folders, arguments.out),
+    results = {"model": str(MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL), "prediction": predict(table, folders, arguments.out),
                "measured bound": bound(table, folders, files, arguments.out)}
     log("predicted; designing")
     base_selection = score(files["selection"], arguments.work / "select-baseline")
