@@ -146,8 +146,9 @@ def score(cases: Path, out: Path, intervene: str | None = None) -> list[dict]:
 
 def accuracy_table(rows: list[dict], path: Path) -> Path:
     """The held-out accuracy by (length, depth) as compare-task's table: the gold record's span, 200 cases a row."""
-    lines = ["# validation/models/task-u/llama-step2500 on its 4,400 held-out cases (jaxroll task --cases), "
-             "exact match of the one answer token", "setting,length,start,end,accuracy,n_cases"]
+    name = MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL
+    lines = [f"# {name} on its {len(rows):,} held-out cases (jaxroll task --cases), exact match of the one answer "
+             "token", "setting,length,start,end,accuracy,n_cases"]
     for length in LENGTHS:
         for fraction in DEPTHS:
             cell = [r for r in rows if r["length"] == length and r["depth_fraction"] == fraction]
