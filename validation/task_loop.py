@@ -357,6 +357,11 @@ def depth_curves(folder: Path) -> dict:
                          ("accuracy", "accuracy_low", "accuracy_high")]) for n in LENGTHS}
 
 
+def model_label() -> str:
+    """The model's name in figure titles: ``task-u/llama-step2500`` (its folder and parent)."""
+    return f"{MODEL.parent.name}/{MODEL.name}"
+
+
 def plot(curves: dict, path: Path) -> Path:
     """Held-out exact match by depth, one panel per length, a line per change with its 95 % interval."""
     import matplotlib
@@ -377,7 +382,7 @@ def plot(curves: dict, path: Path) -> Path:
                ylim=(0, None))
     axes[0].set_ylabel("exact match (95 % bootstrap interval)")
     axes[1].legend(fontsize=8, loc="upper center")
-    fig.suptitle("Task-U Llama (step 2,500): accuracy by depth before and after each change "
+    fig.suptitle(f"{model_label()}: accuracy by depth before and after each change "
                  "(shaded: the middle, 0.4-0.6; dotted: chance 1/56)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -498,7 +503,7 @@ def plot_doses(found: dict, path: Path) -> Path:
         ax.set(title=f"N = {n} (500 selection cases per depth)", xlabel="answer loss change (nats, selection cases)")
     axes[0].set_ylabel("middle accuracy gain, f = 0.4-0.6 (paired 95 % interval)")
     axes[1].legend(fontsize=8)
-    fig.suptitle("Task-U Llama: middle gain against loss cost, doses of the designed lever and of sink tokens",
+    fig.suptitle(f"{model_label()}: middle gain against loss cost, doses of the designed lever and of sink tokens",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
