@@ -32,8 +32,10 @@ def add_parser(commands) -> None:
                          help="with --accuracy: the settings the link is fitted on (default: the table's first); "
                               "the others are held out")
     _common.add_model_arguments(compare)
-    compare.add_argument("--measured", type=Path, default=None, metavar="DIR",
-                         help="the --out of jaxroll measure on the same model (its config.yaml)")
+    compare.add_argument("--measured", type=Path, default=None, metavar="DIR", action="append",
+                         help="the --out of jaxroll measure on the same model (its config.yaml); with --accuracy "
+                              "once per length of the table (each length rolls out the measurement at that length; "
+                              "one --measured serves every length)")
     compare.add_argument("--task", default=None, help="which task (default: the only one in cases.jsonl)")
     compare.add_argument("--score", choices=("exact", "logprob", "correct"), default="exact",
                          help="exact match (default), gold log-probability, or fraction of answer tokens right")
@@ -80,7 +82,7 @@ def _run_compare(arguments) -> None:
     model, source = _common.model_from_arguments(arguments, config=config, length=length)
     model = dataclasses.replace(model, sequence_length=length)
     if arguments.measured is not None:
-        source = f"measured {arguments.measured}"
+        source = f"measured {arguments.measured[0]}"
     io.prepare_output_dir(arguments.out, force=arguments.force)
     profile = np.asarray(influence(model, length), dtype=np.float64)
     result = versus_influence.compare_task(rows, profile, task=task, length=length, score=arguments.score,
@@ -88,17 +90,52 @@ def _run_compare(arguments) -> None:
     _write_compare(result, arguments.out, arguments.json)
 
 
-def _config_of(arguments):
-    """CONFIG, or --measured DIR's config.yaml (refused with CONFIG, --preset or --published)."""
+def _config_of(arguments, length: int | None = None):
+    """CONFIG, or the config.yaml of the --measured DIR (refused with CONFIG, --preset or --published).
+
+    One --measured serves every length; several (``--accuracy``) are one per
+    length, and `length` picks the one whose config.yaml was measured at it.
+    """
     if arguments.measured is None:
         return arguments.config
     if arguments.config is not None or arguments.preset is not None or arguments.published is not None:
         raise ConfigError("compare-task: give one of --measured, CONFIG, --preset, --published")
-    config = arguments.measured / "config.yaml"
-    if not config.is_file():
-        raise ConfigError(f"--measured {arguments.measured}: no config.yaml; allowed: the --out of jaxroll "
-                          "measure with lambda measured")
-    return config
+    if len(arguments.measured) > 1 and arguments.accuracy is None:
+        raise ConfigError(f"--measured: given {len(arguments.measured)} times; allowed: once with TASK_DIR "
+                          "(several, one per length, with --accuracy)")
+    configs = {}
+    for folder in arguments.measured:
+        config = folder / "config.yaml"
+        if not config.is_file():
+            raise ConfigError(f"--measured {folder}: no config.yaml; allowed: the --out of jaxroll measure with "
+                              "lambda measured")
+        configs.setdefault(_measured_length(config), config)
+    if len(configs) < len(arguments.measured):
+        raise ConfigError(f"--measured: two folders measured at one length ({', '.join(map(str, arguments.measured))}"
+                          "); allowed: one folder per length")
+    if len(configs) == 1:
+        return next(iter(configs.values()))
+    if length not in configs:
+        raise ConfigError(f"--measured: no folder measured at length {length} (measured: "
+                          f"{', '.join(map(str, sorted(configs)))}); allowed: one folder per length of the table")
+    return configs[length]
+
+
+def _measured_length(config: Path) -> int:
+    """The ``sequence_length`` a measurement's config.yaml was written at."""
+    import yaml
+
+    from .._readers import read_text
+
+    try:
+        mapping = yaml.safe_load(read_text(config, "the config.yaml of jaxroll measure"))
+    except yaml.YAMLError:
+        mapping = None
+    length = mapping.get("sequence_length") if isinstance(mapping, dict) else None
+    if not isinstance(length, int):
+        raise ConfigError(f"--measured {config.parent}: config.yaml has no integer sequence_length; allowed: the "
+                          "--out of jaxroll measure")
+    return length
 
 
 def _run_accuracy(arguments) -> None:
@@ -117,13 +154,13 @@ def _run_accuracy(arguments) -> None:
     table = external.read_accuracy_table(arguments.accuracy, length=arguments.length)
     fit = None if arguments.fit_settings is None else arguments.fit_settings.split(",")
     external.split_settings(table, fit)
-    config = _config_of(arguments)
     models, source = {}, ""
     for length in dict.fromkeys(table.lengths.tolist()):
+        config = _config_of(arguments, int(length))
         model, source = _common.model_from_arguments(arguments, config=config, length=int(length))
         models[int(length)] = dataclasses.replace(model, sequence_length=int(length))
     if arguments.measured is not None:
-        source = f"measured {arguments.measured}"
+        source = "measured " + ", ".join(map(str, arguments.measured))
     io.prepare_output_dir(arguments.out, force=arguments.force)
     result = external.compare_accuracy_table(
         table, lambda length: np.asarray(influence(models[length], length), dtype=np.float64), fit_settings=fit,

@@ -37,7 +37,8 @@ def add_parser(commands) -> None:
                               "step into OUT/checkpoint-STEP/ on the same sequences, and the summary into "
                               "OUT/series/ (docs/training.md)")
     measure.add_argument("--texts", type=Path, required=True,
-                         help=".txt (blank-line separated documents), .jsonl (field 'text') or a saved dataset")
+                         help=".txt (blank-line separated documents), .jsonl (field 'text', or token ids in "
+                              "'input_ids' or 'prompt_ids': no tokenizer needed) or a saved dataset")
     measure.add_argument("--length", type=_common.positive_int, required=True, help="tokens per sequence N")
     measure.add_argument("--samples", type=_common.positive_int, required=True, help="number of sequences S")
     measure.add_argument("--out", type=Path, required=True, help="output directory")
@@ -283,7 +284,10 @@ def _measure_one(arguments, target: Target) -> None:
     _check_measure_memory(request.plan, request.stats, arguments, request.sinks, request.queries)
     device = _device(arguments, world)
     documents = measure.read_texts(arguments.texts)
-    tokenizer = measure.load_tokenizer(target.model)
+    from ..measure.texts import is_token_ids
+
+    # Token ids (.jsonl with input_ids/prompt_ids) need no tokenizer: a synthetic vocabulary has none.
+    tokenizer = None if is_token_ids(documents) else measure.load_tokenizer(target.model)
     token_ids, indices = measure.select_sequences(documents, tokenizer, arguments.length, arguments.samples)
     if world.distributed and arguments.samples < world.size:
         raise ConfigError(f"--samples: {arguments.samples}; allowed: at least one sequence per process "

@@ -26,15 +26,21 @@ def add_parser(commands) -> None:
                     "Needs jaxroll[measure].")
     task.add_argument("model", type=Path, metavar="MODEL_DIR", help="directory written by save_pretrained")
     task.add_argument("--out", type=Path, required=True, help="output directory")
-    task.add_argument("--tasks", default="kv,passkey,copy", help="comma-separated subset of kv,passkey,copy "
-                                                                "(default all three)")
-    task.add_argument("--lengths", default="256,512,1024", help="comma-separated prompt lengths in tokens "
-                                                                "(default 256,512,1024)")
-    task.add_argument("--depths", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+    task.add_argument("--cases", type=Path, default=None, metavar="FILE.jsonl",
+                      help="score these cases instead of a built grid: JSON lines with prompt_ids, answer_ids and "
+                           "the gold record's record_start, record_end (or depth, record_length); optional task, "
+                           "depth_fraction, sample, seed. No tokenizer needed (jaxroll.task.given); not with the "
+                           "grid's flags or --resume")
+    task.add_argument("--tasks", default=None, help="comma-separated subset of kv,passkey,copy "
+                                                    "(default all three)")
+    task.add_argument("--lengths", default=None, help="comma-separated prompt lengths in tokens "
+                                                      "(default 256,512,1024)")
+    task.add_argument("--depths", default=None,
                       help="comma-separated depth fractions in [0, 1]: 0 puts the record right after the "
                            "instruction, 1 right before the question (default 0,0.1,...,1)")
-    task.add_argument("--samples", type=_common.positive_int, default=20, help="cases per (task, length, depth)")
-    task.add_argument("--seed", type=_common.non_negative_int, default=0, help="case seed (default 0)")
+    task.add_argument("--samples", type=_common.positive_int, default=None,
+                      help="cases per (task, length, depth) (default 20)")
+    task.add_argument("--seed", type=_common.non_negative_int, default=None, help="case seed (default 0)")
     task.add_argument("--batch-size", type=_common.positive_int, default=8, help="cases per forward pass")
     task.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="float32")
     task.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
@@ -56,6 +62,22 @@ def _parse_list(text: str, flag: str, kind):
     if not values:
         raise ConfigError(f"{flag}: got {text!r}; allowed: a non-empty comma-separated list")
     return list(dict.fromkeys(values))
+
+
+GRID_DEFAULTS = {"tasks": "kv,passkey,copy", "lengths": "256,512,1024",
+                 "depths": "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1", "samples": 20, "seed": 0}
+"""The grid's flags and their defaults (None in the parser, so that --cases can refuse them when given)."""
+
+
+def _grid_defaults(arguments) -> None:
+    """Fill the grid's flags left out; with --cases refuse any that was given (and --resume)."""
+    for name, default in GRID_DEFAULTS.items():
+        if arguments.cases is not None and getattr(arguments, name) is not None:
+            raise ConfigError(f"--{name}: given with --cases; allowed: --cases alone (its file holds the cases)")
+        if getattr(arguments, name) is None:
+            setattr(arguments, name, default)
+    if arguments.cases is not None and arguments.resume:
+        raise ConfigError("--resume: given with --cases; allowed: --cases alone (a given file is scored whole)")
 
 
 def _grid(arguments):
@@ -101,6 +123,9 @@ def _refuse_early(arguments) -> None:
 
 
 def _run_task(arguments) -> None:
+    _grid_defaults(arguments)
+    if arguments.cases is not None:
+        return _run_cases(arguments)
     _refuse_early(arguments)
     try:
         import torch  # noqa: F401
@@ -119,7 +144,11 @@ def _run_task(arguments) -> None:
 
     sinks = sink_count(changes)
     _check_lengths(plan.config, plan.max_length, lengths, sinks)
-    builder = Builder(texts.load_tokenizer(arguments.model))
+    try:
+        tokenizer = texts.load_tokenizer(arguments.model)
+    except ConfigError as refused:  # a synthetic vocabulary has no tokenizer: its cases come as token ids
+        raise ConfigError(f"{refused}; or score cases given as token ids with --cases FILE.jsonl") from None
+    builder = Builder(tokenizer)
     prefix, sink_tokens = (), None
     if sinks:  # SinkTokens: k ids before every prompt (the tokenizer's BOS, else EOS, else 0)
         from ..measure.torch_plan import sink_token
@@ -162,6 +191,66 @@ def _run_task(arguments) -> None:
             _write_summary(rows, arguments.out, tasks, arguments.json)
     finally:
         distributed.finalize(world)
+
+
+def _run_cases(arguments) -> None:
+    """``--cases FILE``: the given cases scored as the grid's (no tokenizer), into ``--out``.
+
+    Checked before the weights load and before ``--out`` is touched: the
+    file (`jaxroll.task.given.read_cases`, ids below ``vocab_size``), the
+    interventions, and the longest prompt + answer + sinks within the
+    model's positions. Sinks take the config's BOS (else EOS, else 0).
+    """
+    from .. import io
+    from ..measure.additions import sink_count
+    from ..measure.torch_plan import config_json, parse_for, position_limit, sink_token
+    from ..task import given, grid
+
+    _common.check_model_folder(arguments.model)
+    config = config_json(arguments.model)
+    vocabulary = getattr(config, "vocab_size", None)
+    cases = given.read_cases(arguments.cases, vocabulary if isinstance(vocabulary, int) else None)
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("task: needs torch and transformers; install jaxroll[measure]") from None
+    from ..measure import loading
+
+    plan = loading.inspect_model(arguments.model)
+    changes, record = _interventions(arguments.intervene, plan.config)
+    sinks = sink_count(changes)
+    limit, field = position_limit(plan.config)
+    longest = max(len(case.prompt_ids) + len(case.answer_ids) - 1 for case in cases) + sinks
+    if limit is not None and longest > limit:
+        raise ConfigError(f"--cases: the longest prompt and answer{f' with sinks={sinks}' if sinks else ''} run "
+                          f"{longest} positions; allowed: at most the model's {field} ({limit})")
+    prefix, sink_tokens = (), None
+    if sinks:
+        sink_id, origin = sink_token(None, plan.config)
+        prefix, sink_tokens = (sink_id,) * sinks, {"count": sinks, "token_id": sink_id, "token": origin}
+    tasks = list(dict.fromkeys(case.task for case in cases))
+    settings = {"model": str(arguments.model.resolve()), "model_type": plan.config.model_type,
+                "cases_file": str(arguments.cases.resolve()), "cases": len(cases), "tasks": tasks,
+                "lengths": sorted({case.length for case in cases}), "dtype": arguments.dtype,
+                "threshold": _threshold(), "interventions": record, "sink_tokens": sink_tokens}
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    (arguments.out / grid.CASES_FILE).unlink(missing_ok=True)  # --force restarts the scores
+    grid.check_settings(arguments.out, settings, resume=False)
+    model = loading.load_model(arguments.model, dtype=arguments.dtype, device=loading.resolve_device(arguments.device),
+                               attn_implementation=None)
+    from ..task.scoring import score_cases
+
+    with _patched(model, changes):
+        rows = score_cases(model, cases, batch_size=arguments.batch_size, prefix=prefix,
+                           on_batch=lambda done: grid.append_rows(arguments.out / grid.CASES_FILE, done))
+    _write_summary(rows, arguments.out, tasks, arguments.json)
+
+
+def _threshold() -> float:
+    from ..task import summary
+
+    return summary.THRESHOLD
 
 
 def _check_lengths(config, max_length: int | None, lengths, sinks: int) -> None:

@@ -3,7 +3,11 @@
 Protocol (arXiv 2602.16837's measurement runs): walk the documents in order,
 tokenise each with the tokenizer's defaults, keep those with at least N
 tokens, take their first N tokens, no padding, stop after S kept documents;
-record each kept document's index. Everything is local: no network.
+record each kept document's index. A document given as token ids
+(``.jsonl`` lines with ``input_ids`` or ``prompt_ids``, e.g. the
+``cases.jsonl`` of ``jaxroll task``) is taken as it is: no tokenizer, so a
+model trained on a synthetic vocabulary can be measured. Everything is
+local: no network.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ import numpy as np
 from ..errors import ConfigError
 from ..io import read_text
 
-__all__ = ["read_texts", "select_sequences", "load_tokenizer"]
+__all__ = ["read_texts", "select_sequences", "load_tokenizer", "is_token_ids"]
 
 
-def read_texts(path) -> list[str]:
-    """Documents from a local source, in order.
+def read_texts(path) -> list:
+    """Documents from a local source, in order: strings, or lists of token ids.
 
     - ``.txt``: one document per block of lines separated by blank lines;
-    - ``.jsonl``: one JSON object per line with a ``text`` field;
+    - ``.jsonl``: one JSON object per line with a ``text`` field, or with
+      token ids in ``input_ids`` or ``prompt_ids`` (a list of integers
+      >= 0; every line of a file the same kind);
     - a directory written by ``datasets.Dataset.save_to_disk`` (needs the
       ``datasets`` package), its ``text`` column.
 
@@ -36,17 +42,7 @@ def read_texts(path) -> list[str]:
     if not path.is_file():
         raise ConfigError(f"--texts {path}: no such file or directory")
     if path.suffix == ".jsonl":
-        documents = []
-        for number, line in enumerate(read_text(path, "JSON lines").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"--texts {path}: line {number} is not JSON ({error.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ConfigError(f"--texts {path}: line {number} has no string field 'text'")
-            documents.append(record["text"])
+        documents = _read_jsonl(path)
     elif path.suffix == ".txt":
         blocks, current = [], []
         for line in read_text(path, "text").splitlines():
@@ -63,6 +59,40 @@ def read_texts(path) -> list[str]:
     if not documents:
         raise ConfigError(f"--texts {path}: no documents (the file is empty)")
     return documents
+
+
+def _read_jsonl(path: Path) -> list:
+    """The ``text`` of each line, or its token ids (``input_ids``, else ``prompt_ids``), one kind per file."""
+    documents, kinds = [], set()
+    for number, line in enumerate(read_text(path, "JSON lines").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"--texts {path}: line {number} is not JSON ({error.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            documents.append(record["text"])
+            kinds.add("text")
+        elif isinstance(record, dict) and ("input_ids" in record or "prompt_ids" in record):
+            ids = record.get("input_ids", record.get("prompt_ids"))
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                    for i in ids):
+                raise ConfigError(f"--texts {path}: line {number}: token ids {ids!r:.40}; allowed: a list of "
+                                  "integers >= 0")
+            documents.append(ids)
+            kinds.add("ids")
+        else:
+            raise ConfigError(f"--texts {path}: line {number} has no string field 'text' and no token ids "
+                              "('input_ids' or 'prompt_ids')")
+        if len(kinds) > 1:
+            raise ConfigError(f"--texts {path}: line {number} mixes texts and token ids; allowed: one kind per file")
+    return documents
+
+
+def is_token_ids(documents) -> bool:
+    """Whether `read_texts` gave token ids (no tokenizer needed) rather than texts."""
+    return bool(documents) and not isinstance(documents[0], str)
 
 
 def _read_dataset(path: Path) -> list[str]:
@@ -89,6 +119,9 @@ def _read_dataset(path: Path) -> list[str]:
 def select_sequences(documents, tokenizer, length: int, samples: int | None = None):
     """Token ids ``(S, N)`` and document indices ``(S,)`` by the paper's protocol.
 
+    A document that is a list of token ids is taken as it is (`tokenizer`
+    may then be None).
+
     Raises:
         ConfigError: fewer than `samples` documents reach `length` tokens.
     """
@@ -98,7 +131,7 @@ def select_sequences(documents, tokenizer, length: int, samples: int | None = No
         raise ConfigError(f"samples: got {samples!r}; allowed: an integer >= 1")
     rows, indices = [], []
     for index, text in enumerate(documents):
-        ids = tokenizer(text)["input_ids"]
+        ids = tokenizer(text)["input_ids"] if isinstance(text, str) else text
         if len(ids) >= length:
             rows.append(ids[:length])
             indices.append(index)

@@ -15,6 +15,9 @@ def designed_text(designed, kl=None, kl_budget=None) -> str:
     ``tau (3 values) = 0.81, 0.75, 0.92``), then the largest kernel KL per layer and its budget."""
     lines = ["designed (interventions.yaml):"]
     for name, value in designed.items():
+        if isinstance(value, str):  # a form, not a number (kappa_form: log1p)
+            lines.append(f"{name} = {value}")
+            continue
         flat = np.ravel(np.asarray(value, dtype=np.float64))
         shown = ", ".join(f"{x:.4g}" for x in flat[:_SHOWN_VALUES])
         more = f", ... ({flat.size - _SHOWN_VALUES} more)" if flat.size > _SHOWN_VALUES else ""

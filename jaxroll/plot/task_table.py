@@ -45,6 +45,10 @@ def accuracy_table_figure(result, *, level: float, title: str = ""):
             panel.set_ylabel("accuracy")
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=4)
-    figure.suptitle(title or f"accuracy by depth: measured vs predicted from the span mass ({result.source}); "
-                    f"link fitted on {', '.join(result.fit_settings)}", fontsize=10)
+    import textwrap
+
+    # One --measured per length names several folders: wrap rather than cut the title at the figure's edge.
+    figure.suptitle(textwrap.fill(title or f"accuracy by depth: measured vs predicted from the span mass "
+                                           f"({result.source}); link fitted on {', '.join(result.fit_settings)}",
+                                  110), fontsize=10)
     return figure

@@ -8,7 +8,8 @@ at a requested token depth, scores them teacher-forced
 match, no generation loop) over a depth x length grid
 (`jaxroll.task.grid`: batched, resumable, data parallel like ``measure``),
 and summarises accuracy by depth and the effective context length
-(`jaxroll.task.summary`). ``jaxroll compare-task`` sets a task curve beside
+(`jaxroll.task.summary`); ``jaxroll task --cases FILE`` scores cases given
+as token ids instead (`jaxroll.task.given`: no tokenizer). ``jaxroll compare-task`` sets a task curve beside
 the influence the rollout predicts at the same positions
 (`jaxroll.task.versus_influence`), or an accuracy table from outside
 beside the influence mass of each record's span, through a monotone link
@@ -24,7 +25,7 @@ from .._lazy import lazy_names
 _NAMES = {
     "TASKS": "cases", "Case": "cases", "Builder": "cases", "make_case": "cases", "vocabulary_pool": "cases",
     "score_cases": "scoring", "score_batch": "scoring",
-    "grid_cases": "grid", "run_grid": "grid", "read_rows": "grid",
+    "grid_cases": "grid", "run_grid": "grid", "read_rows": "grid", "read_cases": "given",
     "Cell": "summary", "cells": "summary", "effective_length": "summary", "depth_average": "summary",
     "bootstrap_interval": "summary", "write_summary": "summary", "plot_task": "summary", "THRESHOLD": "summary",
     "TaskComparison": "versus_influence", "compare_task": "versus_influence", "plot_comparison": "versus_influence",

@@ -363,7 +363,7 @@ def _scores(mass, y, n, predicted, baseline, resamples, rng) -> dict:
 
 
 def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=None, resamples: int = 2000,
-                           seed: int = 0, source: str = "") -> TableComparison:
+                           seed: int = 0, source: str = "", masses=None) -> TableComparison:
     """`table` against the rollout: span masses, a `Link` fitted on `fit_settings`, tested on the other settings.
 
     Args:
@@ -374,6 +374,9 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
         resamples: draws of the parametric bootstrap of Spearman's interval.
         seed: its random seed.
         source: where the profiles came from, for the statement.
+        masses: ``(R,)`` the rows' span masses given directly instead of `span_masses` of `profile_at`'s
+            profiles (which may then be None): e.g. each row's mean over its cases of the measured
+            per-sequence influence summed over the span, the bound on what one profile per length can rank.
 
     Returns:
         A `TableComparison`; ``scores`` holds ``"fitted"`` (in sample), ``"held out"`` (all held-out rows) and
@@ -381,9 +384,13 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
         (the error of predicting the fitted rows' mean accuracy everywhere).
     """
     fit_names, held_names = split_settings(table, fit_settings)
-    profiles = {int(length): np.asarray(profile_at(int(length)), dtype=np.float64)
-                for length in dict.fromkeys(table.lengths.tolist())}
-    masses = span_masses(table, profiles)
+    if masses is None:
+        profiles = {int(length): np.asarray(profile_at(int(length)), dtype=np.float64)
+                    for length in dict.fromkeys(table.lengths.tolist())}
+        masses = span_masses(table, profiles)
+    masses = np.asarray(masses, dtype=np.float64)
+    if masses.shape != table.accuracy.shape or not np.all(masses > 0):
+        raise ConfigError(f"masses: shape {masses.shape}; allowed: ({len(table.accuracy)},), positive")
     settings = np.array(table.settings, dtype=object)
     fitted = np.isin(settings, fit_names)
     y, n = table.accuracy, table.n_cases.astype(np.float64)

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from .cases import Builder, case_key
 from .scoring import score_cases
 
-__all__ = ["grid_cases", "run_grid", "read_rows", "CASES_FILE", "SETTINGS_FILE"]
+__all__ = ["grid_cases", "run_grid", "read_rows", "append_rows", "CASES_FILE", "SETTINGS_FILE"]
 
 CASES_FILE = "cases.jsonl"
 """One scored case per line (`jaxroll.task.scoring.case_row`)."""
@@ -88,6 +88,11 @@ def read_rows(path) -> list[dict]:
                                   f"{allowed} (a {kind.__name__ if isinstance(kind, type) else kind[-1].__name__})")
         rows.append(row)
     return rows
+
+
+def append_rows(path, rows) -> None:
+    """Append scored rows to a ``cases.jsonl`` (flushed and synced: an interrupted run keeps them)."""
+    _append(Path(path), rows)
 
 
 def _append(path: Path, rows) -> None:
