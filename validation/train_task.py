@@ -26,8 +26,8 @@ records of the body), ``--depth-law ends`` draws the gold record's depth
 fraction from Beta(1/2, 1/2) instead of uniformly; ``--train-lengths`` draws
 each batch's length from its own list (default: the evaluated ``--lengths``):
 a BLOOM (ALiBi) trained at N = 64 and 128 alone stays on its loss plateau
-(ln 56) for 1,000 steps, while one trained at N = 32 as well leaves it within
-a few hundred (validation/models/task-u-alibi/README.md). Held-out cases use their
+(ln 56) for 1,000 steps, while one trained at N = 32 as well leaves it by
+step ~600 (validation/models/task-u-alibi/README.md). Held-out cases use their
 own seed (seed + 1); the monitor cases, on which the checkpoint is chosen,
 another (seed + 2). Writes under ``--out``: ``FAMILY/`` (the chosen
 checkpoint) and ``FAMILY-last/`` (the final state), each with
