@@ -117,3 +117,24 @@ def test_jaxroll_task_builder_follows_the_same_depth_rule():
         for fraction in tt.DEPTHS:
             case = builder.make("kv", length, fraction, 0, 0)
             assert case.depth == first + round(fraction * (last - first))
+
+
+def test_training_draws_only_the_train_lengths_and_a_too_short_one_is_refused_before_out(tmp_path, monkeypatch):
+    layout = tt.Layout(vocab=16, key_tokens=1)
+    drawn, real = [], tt.training_batch
+
+    def spy(layout_, length, *rest):
+        drawn.append(length)
+        return real(layout_, length, *rest)
+
+    monkeypatch.setattr(tt, "training_batch", spy)
+    model = tt.build_model("bloom", layout, layers=1, heads=2, hidden=8, length=40, seed=0)
+    monitor = tt.grid(layout, (24, 40), tt.DEPTHS, 1, seed=2)
+    tt.train(model, layout, lengths=(16, 24), steps=12, batch_size=2, learning_rate=1e-3, warmup=2,
+             depth_law="ends", queries=1, seed=0, monitor=monitor, eval_every=100, max_seconds=60, log=lambda _: None)
+    assert len(drawn) == 12 and set(drawn) <= {16, 24} and len(set(drawn)) == 2
+    # The shortest prompt holds BOS, one record (5) and the query (3): 9 tokens; 8 is refused, exit 2, no --out.
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as error:
+        tt.main(["--out", str(out), "--lengths", "64", "--key-tokens", "1", "--train-lengths", "32", "8"])
+    assert error.value.code == 2 and not out.exists()

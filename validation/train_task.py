@@ -23,7 +23,11 @@ Training is AdamW on the answers' cross-entropy alone (the distractors are
 random, nothing else is predictable); ``--queries q`` puts q questions after
 each training body (the first is the test's; the others ask about other
 records of the body), ``--depth-law ends`` draws the gold record's depth
-fraction from Beta(1/2, 1/2) instead of uniformly. Held-out cases use their
+fraction from Beta(1/2, 1/2) instead of uniformly; ``--train-lengths`` draws
+each batch's length from its own list (default: the evaluated ``--lengths``):
+a BLOOM (ALiBi) trained at N = 64 and 128 alone stays on its loss plateau
+(ln 56) for 1,000 steps, while one trained at N = 32 as well leaves it by
+step ~600 (validation/models/task-u-alibi/README.md). Held-out cases use their
 own seed (seed + 1); the monitor cases, on which the checkpoint is chosen,
 another (seed + 2). Writes under ``--out``: ``FAMILY/`` (the chosen
 checkpoint) and ``FAMILY-last/`` (the final state), each with
@@ -413,17 +417,19 @@ def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
     Returns ``{NAME: {table, curve, best_step (the state's step), ...}}``.
     """
     lengths = tuple(args.lengths)
+    # --train-lengths: the lengths trained on (default: the evaluated ones); short ones shorten the plateau.
+    train_lengths = tuple(args.train_lengths or lengths)
     if args.init is not None:  # a continuation: start from an earlier run's saved model of this family
         import transformers
 
         model = transformers.AutoModelForCausalLM.from_pretrained(str(args.init / family), dtype=torch.float32)
     else:
         model = build_model(family, layout, layers=args.layers, heads=args.heads, hidden=args.hidden,
-                            length=max(lengths), seed=args.seed)
+                            length=max(lengths + train_lengths), seed=args.seed)
     monitor = grid(layout, lengths, DEPTHS, args.monitor_samples, seed=args.seed + 2)
-    result = train(model, layout, lengths=lengths, steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
-                   warmup=args.warmup, depth_law=args.depth_law, queries=args.queries, seed=args.seed, monitor=monitor,
-                   eval_every=args.eval_every, max_seconds=args.max_seconds, log=log)
+    result = train(model, layout, lengths=train_lengths, steps=args.steps, batch_size=args.batch,
+                   learning_rate=args.lr, warmup=args.warmup, depth_law=args.depth_law, queries=args.queries,
+                   seed=args.seed, monitor=monitor, eval_every=args.eval_every, max_seconds=args.max_seconds, log=log)
     last, chosen = result.pop("last_state"), result.pop("state")
     held_out = grid(layout, lengths, DEPTHS, args.samples, seed=args.seed + 1)
     parameters = int(sum(p.numel() for p in model.parameters()))
@@ -442,13 +448,19 @@ def run_family(family: str, args, layout: Layout, out: Path, log=print) -> dict:
     return entries
 
 
+def _trained_at(train_lengths) -> str:
+    """The figure title's note of the training lengths, empty when they are the evaluated ones."""
+    return f", trained at N = {', '.join(map(str, train_lengths))}" if train_lengths else ""
+
+
 def replot(out: Path) -> Path:
     """Redraw ``out/accuracy.png`` from a finished run's ``accuracy.json`` and ``training.json``."""
     tables = json.loads((out / "accuracy.json").read_text(encoding="utf-8"))
     training = json.loads((out / "training.json").read_text(encoding="utf-8"))
     recipe = training["recipe"]
     plot(out / "accuracy.png", tables,
-         f"key-value retrieval, {recipe['depth_law']} depths, {recipe['layers']} layers x hidden {recipe['hidden']}\n"
+         f"key-value retrieval, {recipe['depth_law']} depths{_trained_at(recipe.get('train_lengths'))}, "
+         f"{recipe['layers']} layers x hidden {recipe['hidden']}\n"
          f"held-out exact match ({recipe['samples']} cases a point), 95% bars",
          {f: r["best_step"] for f, r in training["families"].items()}, 1 / (recipe["vocab"] - FIRST_SYMBOL))
     return out / "accuracy.png"
@@ -460,6 +472,8 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="write into an existing --out")
     parser.add_argument("--families", nargs="+", default=["bloom", "llama"], choices=["bloom", "llama"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--train-lengths", nargs="+", type=int, default=None,
+                        help="lengths drawn for training batches (default: --lengths, which are evaluated)")
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--key-tokens", type=int, default=2)
     parser.add_argument("--value-tokens", type=int, default=1)
@@ -484,7 +498,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     layout = Layout(vocab=args.vocab, key_tokens=args.key_tokens, value_tokens=args.value_tokens)
     try:  # refused in one line before --out is made
-        for length in args.lengths:
+        for length in args.lengths + (args.train_lengths or []):
             layout.depth_range(length)
     except ValueError as error:
         parser.error(f"--lengths: {error}")
@@ -507,7 +521,8 @@ def main(argv=None) -> int:
                 "families": results, "threads": 1}
     (args.out / "training.json").write_text(json.dumps(training, indent=1) + "\n", encoding="utf-8")
     plot(args.out / "accuracy.png", tables,
-         f"key-value retrieval, {args.depth_law} depths, {args.layers} layers x hidden {args.hidden}\n"
+         f"key-value retrieval, {args.depth_law} depths{_trained_at(args.train_lengths)}, "
+         f"{args.layers} layers x hidden {args.hidden}\n"
          f"held-out exact match ({args.samples} cases a point), 95% bars",
          {f: r["best_step"] for f, r in results.items()}, 1 / (args.vocab - FIRST_SYMBOL))
     return 0
