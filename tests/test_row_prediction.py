@@ -252,6 +252,29 @@ def test_the_closed_ratio_form_without_a_change_is_the_rollout_of_the_mean_kerne
     np.testing.assert_allclose(prediction.baseline, oracle, rtol=0, atol=1e-10)
 
 
+def test_the_closed_ratio_form_under_a_rotary_rescale_as_the_hand_oracle(tmp_path):
+    model, ids = _llama(), _ids()
+    ratios, tau, lam, rho = [1.0, 2.0, 1.5, 3.0], 0.8, np.array([0.45]), np.array([0.4])
+    spec = tmp_path / "ratios.yaml"
+    spec.write_text(f"rotary_ratio: {ratios}\ntau: {tau}\n")
+    prediction = predict_rows(model, ids, lam, parse(str(spec)), batch_size=2, shares=rho)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    changed = _softmax_rows(np.where(j <= i, _llama_logits(model, ids, ratios) / tau, -np.inf))
+    plain = _softmax_rows(np.where(j <= i, _llama_logits(model, ids), -np.inf))
+    oracle = _closed_ratio_roll(lam, changed.mean((0, 1))[None], plain.mean((0, 1))[None],
+                                _path_weights_by_loops(plain)[None], _path_weights_by_loops(changed)[None], rho,
+                                np.full((1, N), 1 / tau))
+    np.testing.assert_allclose(prediction.profile, oracle, rtol=0, atol=1e-10)
+
+
+def test_shares_are_checked_before_any_forward_pass():
+    from jaxroll.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        predict_rows(_bloom(), _ids(), np.array([0.3, 0.5]), parse("tau=0.7"), shares=np.array([0.2, 1.0]))
+    assert error.value.field == "probability_shares" and "\n" not in str(error.value)
+
+
 def test_a_per_head_temperature_enters_as_its_heads_mean_gain(tmp_path):
     from jaxroll.measure.row_prediction import logit_gains, row_plan
 

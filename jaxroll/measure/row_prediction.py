@@ -276,6 +276,27 @@ def _accumulate_rotated(sums, plan, resolved, capture, config):
     return on_query_key
 
 
+def _prediction(sums, count: int, lambdas, changes, plan, shares, windows) -> RowPrediction:
+    """The running sums of `count` sequences rolled out: today's layer on the rows (``rows_profile``), the
+    baseline (the mean kernel), and with `shares` the closed-ratio profile (`path_rolled_out`)."""
+    baseline_kernels, kernels = sums["baseline"] / count, sums["changed"] / count
+    mixed = lambdas
+    branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
+    if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
+        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
+    rows_profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
+    prediction = RowPrediction(rows_profile, baseline, mixed, kernels, baseline_kernels, int(count), ROWS_ONLY,
+                               rows_profile)
+    if shares is None:
+        return prediction
+    weights, changed_weights = sums["baseline_weights"] / count, sums["changed_weights"] / count
+    layers, n = kernels.shape[0], kernels.shape[-1]
+    gains = logit_gains(plan, layers, n, windows)
+    profile = path_rolled_out(mixed, kernels, baseline_kernels, weights, changed_weights, shares, gains)
+    return dataclasses.replace(prediction, profile=profile, form=CLOSED_RATIO, weights=weights,
+                               changed_weights=changed_weights, gains=gains)
+
+
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
                  plan=None, shares=None) -> RowPrediction:
     """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring):
@@ -326,6 +347,11 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
     lambdas = np.asarray(lambdas, dtype=np.float64)
     if lambdas.shape != (layers,) or not np.all((lambdas >= 0) & (lambdas <= 1)):
         raise ConfigError.of("lambdas", f"shape {lambdas.shape}", f"({layers},) values in [0, 1], one per block")
+    if shares is not None:  # checked before the forward passes, not by the engine after them
+        shares = np.asarray(shares, dtype=np.float64)
+        if shares.shape != (layers,) or not np.all((shares >= 0) & (shares < 1)):
+            raise ConfigError.of("probability_shares", f"shape {shares.shape}: {shares.tolist()}",
+                                 f"({layers},) values in [0, 1), one per block")
     plan = row_plan(changes, model.config) if plan is None else plan
     _check_memory(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0]), max_memory)
     bias = key_bias(model, resolved, n)
@@ -341,21 +367,8 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         for first in range(0, ids.shape[0], int(batch_size)):
             batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
             model(input_ids=batch, use_cache=False)
-    baseline_kernels, kernels = sums["baseline"] / ids.shape[0], sums["changed"] / ids.shape[0]
-    mixed = lambdas
-    branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
-    if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
-        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
-    rows_profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
-    prediction = RowPrediction(rows_profile, baseline, mixed, kernels, baseline_kernels, int(ids.shape[0]),
-                               ROWS_ONLY, rows_profile)
-    if shares is not None:
-        weights, changed_weights = sums["baseline_weights"] / ids.shape[0], sums["changed_weights"] / ids.shape[0]
-        gains = logit_gains(plan, layers, n, resolved.windows)
-        profile = path_rolled_out(mixed, kernels, baseline_kernels, weights, changed_weights, shares, gains)
-        prediction = dataclasses.replace(prediction, profile=profile, form=CLOSED_RATIO, weights=weights,
-                                         changed_weights=changed_weights, gains=gains)
-    if not (np.all(np.isfinite(prediction.profile)) and np.all(np.isfinite(baseline))):
+    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows)
+    if not (np.all(np.isfinite(prediction.profile)) and np.all(np.isfinite(prediction.baseline))):
         raise ConfigError.of("per-sequence rows", "a non-finite profile", "finite attention rows")
     return prediction
 
