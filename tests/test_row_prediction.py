@@ -16,8 +16,14 @@ Oracles, none of them the code under test:
   measured ``attention`` statistic (recomputed from q and k by `measure`)
   rolled out by hand with the measured lambdas (1e-10), not the mean of
   per-sequence rollouts (which differs);
+- the closed-ratio form (with the probability path's shares): the BLOOM's
+  eager rows changed by hand, their path weights
+  ``A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` by loops, the moved shape
+  ``K C'/C``, the formed layer ``((1 - lambda) e_i + lambda B_i) / (1 - lambda
+  + lambda W_i)`` and its rollout, all in NumPy float64 (1e-10); with no
+  change it is the rollout of the mean kernel (1e-10);
 - refusals: one line, exit 2, no --out; the command end to end into
-  ``jaxroll effect``.
+  ``jaxroll effect``, with and without ``paths`` in the baseline.
 """
 
 from __future__ import annotations
@@ -171,6 +177,115 @@ def test_bloom_prediction_changes_the_models_own_rows_by_hand():
     np.testing.assert_allclose(prediction.profile, _roll(lam, kernels), rtol=0, atol=1e-10)
 
 
+def _path_weights_by_loops(alpha):
+    """``C_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` of rows ``(S, H, N, N)``, averaged over s, h."""
+    out = np.zeros(alpha.shape[-2:])
+    for rows in alpha.reshape(-1, N, N):
+        for i in range(N):
+            for j in range(N):
+                others = sum(rows[i, k] ** 2 for k in range(N) if k != j)
+                out[i, j] += rows[i, j] * np.sqrt((1.0 - rows[i, j]) ** 2 + others)
+    return out / (alpha.shape[0] * alpha.shape[1])
+
+
+def _closed_ratio_roll(lambdas, changed, unchanged, weights, changed_weights, shares, gains):
+    """The closed-ratio layers ``(T, N, N)`` formed by hand and rolled out: ``P = K C'/C`` (1 where C = 0),
+    ``B = (1 - rho) K' + rho sigma_i P_i / |P_i|``, ``R_i = ((1 - lambda) e_i + lambda B_i) / (1 - lambda +
+    lambda W_i)``, ``e_{N-1}^T R_T ... R_1`` over its sum."""
+    v = np.zeros(N)
+    v[-1] = 1.0
+    for t in reversed(range(len(lambdas))):
+        ratio = np.ones((N, N))
+        ratio[weights[t] > 0] = changed_weights[t][weights[t] > 0] / weights[t][weights[t] > 0]
+        moved = unchanged[t] * ratio
+        branch = (1 - shares[t]) * changed[t] + shares[t] * gains[t][:, None] * moved / moved.sum(-1, keepdims=True)
+        lam = lambdas[t]
+        layer = ((1 - lam) * np.eye(N) + lam * branch) / (1 - lam + lam * branch.sum(-1))[:, None]
+        v = v @ layer
+    return v / v.sum()
+
+
+def _bloom_rows(model, ids):
+    """The eager rows ``(T, S, H, N, N)`` float64 of the model, softmax in float64."""
+    from jaxroll.measure.precision import full_precision
+
+    with torch.no_grad(), full_precision(model):
+        attentions = model(input_ids=torch.as_tensor(ids), output_attentions=True).attentions
+    return np.stack([alpha.double().numpy() for alpha in attentions])
+
+
+def test_the_closed_ratio_form_matches_a_numpy_float64_oracle():
+    model, ids = _bloom(), _ids()
+    tau, ssmax, gamma, lam, rho = 1.5, 0.8, 0.6, np.array([0.3, 0.55]), np.array([0.35, 0.5])
+    prediction = predict_rows(model, ids, lam, parse(f"tau={tau},ssmax_scale={ssmax},gamma={gamma}"),
+                              batch_size=2, shares=rho)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    # Under tau and SSMax a = c = s ln(i + 1) / tau: the ALiBi bias is scaled with the content, so the changed
+    # logits are a(i) log alpha up to a row constant.
+    gain = ssmax * np.log(np.arange(N) + 1.0) / tau
+    alphas = _bloom_rows(model, ids)
+    changed = np.stack([_softmax_rows(np.where(j <= i, gain[:, None] * np.log(np.where(j <= i, a, 1.0)), -np.inf))
+                        for a in alphas])
+    weights = np.stack([_path_weights_by_loops(a) for a in alphas])
+    changed_weights = np.stack([_path_weights_by_loops(a) for a in changed])
+    kernels, unchanged = changed.mean((1, 2)), alphas.mean((1, 2))
+    lambdas = _mixed(gamma, lam)
+    oracle = _closed_ratio_roll(lambdas, kernels, unchanged, weights, changed_weights, rho, np.stack([gain] * 2))
+    assert prediction.form == "closed ratio"
+    np.testing.assert_allclose(prediction.weights, weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(prediction.changed_weights, changed_weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(prediction.gains, np.stack([gain] * 2), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(prediction.profile, oracle, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.rows_profile, _roll(lambdas, kernels), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.baseline, _roll(lam, unchanged), rtol=0, atol=1e-10)
+    # The probability path moves the prediction: the form is not today's layer on the rows.
+    assert np.abs(prediction.profile - prediction.rows_profile).max() > 1e-3
+
+
+def test_the_closed_ratio_form_without_a_change_is_the_rollout_of_the_mean_kernel():
+    model, ids = _bloom(), _ids()
+    lam = np.array([0.3, 0.55])
+    prediction = predict_rows(model, ids, lam, [], batch_size=2, shares=np.array([0.4, 0.6]))
+    oracle = _roll(lam, _bloom_rows(model, ids).mean((1, 2)))
+    assert prediction.form == "closed ratio"
+    np.testing.assert_allclose(prediction.profile, oracle, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.baseline, oracle, rtol=0, atol=1e-10)
+
+
+def test_the_closed_ratio_form_under_a_rotary_rescale_as_the_hand_oracle(tmp_path):
+    model, ids = _llama(), _ids()
+    ratios, tau, lam, rho = [1.0, 2.0, 1.5, 3.0], 0.8, np.array([0.45]), np.array([0.4])
+    spec = tmp_path / "ratios.yaml"
+    spec.write_text(f"rotary_ratio: {ratios}\ntau: {tau}\n")
+    prediction = predict_rows(model, ids, lam, parse(str(spec)), batch_size=2, shares=rho)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    changed = _softmax_rows(np.where(j <= i, _llama_logits(model, ids, ratios) / tau, -np.inf))
+    plain = _softmax_rows(np.where(j <= i, _llama_logits(model, ids), -np.inf))
+    oracle = _closed_ratio_roll(lam, changed.mean((0, 1))[None], plain.mean((0, 1))[None],
+                                _path_weights_by_loops(plain)[None], _path_weights_by_loops(changed)[None], rho,
+                                np.full((1, N), 1 / tau))
+    np.testing.assert_allclose(prediction.profile, oracle, rtol=0, atol=1e-10)
+
+
+def test_shares_are_checked_before_any_forward_pass():
+    from jaxroll.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        predict_rows(_bloom(), _ids(), np.array([0.3, 0.5]), parse("tau=0.7"), shares=np.array([0.2, 1.0]))
+    assert error.value.field == "probability_shares" and "\n" not in str(error.value)
+
+
+def test_a_per_head_temperature_enters_as_its_heads_mean_gain(tmp_path):
+    from jaxroll.measure.row_prediction import logit_gains, row_plan
+
+    model = _bloom()
+    spec = tmp_path / "tau.yaml"
+    spec.write_text("tau: [0.5, 1.0, 2.0, 4.0]\n")
+    plan = row_plan(parse(str(spec)), model.config)
+    gains = logit_gains(plan, 2, N, [None, None])
+    np.testing.assert_allclose(gains, np.full((2, N), (2.0 + 1.0 + 0.5 + 0.25) / 4), rtol=0, atol=1e-14)
+
+
 def test_without_a_change_it_is_the_rollout_of_the_mean_kernel():
     from jaxroll.measure import measure
     from jaxroll.theory.sequence_mean import mean_of_rollouts
@@ -220,6 +335,7 @@ def measured(tmp_path_factory):
     word_texts(root / "texts.txt", [30] * 4)
     common = ["--texts", root / "texts.txt", "--length", 12, "--samples", 4, "--dtype", "float64", "--quiet"]
     for name, extra in (("base", ["--stats", "lambda,influence,attention"]),
+                        ("paths", ["--stats", "lambda,influence,attention,paths"]),
                         ("tau", ["--stats", "lambda,influence", "--intervene", "tau=1.5"])):
         assert main([str(a) for a in ["measure", root / "model", *common, *extra, "--out", root / name]]) == 0
     return root
@@ -252,6 +368,30 @@ def test_command_end_to_end_into_effect(measured, tmp_path, capsys):
     middle = result["changes"]["middle_mass"]
     assert middle["predicted"] == pytest.approx(middle_mass(profile) - middle_mass(baseline), abs=1e-12)
     assert result["predictor"] == "the per-sequence rows"  # rows.json beside the profile names the predictor
+    # A baseline measured without paths has no probability_over_value: today's layer on the rows, said so.
+    assert record["form"] == "rows" and "no probability_over_value" in record["method"]
+    assert record["middle_mass"]["predicted_rows_only"] == record["middle_mass"]["predicted"]
+
+
+def test_command_with_paths_runs_the_closed_ratio_form(measured, tmp_path, capsys):
+    from jaxroll import io
+
+    out = tmp_path / "pred"
+    code, stdout, stderr = run_cli(["predict-rows", "--measured", measured / "paths", "--intervene", "tau=1.5",
+                                    "--out", out, "--json"], capsys)
+    assert code == 0, stderr
+    record = json.loads(stdout)
+    arrays = np.load(measured / "paths" / "measurement.npz")
+    ratio = np.nan_to_num(arrays["probability_over_value"], nan=0.0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(measured / "model", dtype=torch.float64,
+                                                              attn_implementation="eager")
+    direct = predict_rows(model, arrays["token_ids"], arrays["lambdas"], parse("tau=1.5"), shares=ratio / (1 + ratio))
+    assert record["form"] == "closed ratio" and "closed ratio" in record["method"]
+    np.testing.assert_allclose(record["probability_shares"], ratio / (1 + ratio), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(record["logit_gains_last_row"], np.full(ratio.size, 1 / 1.5), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(io.read_profile(out / "profile.csv"), direct.profile, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(io.read_profile(out / "baseline_profile.csv"), _roll(arrays["lambdas"],
+                               arrays["attention_mean"]), rtol=0, atol=1e-10)
 
 
 def _bad(measured, tmp_path):

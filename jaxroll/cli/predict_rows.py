@@ -21,9 +21,15 @@ def add_parser(commands) -> None:
                     "rotary_ratio recomputes them from q and k rotated at p / r; gamma acts on the lambdas; "
                     "sinks are refused), are averaged over sequences and heads per layer, and are "
                     "rolled out with the lambdas; the same without the change is the predicted baseline (the "
-                    "rollout of the mean kernel). Sequences stream in micro-batches. Writes profile.csv and "
+                    "rollout of the mean kernel). When DIR measured paths (every default measurement does: "
+                    "probability_over_value), each layer also carries the probability path in the closed-ratio "
+                    "form: the path weights of the unchanged and changed rows move the mean kernel's shape, "
+                    "weighted by the path's share rho = r / (1 + r) and the logit gain (1/tau, SSMax's s ln n_i; "
+                    "a per-head tau as its heads' mean); without paths, today's layer on the rows. rows.json "
+                    "names the form that ran. Sequences stream in micro-batches. Writes profile.csv and "
                     "baseline_profile.csv (for jaxroll effect --predicted and --predicted-baseline) and "
-                    "rows.json into --out (docs/interventions.md, 'Predicting by the per-sequence rows').")
+                    "rows.json into --out (docs/interventions.md, 'Predicting by the per-sequence rows' and "
+                    "'The probability path's shape').")
     rows.add_argument("--measured", type=Path, default=None, metavar="DIR",
                       help="the baseline measurement (the --out of jaxroll measure, without --intervene)")
     _common.add_intervene_argument(rows, "the change to predict", "rows.json records it")
@@ -64,6 +70,7 @@ def _run_predict_rows(arguments) -> None:
     middle = record["middle_mass"]
     print(f"jaxroll predict-rows: {arguments.measured} (S = {record['sequences']}, N = {record['length']}), "
           f"intervened: {arguments.intervene}")
-    print(f"  middle mass: predicted {middle['predicted']:.4f}, predicted baseline {middle['predicted_baseline']:.4f}, "
-          f"change {middle['change']:+.4f}")
+    print(f"  form: {record['form']}; middle mass: predicted {middle['predicted']:.4f}, predicted baseline "
+          f"{middle['predicted_baseline']:.4f}, change {middle['change']:+.4f} (today's layer on the rows: "
+          f"{middle['change_rows_only']:+.4f})")
     print(f"  wrote {', '.join(str(path) for path in paths)}")

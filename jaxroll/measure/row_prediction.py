@@ -34,6 +34,23 @@ sequence) are refused in one line. Sequences stream in micro-batches of B:
 forward hooks turn one layer's ``(B, H, N, N)`` rows into the running sums
 ``(T, N, N)`` (changed and unchanged) before the next layer runs, so no
 ``S x T x H x N x N`` array is ever held (`working_bytes`).
+
+**The probability path** (docs/interventions.md, "The probability path's shape"). Given the baseline
+measurement's shares ``rho_t = r_t / (1 + r_t)`` (its ``probability_over_value`` r_t), the hooks also keep the
+running means of the path weights of the unchanged and the changed rows,
+``C_t = mean_{s,h} c(alpha_{t,h}^s)``, ``C'_t = mean_{s,h} c(alpha'_{t,h}^s)`` with
+``c(A)_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` (`jaxroll.engine.probability.path_weights`), and
+the prediction is the "closed ratio" layer (`with_path_shape` of `moved_shape`):
+
+    P_t      = A_t (.) C'_t / C_t                       (1 where C_t = 0)
+    B_t(i,:) = (1 - rho_t) A'_t(i,:) + rho_t sigma_t(i) P_t(i,:) / sum_j P_t(i,j)
+    R'_t(i,:) = ((1 - lambda'_t) e_i + lambda'_t B_t(i,:)) / (1 - lambda'_t + lambda'_t sum_j B_t(i,j))
+
+with ``sigma_t(i) = mean_h a_{t,h}(i)`` the change's factor on the content logits (1 / tau; SSMax's
+``s ln n_i``; a per-head tau enters head-averaged; 1 for slope scale, kappa, gamma and the rotary ratio, where
+only the shape ratio moves). With no change it is today's layer exactly, and the predicted baseline stays the
+rollout of the mean kernel. Without shares (a baseline measured without ``paths``) the prediction is the
+rollout of ``A'_t`` above.
 """
 
 from __future__ import annotations
@@ -46,12 +63,17 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction",
-           "working_bytes", "rolled_out", "PROFILE_FILE", "BASELINE_FILE"]
+           "working_bytes", "rolled_out", "path_rolled_out", "logit_gains", "PROFILE_FILE", "BASELINE_FILE",
+           "CLOSED_RATIO", "ROWS_ONLY"]
 
 PROFILE_FILE = "profile.csv"
 """The predicted profile of the intervened model (``jaxroll effect --predicted``)."""
 BASELINE_FILE = "baseline_profile.csv"
 """The predicted profile of the unchanged model (``jaxroll effect --predicted-baseline``)."""
+CLOSED_RATIO = "closed ratio"
+"""`RowPrediction.form` with the probability path (the baseline measured ``paths``)."""
+ROWS_ONLY = "rows"
+"""`RowPrediction.form` without it: today's layer on the changed rows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +86,10 @@ class RowPrediction:
         lambdas: ``lambda'_t (T,)`` the intervened rollout used (the branch scale applied).
         kernels: ``A'_t (T, N, N)``, the mean changed kernels; baseline_kernels: ``A_t``.
         sequences: S, the sequences averaged.
+        form: `CLOSED_RATIO` (with the probability path) or `ROWS_ONLY`.
+        rows_profile: ``(N,)`` today's layer on the changed rows (`profile` itself under `ROWS_ONLY`).
+        weights, changed_weights: ``C_t``, ``C'_t (T, N, N)``, the mean path weights (None under `ROWS_ONLY`).
+        gains: ``sigma_t(i) (T, N)``, the logit gains (None under `ROWS_ONLY`).
     """
 
     profile: np.ndarray
@@ -72,6 +98,11 @@ class RowPrediction:
     kernels: np.ndarray
     baseline_kernels: np.ndarray
     sequences: int
+    form: str = ROWS_ONLY
+    rows_profile: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    changed_weights: np.ndarray | None = None
+    gains: np.ndarray | None = None
 
 
 def row_plan(changes, config):
@@ -94,10 +125,11 @@ def row_plan(changes, config):
 
 
 def working_bytes(layers: int, heads: int, length: int, batch_size: int) -> int:
-    """Peak bytes of `predict_rows` beside the model's own forward: the two running sums ``2 T N^2`` and about
-    five ``(B, H, N, N)`` float64 copies of one layer's rows (read, log, changed logits, softmax, mask)."""
+    """Peak bytes of `predict_rows` beside the model's own forward: the four running sums ``4 T N^2`` (rows and
+    path weights, unchanged and changed) and about six ``(B, H, N, N)`` float64 copies of one layer's rows
+    (read, log, changed logits, softmax, mask, path weights)."""
     n2 = int(length) ** 2
-    return 8 * (2 * int(layers) * n2 + 5 * int(batch_size) * int(heads) * n2 + 2 * int(layers) * int(length))
+    return 8 * (4 * int(layers) * n2 + 6 * int(batch_size) * int(heads) * n2 + 2 * int(layers) * int(length))
 
 
 def _check_memory(layers: int, heads: int, length: int, batch: int, limit: int | None) -> None:
@@ -120,6 +152,53 @@ def rolled_out(lambdas, kernels) -> np.ndarray:
     return influence_with_mass(model)[0]
 
 
+def logit_gains(plan, layers: int, length: int, windows) -> np.ndarray:
+    """``sigma_t(i) = mean_h a_{t,h}(i)`` ``(T, N)`` float64: the change's factor on the content logits per layer
+    and row (`LogitChange.terms`' a), head-averaged: ``1 / tau``, SSMax's ``s ln n_i`` (n_i the keys row i
+    sees, its window's), 1 where the change leaves the content logits (slope scale, kappa, gamma, rotary ratio)
+    or for no change. A per-head tau enters as its heads' mean gain (the closed-ratio layer carries one gain
+    per layer and row)."""
+    import torch
+
+    gains = np.ones((int(layers), int(length)))
+    if plan is None or plan.change is None:
+        return gains
+    rows = torch.arange(int(length))
+    for layer in range(int(layers)):
+        window = windows[layer] if windows is not None else None
+        counts = (rows + 1 if window is None else (rows + 1).clamp(max=window)).to(torch.float64)
+        a = plan.change.terms(layer, rows, rows, counts[None, None, :, None])[0]
+        if a is not None:  # (1, H, N, 1)
+            gains[layer] = a.mean(dim=(0, 1))[:, 0].cpu().numpy()
+    return gains
+
+
+def path_rolled_out(lambdas, kernels, baseline_kernels, weights, changed_weights, shares, gains) -> np.ndarray:
+    """The closed-ratio rollout (module docstring) ``(N,)`` float64: `jaxroll.engine.probability.with_path_shape`
+    of ``K' = kernels`` and ``moved_shape(K, C, C')`` (K = `baseline_kernels`, C = `weights`, C' =
+    `changed_weights`, each ``(T, N, N)``), shares rho ``(T,)``, gains sigma ``(T, N)``, rolled out with
+    `lambdas` ``(T,)`` by the engine in float64. Equal to `rolled_out` of `kernels` where ``C' = C`` and
+    ``sigma = 1``.
+
+    Raises:
+        ConfigError: one line naming ``probability_shares``, ``logit_gains`` or ``path_shape``.
+    """
+    import jax
+
+    from ..engine.probability import moved_shape, with_path_shape
+    from ..model import RolloutModel
+    from ..rollout import influence
+
+    kernels = np.asarray(kernels, dtype=np.float64)
+    with jax.enable_x64(True):  # the rows' float64, as `rolled_out`'s NumPy
+        shape = moved_shape(baseline_kernels, weights, changed_weights)
+        kernel = with_path_shape(kernels, shape, np.asarray(shares, dtype=np.float64),
+                                 np.asarray(gains, dtype=np.float64))
+        model = RolloutModel.create(kernel=kernel, lambdas=np.asarray(lambdas, dtype=np.float64),
+                                    sequence_length=kernels.shape[-1])
+        return np.asarray(influence(model), dtype=np.float64)
+
+
 def _changed_rows(probabilities, change, layer: int, bias, window):
     """One layer's rows ``(B, H, N, N)`` changed by `change` (module docstring), float64, hidden entries 0."""
     import torch
@@ -136,18 +215,37 @@ def _changed_rows(probabilities, change, layer: int, bias, window):
     return torch.softmax(logits, dim=-1)
 
 
+def _path_weights(rows):
+    """``c(A)_ij = A_ij sqrt(1 - 2 A_ij + sum_k A_ik^2)`` of rows ``(B, H, q, N)`` (torch, float64): the engine's
+    `jaxroll.engine.probability.path_weights` (0 where the spread is not positive: a row with one key)."""
+    import torch
+
+    rows = rows.double()
+    spread = 1.0 - 2.0 * rows + (rows * rows).sum(-1, keepdim=True)
+    return rows * torch.sqrt(spread.clamp(min=0.0))
+
+
+def _add(sums, name, layer, rows, start: int = 0) -> None:
+    """Rows ``(B, H, q, N)`` summed over the batch, averaged over heads, into ``sums[name][layer][start:]``,
+    and their path weights into ``sums[name + "_weights"]`` (the same rows, so both means share S)."""
+    stop = start + rows.shape[2]
+    sums[name][layer][start:stop] += rows.mean(1).sum(0).cpu().numpy()  # in the rows' own precision, as before
+    sums[name + "_weights"][layer][start:stop] += _path_weights(rows).mean(1).sum(0).cpu().numpy()
+
+
 def _accumulate(sums, plan, bias, windows):
-    """The hook's callback: one layer's probabilities added, head-averaged, to both running sums."""
+    """The hook's callback: one layer's probabilities added, head-averaged, to both running sums (and their
+    path weights to theirs)."""
     def on_probabilities(layer, probabilities):
         p = probabilities.double()
-        sums["baseline"][layer] += p.mean(1).sum(0).cpu().numpy()
+        _add(sums, "baseline", layer, p)
         if plan is None:  # the changed rows come from q and k (`_accumulate_rotated`)
             return
         if plan.change is None:
-            sums["changed"][layer] += p.mean(1).sum(0).cpu().numpy()
+            _add(sums, "changed", layer, p)
             return
         changed = _changed_rows(p, plan.change, layer, None if bias is None else bias.to(p.device), windows[layer])
-        sums["changed"][layer] += changed.mean(1).sum(0).cpu().numpy()
+        _add(sums, "changed", layer, changed)
     return on_probabilities
 
 
@@ -174,19 +272,40 @@ def _accumulate_rotated(sums, plan, resolved, capture, config):
         k = rerotate(k.transpose(1, 2), positions, inv_freq, change.key_rotary_ratios[layer]).transpose(1, 2)
         for start, rows in row_chunks(q, k, scale=scale, window=resolved.windows[layer], precision=dtype,
                                       change=functools.partial(change.logits, layer)):
-            stop = start + rows.shape[2]
-            sums["changed"][layer][start:stop] += rows.mean(1).sum(0).cpu().numpy()
+            _add(sums, "changed", layer, rows, start)
     return on_query_key
 
 
+def _prediction(sums, count: int, lambdas, changes, plan, shares, windows) -> RowPrediction:
+    """The running sums of `count` sequences rolled out: today's layer on the rows (``rows_profile``), the
+    baseline (the mean kernel), and with `shares` the closed-ratio profile (`path_rolled_out`)."""
+    baseline_kernels, kernels = sums["baseline"] / count, sums["changed"] / count
+    mixed = lambdas
+    branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
+    if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
+        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
+    rows_profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
+    prediction = RowPrediction(rows_profile, baseline, mixed, kernels, baseline_kernels, int(count), ROWS_ONLY,
+                               rows_profile)
+    if shares is None:
+        return prediction
+    weights, changed_weights = sums["baseline_weights"] / count, sums["changed_weights"] / count
+    layers, n = kernels.shape[0], kernels.shape[-1]
+    gains = logit_gains(plan, layers, n, windows)
+    profile = path_rolled_out(mixed, kernels, baseline_kernels, weights, changed_weights, shares, gains)
+    return dataclasses.replace(prediction, profile=profile, form=CLOSED_RATIO, weights=weights,
+                               changed_weights=changed_weights, gains=gains)
+
+
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
-                 plan=None) -> RowPrediction:
+                 plan=None, shares=None) -> RowPrediction:
     """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring):
 
         A'_t = mean_{s,h} softmax_j(a(i) (log alpha_{t,h}^s - b) + c(i) b + d(i, j))     (T, N, N)
         p'   = e_{N-1}^T R'_T ... R'_1 / sum,  R'_t = (1 - lambda'_t) I + lambda'_t A'_t  (N,)
 
-    and p the same with a = c = 1, d = 0 and lambda_t (the rollout of the mean kernel).
+    and p the same with a = c = 1, d = 0 and lambda_t (the rollout of the mean kernel). With `shares` rho_t,
+    p' is the closed-ratio layer's instead (`path_rolled_out`: the module docstring's B_t and R'_t).
 
     Args:
         model: a Hugging Face ``*ForCausalLM`` loaded with eager attention (its
@@ -198,9 +317,11 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         batch_size: sequences per forward pass (B >= 1).
         max_memory: refuse when `working_bytes` exceeds it (bytes; default: the memory available).
         plan: `row_plan` of `changes`, when the caller checked it already.
+        shares: ``rho_t (T,)`` in [0, 1), the probability path's share of each branch (``r / (1 + r)`` of the
+            baseline's ``probability_over_value``), or None for today's layer on the rows.
 
     Returns:
-        `RowPrediction`: profiles ``(N,)``, kernels ``(T, N, N)``.
+        `RowPrediction`: profiles ``(N,)``, kernels ``(T, N, N)``, its form.
 
     Raises:
         ConfigError: one line naming the field: ids, batch size, lambdas,
@@ -226,11 +347,16 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
     lambdas = np.asarray(lambdas, dtype=np.float64)
     if lambdas.shape != (layers,) or not np.all((lambdas >= 0) & (lambdas <= 1)):
         raise ConfigError.of("lambdas", f"shape {lambdas.shape}", f"({layers},) values in [0, 1], one per block")
+    if shares is not None:  # checked before the forward passes, not by the engine after them
+        shares = np.asarray(shares, dtype=np.float64)
+        if shares.shape != (layers,) or not np.all((shares >= 0) & (shares < 1)):
+            raise ConfigError.of("probability_shares", f"shape {shares.shape}: {shares.tolist()}",
+                                 f"({layers},) values in [0, 1), one per block")
     plan = row_plan(changes, model.config) if plan is None else plan
     _check_memory(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0]), max_memory)
     bias = key_bias(model, resolved, n)
     bias = None if bias is None else bias[None, :, None, :]  # (1, H, 1, N): b_h(j)
-    sums = {"baseline": np.zeros((layers, n, n)), "changed": np.zeros((layers, n, n))}
+    sums = {name: np.zeros((layers, n, n)) for name in ("baseline", "changed", "baseline_weights", "changed_weights")}
     device = model.get_input_embeddings().weight.device
     rotated = plan.change is not None and plan.change.rotary_ratios is not None
     capture = RotaryCapture(model, resolved) if rotated else contextlib.nullcontext()
@@ -241,19 +367,16 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         for first in range(0, ids.shape[0], int(batch_size)):
             batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
             model(input_ids=batch, use_cache=False)
-    baseline_kernels, kernels = sums["baseline"] / ids.shape[0], sums["changed"] / ids.shape[0]
-    mixed = lambdas
-    branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
-    if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
-        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
-    profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
-    if not (np.all(np.isfinite(profile)) and np.all(np.isfinite(baseline))):
+    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows)
+    if not (np.all(np.isfinite(prediction.profile)) and np.all(np.isfinite(prediction.baseline))):
         raise ConfigError.of("per-sequence rows", "a non-finite profile", "finite attention rows")
-    return RowPrediction(profile, baseline, mixed, kernels, baseline_kernels, int(ids.shape[0]))
+    return prediction
 
 
-def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(token_ids (S, N), lambdas (T,), metadata)`` of a baseline measurement folder, checked."""
+def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray, dict, np.ndarray | None]:
+    """``(token_ids (S, N), lambdas (T,), metadata, shares (T,) or None)`` of a baseline measurement folder,
+    checked; shares ``rho_t = r_t / (1 + r_t)`` of its ``probability_over_value`` (NaN read as 0, as
+    `MeasurementResult.to_rollout_model` reads it), None when it measured no ``paths``."""
     from .outputs import read_measurement
 
     if not directory.is_dir():
@@ -278,7 +401,14 @@ def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray
     if (metadata or {}).get("interventions") or (metadata or {}).get("sink_tokens"):
         raise ConfigError.of(f"{flag} {directory}", "measured under --intervene",
                              "the baseline measurement (no --intervene)")
-    return ids, np.asarray(arrays["lambdas"], dtype=np.float64), metadata or {}
+    lambdas, shares = np.asarray(arrays["lambdas"], dtype=np.float64), None
+    if "probability_over_value" in arrays:
+        ratio = np.nan_to_num(np.asarray(arrays["probability_over_value"], dtype=np.float64), nan=0.0)
+        if ratio.shape != lambdas.shape or np.any(ratio < 0) or not np.all(np.isfinite(ratio)):
+            raise ConfigError.of(f"{flag} {directory}", f"probability_over_value of shape {ratio.shape}",
+                                 f"({lambdas.size},) finite values >= 0, one per block")
+        shares = ratio / (1.0 + ratio)
+    return ids, lambdas, metadata or {}, shares
 
 
 def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size: int = 8,
@@ -296,7 +426,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
             ``--intervene``, ``--batch-size``, the memory budget).
     """
     directory = Path(directory)
-    token_ids, lambdas, metadata = _measured_inputs(directory, flag)  # before torch and transformers load
+    token_ids, lambdas, metadata, shares = _measured_inputs(directory, flag)  # before torch and transformers load
     from .loading import inspect_model, load_model
     from .torch_plan import parse_for, position_limit
 
@@ -320,7 +450,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
     dtype = str(metadata.get("dtype") or "float32")
     model = load_model(source, dtype=dtype, attn_implementation="eager", device=device)
     prediction = predict_rows(model, token_ids, lambdas, changes, batch_size=batch_size, max_memory=max_memory,
-                              plan=plan)
+                              plan=plan, shares=shares)
     from ..interventions import describe
     from .effect import middle_mass
 
@@ -328,11 +458,26 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
               "interventions": describe(changes), "sequences": prediction.sequences, "length": int(n),
               "lambdas": lambdas.tolist(), "lambdas_intervened": prediction.lambdas.tolist(),
               "middle_mass": {"predicted": float(middle_mass(prediction.profile)),
-                              "predicted_baseline": float(middle_mass(prediction.baseline))},
-              "method": "per-sequence rows: each sequence's attention rows changed by the patch's logit change, "
-                        "averaged over sequences and heads per layer, rolled out with the lambdas"}
-    record["middle_mass"]["change"] = record["middle_mass"]["predicted"] - record["middle_mass"]["predicted_baseline"]
+                              "predicted_baseline": float(middle_mass(prediction.baseline)),
+                              "predicted_rows_only": float(middle_mass(prediction.rows_profile))},
+              "form": prediction.form, "method": _METHODS[prediction.form]}
+    if shares is not None:
+        record |= {"probability_shares": shares.tolist(),
+                   "logit_gains_last_row": prediction.gains[:, -1].tolist()}
+    middle = record["middle_mass"]
+    middle["change"] = middle["predicted"] - middle["predicted_baseline"]
+    middle["change_rows_only"] = middle["predicted_rows_only"] - middle["predicted_baseline"]
     return prediction, record
+
+
+_METHODS = {
+    ROWS_ONLY: "per-sequence rows: each sequence's attention rows changed by the patch's logit change, averaged "
+               "over sequences and heads per layer, rolled out with the lambdas (the baseline measured no paths: "
+               "no probability_over_value, so today's layer)",
+    CLOSED_RATIO: "per-sequence rows with the probability path (closed ratio): the changed rows' mean K' and the "
+                  "mean path weights C, C' of the unchanged and changed rows; B = (1 - rho) K' + rho sigma P/|P|, "
+                  "P = K C'/C, rho = r/(1 + r) from the baseline's probability_over_value, sigma the logit gain; "
+                  "rolled out with the lambdas (docs/interventions.md, 'The probability path's shape')"}
 
 
 def write_prediction(out, prediction: RowPrediction, record: dict) -> list[Path]:
