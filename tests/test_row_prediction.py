@@ -367,7 +367,8 @@ def test_command_end_to_end_into_effect(measured, tmp_path, capsys):
     result = json.loads(stdout)
     middle = result["changes"]["middle_mass"]
     assert middle["predicted"] == pytest.approx(middle_mass(profile) - middle_mass(baseline), abs=1e-12)
-    assert result["predictor"] == "the per-sequence rows"  # rows.json beside the profile names the predictor
+    # rows.json beside the profile names the predictor and its form
+    assert result["predictor"] == f"the per-sequence rows ({json.loads((out / 'rows.json').read_text())['form']})"
     # A baseline measured without paths has no probability_over_value: today's layer on the rows, said so.
     assert record["form"] == "rows" and "no probability_over_value" in record["method"]
     assert record["middle_mass"]["predicted_rows_only"] == record["middle_mass"]["predicted"]

@@ -59,6 +59,17 @@ def add_parser(commands) -> None:
     effect.set_defaults(run=_run_effect, uses_jax=False)
 
 
+def _predictor(predicted: Path) -> str:
+    """Who predicted `predicted`: `jaxroll predict-rows` writes rows.json (with its ``form``) beside its profile."""
+    import json
+
+    try:
+        form = json.loads((predicted.parent / "rows.json").read_text(encoding="utf-8")).get("form")
+    except (OSError, ValueError, AttributeError):
+        return "the rollout"
+    return f"the per-sequence rows ({form})" if form else "the per-sequence rows"
+
+
 def _run_effect(arguments) -> None:
     from .. import io
     from ..measure.effect import baseline_prediction, check_pair, effect, interventions_of, write_effect
@@ -90,8 +101,7 @@ def _run_effect(arguments) -> None:
     except ValueError as error:
         raise ConfigError(f"effect: {error}") from None
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
-    # jaxroll predict-rows writes rows.json beside its profile.csv: name that predictor in legends and effect.json.
-    predictor = ("the per-sequence rows" if (arguments.predicted.parent / "rows.json").is_file() else "the rollout")
+    predictor = _predictor(arguments.predicted)
     record = {"baseline": str(folders[0]), "intervened": str(folders[1]), "predicted": str(arguments.predicted),
               "predicted_baseline": reference_name, "predictor": predictor, "intervention": intervention
               } | result.as_dict()
