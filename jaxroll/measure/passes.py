@@ -216,7 +216,8 @@ def measure(
         batch_size = choose_batch_size(model, prepended.run_length, stats, len(sums.indices) - sums.count,
                                        checkpointing=checkpointing)
     metadata["batch_size"] = int(batch_size)
-    passes = _Passes(model, resolved, hooks, patching, rotary, step, stats, mode.recompute)
+    passes = _Passes(model, resolved, hooks, patching, rotary, step, stats, mode.recompute,
+                     {"falcon_alibi": falcon_alibi, "length": prepended.run_length})
     sums.seconds = passes.run(sums, prepended.model_ids, batch_size, checkpoint_path, fingerprint,
                               _progress(progress, len(sums.indices), sums.count))
     if reduce is not None:
@@ -239,7 +240,7 @@ def _add(result, model, token_ids, *, queries, row_target, refine, record, progr
     """Paths, rows (`queries`), the caller's `record` and the refinement (`refine`), in this order in metadata.json."""
     from . import additions
 
-    if paths is not None:  # its own passes, eager, after the hooked one (jaxroll.measure.path_stats)
+    if paths is not None:  # in the pass (forward route) or its own passes after it (jaxroll.measure.path_stats)
         model_ids, patching, falcon_alibi = paths
         additions.add_paths(result, model, model_ids, patching=patching, falcon_alibi=falcon_alibi)
     if queries is not None:
@@ -299,9 +300,10 @@ def _hooks(step, resolved, config, stats, mode, checkpointing) -> Hooks:
 class _Passes:
     """The loop over micro-batches: one forward and one backward pass each, under the hooks and the patch."""
 
-    def __init__(self, model, resolved, hooks, patching, rotary, step, stats, recompute):
+    def __init__(self, model, resolved, hooks, patching, rotary, step, stats, recompute, run_context=None):
         self.model, self.resolved, self.hooks, self.patching = model, resolved, hooks, patching
         self.rotary, self.step, self.stats, self.recompute = rotary, step, stats, recompute
+        self.run_context = dict(run_context or {}, model=model, patching=patching)
 
     def run(self, sums, model_ids, batch_size, checkpoint_path, fingerprint, bar) -> float:
         """Every batch of this process's sequences not yet in `sums`; the seconds of the loop."""
@@ -331,6 +333,8 @@ class _Passes:
             if statistic.attach is not None:
                 # Under recomputed rows its alpha comes from observe_rows, not from a hook.
                 keywords = {"recomputed": True} if self.recompute and statistic.observe_rows is not None else {}
+                if "run" in inspect.signature(statistic.attach).parameters:  # what a run-dependent attach reads
+                    keywords["run"] = self.run_context
                 attached += statistic.attach(self.resolved, _deliver(self.step, statistic),
                                              lambda: self.hooks.recording, **keywords)
         return attached

@@ -122,7 +122,8 @@ def _affine(modules, pick, width, dtype, device):
     with torch.no_grad():
         basis = torch.eye(width, dtype=dtype, device=device)[None]
         zero = torch.zeros(1, 1, width, dtype=dtype, device=device)
-        images, offsets = (pick(tuple(module(x) for module in modules)) for x in (basis, zero))
+        # .forward, not the call: the measurement's hooks on these modules must not see these inputs
+        images, offsets = (pick(tuple(module.forward(x) for module in modules)) for x in (basis, zero))
         bias = offsets.reshape(-1).double()
         matrix = images[0].reshape(width, -1).double() - bias  # (D, H d)
     return matrix.T.contiguous(), bias
