@@ -119,3 +119,12 @@ def test_an_intervention_or_another_family_takes_the_backward_route():
     result = measure(model, ids(4), stats=("lambda", "paths"), interventions=parse("tau=1.5"))
     assert result.metadata["paths"]["route"] == "backward"
     assert np.isfinite(result.extra["path_mlp"]).all()  # the backward route gives the MLP path
+
+
+def test_the_chunk_of_keys_does_not_change_the_sums(monkeypatch):
+    from jaxroll.measure import path_forward
+
+    model, token_ids = tiny("gpt_neox"), ids(5)
+    whole = forward_paths(model, token_ids)
+    monkeypatch.setattr(path_forward, "CHUNK_BYTES", 1)  # one key per chunk
+    np.testing.assert_allclose(forward_paths(model, token_ids)[:, :3], whole[:, :3], rtol=1e-12)

@@ -192,14 +192,68 @@ def _probabilities(q_last, k, scale, bias, window):
     return torch.softmax(logits, dim=-1)
 
 
-def _inverse(x, rotary, at=None):
-    """``R_j^T x`` for ``x (B, N, H, d)`` at every position j (`at`: one position for all)."""
+def _inverse(x, rotary, positions):
+    """``R_j^T x`` for ``x (B, n, H, d)``, j running over `positions` (a slice of n) or one position for all n."""
     if rotary is None:
         return x
     cos, sin = (t.double() for t in rotary)
-    if at is not None:
-        cos, sin = (t[:, at:at + 1].expand(-1, x.shape[1], -1) for t in (cos, sin))
+    if isinstance(positions, int):
+        cos, sin = (t[:, positions:positions + 1].expand(-1, x.shape[1], -1) for t in (cos, sin))
+    else:
+        cos, sin = cos[:, positions], sin[:, positions]
     return rotate(x, cos, -sin)
+
+
+CHUNK_BYTES = 16 * 2**20
+"""Float64 bytes of the probability path's per-key vectors ``a, b (B, c, H, D)`` and their work, per chunk of keys."""
+
+
+def _key_terms(weights: _Layer, probabilities, spread, q_last, w, sigma, *, scale, rotary):
+    """``(||sum_h a_h(j) b_h(j)^T||_F^2 (B, N), a(N - 1), b(N - 1) (B, H, D))``, keys in chunks (`CHUNK_BYTES`)."""
+    batch, length, width = w.shape
+    heads = probabilities.shape[1]
+    out_heads = weights.out.reshape(width, heads, -1)
+    key_heads = weights.key[0].reshape(heads, -1, width)
+    chunk = max(1, CHUNK_BYTES // (8 * 6 * batch * heads * width))  # a, b, their sources and products
+    squares = []
+    for start in range(0, length, chunk):
+        part = slice(start, min(length, start + chunk))
+        weighted = probabilities[:, :, part].transpose(1, 2)[..., None]  # (B, c, H, 1)
+        a = torch.einsum("Dhd,bnhd->bnhD", out_heads, weighted * spread[:, part])
+        turned = _inverse(q_last[:, None].expand(-1, part.stop - start, -1, -1), rotary, part)  # R_j^T q_i
+        b = _apply_s(weights, scale * torch.einsum("hdD,bnhd->bnhD", key_heads, turned) * weights.gamma, w[:, part])
+        b = b / sigma[:, part, None]
+        squares.append((torch.einsum("bnhD,bngD->bnhg", a, a) * torch.einsum("bnhD,bngD->bnhg", b, b)).sum((-1, -2)))
+    return torch.cat(squares, dim=1), a[:, -1], b[:, -1]
+
+
+def _value_squares(weights: _Layer, probabilities, w, sigma):
+    """``||J^V_ij||_F^2 (B, N)``: ``(A^T K A - |G gamma.u|^2 - (2 - |w|^2) |G gamma.w|^2) / sigma^2`` (module doc)."""
+    batch, length, _ = w.shape
+    heads = probabilities.shape[1]
+    weighted = probabilities.transpose(1, 2)[..., None]  # (B, N, H, 1)
+    trace = torch.einsum("bhn,hg,bgn->bn", probabilities, weights.gram, probabilities)
+    through_w = weighted * ((weights.gamma * w) @ weights.value[0].T).reshape(batch, length, heads, -1)
+    squares = trace - (2 - w.pow(2).sum(-1)) * (through_w.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
+    if weights.kind == "layer":
+        through_u = weighted * weights.value_u.reshape(heads, -1)
+        squares = squares - (through_u.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
+    return squares / sigma[..., 0].pow(2)
+
+
+def _own_square(weights: _Layer, probabilities, spread, k, a_last, b_last, w_last, sigma_last, *, scale, rotary):
+    """``||J^P_ii||_F^2 (B,)``: the key's term plus the query's, ``M Gamma S_i / sigma_i`` (module doc), as D x D."""
+    heads, length = probabilities.shape[1:]
+    width = w_last.shape[-1]
+    change = scale * torch.einsum("bhn,bnhd,bnhe->bhde", probabilities, spread,
+                                  _inverse(k, rotary, length - 1))  # E_h, keys turned back by the query's rotation
+    query_heads = weights.query[0].reshape(heads, -1, width)
+    m = torch.einsum("Dhd,bhde,heE->bDE", weights.out.reshape(width, heads, -1), change, query_heads) * weights.gamma
+    m = m - (m @ w_last[..., None]) * w_last[:, None, :]  # times S_i from the right
+    if weights.kind == "layer":
+        m = m - m.mean(-1, keepdim=True)
+    own = torch.einsum("bhD,bhE->bDE", a_last, b_last) + m / sigma_last[:, :, None]
+    return own.pow(2).sum((-1, -2))
 
 
 def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, window=None, rotary=None):
@@ -219,35 +273,13 @@ def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, windo
         q_last = rotate(q_last[:, None], cos[:, -1:], sin[:, -1:])[:, 0]
         k = rotate(k, cos, sin)
     probabilities = _probabilities(q_last, k, scale, bias, window)  # (B, H, N)
-    weighted = probabilities.transpose(1, 2)[..., None]  # (B, N, H, 1)
-    # Value path: A^T K A - |G gamma.u|^2 - (2 - |w|^2) |G gamma.w|^2, over sigma^2.
-    trace = torch.einsum("bhn,hg,bgn->bn", probabilities, weights.gram, probabilities)
-    through_w = (weighted * ((weights.gamma * w) @ weights.value[0].T).reshape(batch, length, heads, -1))
-    value_sq = trace - (2 - w.pow(2).sum(-1)) * (through_w.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
-    if weights.kind == "layer":
-        through_u = weighted * weights.value_u.reshape(heads, -1)
-        value_sq = value_sq - (through_u.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
-    value_sq = value_sq / sigma[..., 0].pow(2)
+    value_sq = _value_squares(weights, probabilities, w, sigma)
     # Probability path: sum_hh' (a_h . a_h')(b_h . b_h').
-    out_heads = weights.out.reshape(width, heads, -1)
     spread = v - torch.einsum("bhn,bnhd->bhd", probabilities, v)[:, None]  # v_j - vbar_i
-    a = torch.einsum("Dhd,bnhd->bnhD", out_heads, weighted * spread)
-    turned = _inverse(q_last[:, None].expand(-1, length, -1, -1), rotary)  # R_j^T q_i
-    key_heads = weights.key[0].reshape(heads, -1, width)
-    b = _apply_s(weights, scale * torch.einsum("hdD,bnhd->bnhD", key_heads, turned) * weights.gamma, w)
-    b = b / sigma[..., None]
-    probability_sq = (torch.einsum("bnhD,bngD->bnhg", a, a) * torch.einsum("bnhD,bngD->bnhg", b, b)).sum((-1, -2))
-    # j = i: the query's own dependence, as one D x D matrix per sequence.
-    change = scale * torch.einsum("bhn,bnhd,bnhe->bhde", probabilities, spread,
-                                  _inverse(k, rotary, at=length - 1))  # E_h
-    query_heads = weights.query[0].reshape(heads, -1, width)
-    m = torch.einsum("Dhd,bhde,heE->bDE", out_heads, change, query_heads) * weights.gamma
-    w_last = w[:, -1]
-    m = m - (m @ w_last[..., None]) * w_last[:, None, :]
-    if weights.kind == "layer":
-        m = m - m.mean(-1, keepdim=True)
-    own = torch.einsum("bhD,bhE->bDE", a[:, -1], b[:, -1]) + m / sigma[:, -1, :, None]
-    probability_sq[:, -1] = own.pow(2).sum((-1, -2))
+    probability_sq, a_last, b_last = _key_terms(weights, probabilities, spread, q_last, w, sigma, scale=scale,
+                                                rotary=rotary)
+    probability_sq[:, -1] = _own_square(weights, probabilities, spread, k, a_last, b_last, w[:, -1], sigma[:, -1],
+                                        scale=scale, rotary=rotary)
     return torch.stack([value_sq.clamp(min=0).sqrt().sum(-1), probability_sq.clamp(min=0).sqrt().sum(-1)], dim=-1)
 
 
