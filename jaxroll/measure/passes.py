@@ -95,7 +95,7 @@ def measure(
     samples: int | None = None,
     falcon_alibi: str = "once",
     positions: int = 1,
-    checkpointing: bool = True,
+    checkpointing: bool | None = None,
     layer_map: LayerMap | None = None,
     progress=False,
     checkpoint_path=None,
@@ -139,7 +139,10 @@ def measure(
             bias twice; for reproducing published numbers).
         positions: stride of the positions at which ``qk_mean`` is kept.
         checkpointing: activation checkpointing of each block during the
-            influence pass.
+            influence pass (each block's forward runs again in the backward,
+            holding one block's activations at a time). None (default): only
+            where memory needs it, `_checkpointing_needed`; results do not
+            depend on it.
         progress: False, True (a `jaxroll.measure.progress.Progress` on
             stderr) or a `Progress`-like object with ``update(n)`` and
             ``close()``.
@@ -193,13 +196,17 @@ def measure(
     prepended = setup.prepend_sinks(token_ids, sinks, tokenizer, model.config)
     setup.check_lengths(resolved.layer_map, model.config, stats, length, prepended.run_length)
     own = setup.shard_indices(num_sequences, shard)
+    if checkpointing is None:
+        checkpointing = _checkpointing_needed(model, prepended.run_length, stats, len(own), batch_size)
     mode = setup.attention_mode(model.config, resolved.layer_map, stats, falcon_alibi)
     slopes = setup.slopes_of(model, resolved.layer_map, model.config, resolved.num_heads, resolved.head_dim,
                              mode.bias_multiplier)
     metadata = setup.run_metadata(model, resolved, mode, slopes, source=source, stats=stats, length=length,
                                   num_sequences=num_sequences, positions=positions, checkpointing=checkpointing,
                                   record=described, sink_tokens=prepended.record)
-    fingerprint = setup.fingerprint(metadata, token_ids, shard)
+    # Results do not depend on checkpointing (chosen from free memory when None): not part of a resume's identity.
+    fingerprint = setup.fingerprint({key: value for key, value in metadata.items()
+                                     if key != "activation_checkpointing"}, token_ids, shard)
     # The sums run at the model's N + k positions; `measurement_from_sums` splits the influence at the sinks.
     shape = Shapes(num_sequences, len(resolved.blocks), resolved.num_heads, prepended.run_length)
     sums = PartialSums(shape, stats, positions, own)
@@ -234,6 +241,26 @@ def measure(
     _add(result, model, token_ids, queries=queries, row_target=row_target, refine=refine, record=record,
          progress=progress is not False and progress is not None, paths=paths)
     return result
+
+
+def _checkpointing_needed(model, length, stats, remaining, batch_size) -> bool:
+    """Whether the influence pass needs activation checkpointing to hold its batch.
+
+    Checkpointing runs every block's forward a second time during the
+    backward pass (about a third of a bare forward + backward more time) to
+    hold one block's activations instead of all of them. It is chosen where
+    holding all of them would shrink the batch: `batch_size` when given, else
+    the batch a checkpointed pass would choose (`batching.choose_batch_size`,
+    from the device's free memory).
+    """
+    if "influence" not in stats:
+        return False
+    from .batching import choose_batch_size
+
+    plain = choose_batch_size(model, length, stats, max(1, remaining), checkpointing=False)
+    wanted = batch_size if batch_size is not None else choose_batch_size(model, length, stats, max(1, remaining),
+                                                                         checkpointing=True)
+    return plain < wanted
 
 
 def _add(result, model, token_ids, *, queries, row_target, refine, record, progress, paths=None) -> None:

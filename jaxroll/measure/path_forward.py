@@ -59,7 +59,7 @@ import math
 import numpy as np
 import torch
 
-from .attention_rows import key_bias, rotate
+from .attention_rows import key_bias
 
 __all__ = ["FORWARD_FAMILIES", "ForwardPaths", "unsupported", "forward_paths"]
 
@@ -103,30 +103,42 @@ def _norm_kind(norm) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class _Layer:
-    """One block's weights in float64: per query head (a grouped key or value repeated), as in the module doc."""
+    """One block's weights in float64, per query head (a grouped key or value repeated), as in the module doc.
+
+    ``query, key, value``: ``W (H, d, D)`` and ``b (H, d)``; ``out``: ``W_O^h^T (H, d, D)``; ``gram``: K
+    ``(H, H)``; ``key_shift, value_shift``: ``W beta + b (H, d)``, so that ``W (gamma . xhat) = proj - shift``;
+    ``key_u``: ``W_K^h gamma / sqrt(D) (H, d)`` and ``value_u``: ``W_O^h W_V^h gamma / sqrt(D) (H, D)``
+    (LayerNorm; zeros for RMSNorm).
+    """
 
     kind: str  # "layer" or "rms"
-    gamma: torch.Tensor  # (D,)
-    beta: torch.Tensor  # (D,)
-    eps: float
-    query: tuple  # (W (H d, D), b (H d,))
-    key: tuple
-    value: tuple
-    out: torch.Tensor  # (D, H d): the output projection's matrix
-    gram: torch.Tensor  # (H, H): K
-    value_u: torch.Tensor  # (H d,): W_V (gamma . u) (LayerNorm; zeros for RMSNorm)
+    tensors: dict
+    cast: dict = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name):
+        return self.tensors[name]
+
+    def at(self, dtype) -> dict:
+        """The tensors in `dtype` (kept: one conversion per run)."""
+        if dtype not in self.cast:
+            def to(item):
+                if isinstance(item, tuple):
+                    return tuple(to(part) for part in item)
+                return item.to(dtype) if torch.is_tensor(item) else item
+            self.cast[dtype] = {name: to(item) for name, item in self.tensors.items()}
+        return self.cast[dtype]
 
 
-def _affine(modules, pick, width, dtype, device):
-    """``(W (H d, D), b (H d,))`` of a linear map read from its modules as ``f(I) - f(0)`` and ``f(0)``."""
+def _affine(modules, pick, width, heads, dtype, device):
+    """``(W (H, d, D), b (H, d))`` of a linear map read from its modules as ``f(I) - f(0)`` and ``f(0)``."""
     with torch.no_grad():
         basis = torch.eye(width, dtype=dtype, device=device)[None]
         zero = torch.zeros(1, 1, width, dtype=dtype, device=device)
         # .forward, not the call: the measurement's hooks on these modules must not see these inputs
         images, offsets = (pick(tuple(module.forward(x) for module in modules)) for x in (basis, zero))
-        bias = offsets.reshape(-1).double()
-        matrix = images[0].reshape(width, -1).double() - bias  # (D, H d)
-    return matrix.T.contiguous(), bias
+        bias = offsets.reshape(heads, -1).double()
+        matrix = images[0].reshape(width, heads, -1).double() - bias  # (D, H, d)
+    return matrix.permute(1, 2, 0).contiguous(), bias
 
 
 def _layer(block, resolved, layer) -> _Layer:
@@ -139,120 +151,147 @@ def _layer(block, resolved, layer) -> _Layer:
     gamma = weight.double() if weight is not None else torch.ones(width, dtype=torch.float64, device=device)
     bias = getattr(norm, "bias", None)
     beta = bias.detach().double() if bias is not None else torch.zeros_like(gamma)
-    eps = float(norm.eps if kind == "layer" else norm.variance_epsilon)
     query_key = resolved.query_keys[layer]
     split = (lambda outputs: layer_map.split(outputs[0] if len(outputs) == 1 else outputs, heads, head_dim, config))
-    query = _affine(query_key, lambda outputs: split(outputs)[0], width, dtype, device)
-    key = _affine(query_key, lambda outputs: split(outputs)[1], width, dtype, device)
+    query = _affine(query_key, lambda outputs: split(outputs)[0], width, heads, dtype, device)
+    key = _affine(query_key, lambda outputs: split(outputs)[1], width, heads, dtype, device)
     value_module = block.get_submodule(layer_map.value)
     value = _affine((value_module,), lambda outputs: layer_map.value_split(outputs[0], heads, head_dim, config),
-                    width, dtype, device)
+                    width, heads, dtype, device)
     w_out = block.get_submodule(layer_map.w_out or layer_map.output_projection)
-    out = _affine((w_out,), lambda outputs: outputs[0], heads * head_dim, dtype, device)[0]  # (D, H d)
-    out_heads = out.reshape(width, heads, head_dim)  # W_O^h = out_heads[:, h]
-    value_heads = (value[0] * gamma).reshape(heads, head_dim, width)  # W_V^h Gamma
+    out = _affine((w_out,), lambda outputs: outputs[0], heads * head_dim, 1, dtype, device)[0][0]  # (D, H d)
+    out_heads = out.T.reshape(heads, head_dim, width)  # W_O^h^T
+    value_gamma = value[0] * gamma  # W_V^h Gamma
     # K_hh' = tr(W_O^h'^T W_O^h W_V^h Gamma^2 W_V^h'^T)
-    outer = torch.einsum("Dga,Dhb->hgab", out_heads, out_heads)  # [h, h'] = W_O^h'^T W_O^h, indices (a, b)
-    inner = torch.einsum("hbD,gaD->hgba", value_heads, value_heads)  # [h, h'] = W_V^h G^2 W_V^h'^T, (b, a)
-    gram = torch.einsum("hgab,hgba->hg", outer, inner)
-    value_u = value[0] @ gamma / math.sqrt(width) if kind == "layer" else torch.zeros_like(value[1])
-    return _Layer(kind, gamma, beta, eps, query, key, value, out, gram, value_u)
+    outer = torch.einsum("gaD,hbD->hgab", out_heads, out_heads)  # [h, h'] = W_O^h'^T W_O^h, indices (a, b)
+    inner = torch.einsum("hbD,gaD->hgba", value_gamma, value_gamma)  # [h, h'] = W_V^h G^2 W_V^h'^T, (b, a)
+    layer_norm = 1.0 if kind == "layer" else 0.0  # the u terms exist for LayerNorm only
+    return _Layer(kind, {
+        "gamma": gamma, "beta": beta, "eps": float(norm.eps if kind == "layer" else norm.variance_epsilon),
+        "query": query, "key": key, "value": value, "out": out_heads,
+        "gram": torch.einsum("hgab,hgba->hg", outer, inner),
+        "key_shift": key[0] @ beta + key[1], "value_shift": value[0] @ beta + value[1],
+        "key_u": layer_norm * key[0] @ gamma / math.sqrt(width),
+        "value_u": layer_norm * torch.einsum("hdD,hd->hD", out_heads, value[0] @ gamma) / math.sqrt(width)})
 
 
-def _normed(weights: _Layer, x):
-    """``(n, w, sigma)``: the norm's output, ``w = xhat / sqrt(D)`` and sigma, each ``(B, N, .)`` float64."""
-    centred = x - x.mean(-1, keepdim=True) if weights.kind == "layer" else x
-    sigma = (centred.pow(2).mean(-1, keepdim=True) + weights.eps).sqrt()
+def _normed(tensors, kind, x):
+    """``(n, w, sigma)``: the norm's output, ``w = xhat / sqrt(D)`` ``(B, N, D)`` and sigma ``(B, N)``."""
+    centred = x - x.mean(-1, keepdim=True) if kind == "layer" else x
+    sigma = (centred.pow(2).mean(-1, keepdim=True) + tensors["eps"]).sqrt()
     xhat = centred / sigma
-    return weights.gamma * xhat + weights.beta, xhat / math.sqrt(x.shape[-1]), sigma
+    return tensors["gamma"] * xhat + tensors["beta"], xhat / math.sqrt(x.shape[-1]), sigma[..., 0]
 
 
-def _project(weights: _Layer, parts, n, heads):
+def _project(parts, n):
+    """``n W^T + b`` per head: ``(..., D) -> (..., H, d)``."""
     matrix, bias = parts
-    out = n @ matrix.T + bias
-    return out.reshape(*out.shape[:-1], heads, -1)
-
-
-def _apply_s(weights: _Layer, y, w):
-    """``S y`` for ``y (B, N, H, D)`` and ``w (B, N, D)``: ``y - u (u . y) - w (w . y)`` (RMSNorm: no u term)."""
-    out = y - w[:, :, None, :] * (y * w[:, :, None, :]).sum(-1, keepdim=True)
-    if weights.kind == "layer":
-        out = out - y.mean(-1, keepdim=True)  # u (u . y) with u = 1 / sqrt(D)
-    return out
+    return (n @ matrix.reshape(-1, matrix.shape[-1]).T).reshape(*n.shape[:-1], *bias.shape) + bias
 
 
 def _probabilities(q_last, k, scale, bias, window):
     """``A (B, H, N)``: row i = N - 1 of the softmax of ``s q_i . k_j + b_h(j)`` (window: ``i - j < W``)."""
     logits = scale * torch.einsum("bhd,bnhd->bhn", q_last, k)
     if bias is not None:
-        logits = logits + bias[None]
+        logits = logits + bias[None].to(logits.dtype)
     if window is not None:
         length = k.shape[1]
         logits = logits.masked_fill(torch.arange(length, device=k.device) <= length - 1 - window, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 
+def _turn(x, cos, sin):
+    """``x cos + rotate_half(x) sin`` on the first ``r`` dimensions of ``x (B, n, H, d)`` (``cos, sin (B, n, r)``).
+
+    Hugging Face's ``apply_rotary_pos_emb`` (partial rotary: the other ``d - r``
+    pass), as `attention_rows.rotate` but in x's own dtype.
+    """
+    width, half = cos.shape[-1], cos.shape[-1] // 2
+    turning = x[..., :width]
+    turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
+    rotated = turning * cos[:, :, None, :] + turned * sin[:, :, None, :]
+    return rotated if width == x.shape[-1] else torch.cat((rotated, x[..., width:]), dim=-1)
+
+
 def _inverse(x, rotary, positions):
     """``R_j^T x`` for ``x (B, n, H, d)``, j running over `positions` (a slice of n) or one position for all n."""
     if rotary is None:
         return x
-    cos, sin = (t.double() for t in rotary)
+    cos, sin = (t.to(x.dtype) for t in rotary)
     if isinstance(positions, int):
         cos, sin = (t[:, positions:positions + 1].expand(-1, x.shape[1], -1) for t in (cos, sin))
     else:
         cos, sin = cos[:, positions], sin[:, positions]
-    return rotate(x, cos, -sin)
+    return _turn(x, cos, -sin)
 
 
-CHUNK_BYTES = 16 * 2**20
-"""Float64 bytes of the probability path's per-key vectors ``a, b (B, c, H, D)`` and their work, per chunk of keys."""
+def _per_head(vectors, matrices):
+    """``(B, n, H, d) x (H, d, D) -> (H, B n, D)``: one matrix product per head."""
+    batch, length, heads, dim = vectors.shape
+    return torch.matmul(vectors.permute(2, 0, 1, 3).reshape(heads, batch * length, dim), matrices)
 
 
-def _key_terms(weights: _Layer, probabilities, spread, q_last, w, sigma, *, scale, rotary):
-    """``(||sum_h a_h(j) b_h(j)^T||_F^2 (B, N), a(N - 1), b(N - 1) (B, H, D))``, keys in chunks (`CHUNK_BYTES`)."""
-    batch, length, width = w.shape
-    heads = probabilities.shape[1]
-    out_heads = weights.out.reshape(width, heads, -1)
-    key_heads = weights.key[0].reshape(heads, -1, width)
-    chunk = max(1, CHUNK_BYTES // (8 * 6 * batch * heads * width))  # a, b, their sources and products
-    squares = []
+def _pairs(left, right=None):
+    """``(H, H, m)``: ``left_h . right_g`` over the last axis of ``(H, m, D)`` (`right` None: `left`)."""
+    right = left if right is None else right
+    return torch.einsum("hmD,gmD->hgm", left, right)
+
+
+CHUNK_BYTES = 64 * 2**20
+"""Bytes of the probability path's per-key vectors ``a, Gamma y (H, B c, D)`` and their work, per chunk of keys."""
+
+
+def _key_terms(t, kind, p, *, scale, rotary):
+    """``(||J^V_ij||^2 sigma_j^2, ||sum_h a_h(j) b_h(j)^T||^2)`` each ``(B, N)``, and ``a, Gamma y`` at j = N - 1.
+
+    `p` holds the probabilities ``(B, H, N)``, the spread ``v_j - vbar_i``,
+    ``W_V (gamma . w_j)``, ``W_K (gamma . w_j)``, ``|w_j|^2``, sigma and the
+    query at i; keys in chunks (`CHUNK_BYTES`).
+    """
+    batch, heads, length = p["A"].shape
+    width = t["gamma"].shape[0]
+    chunk = max(1, CHUNK_BYTES // (p["spread"].element_size() * 6 * batch * heads * width))
+    value_sq, probability_sq = [], []
+    shifted = _per_head(p["centre"][:, None], t["out"]).reshape(heads, batch, width)  # W_O^h (vbar_h - shift_h)
     for start in range(0, length, chunk):
         part = slice(start, min(length, start + chunk))
-        weighted = probabilities[:, :, part].transpose(1, 2)[..., None]  # (B, c, H, 1)
-        a = torch.einsum("Dhd,bnhd->bnhD", out_heads, weighted * spread[:, part])
-        turned = _inverse(q_last[:, None].expand(-1, part.stop - start, -1, -1), rotary, part)  # R_j^T q_i
-        b = _apply_s(weights, scale * torch.einsum("hdD,bnhd->bnhD", key_heads, turned) * weights.gamma, w[:, part])
-        b = b / sigma[:, part, None]
-        squares.append((torch.einsum("bnhD,bngD->bnhg", a, a) * torch.einsum("bnhD,bngD->bnhg", b, b)).sum((-1, -2)))
-    return torch.cat(squares, dim=1), a[:, -1], b[:, -1]
+        count = part.stop - start
+        weights = p["A"][:, :, part].transpose(1, 2)  # (B, c, H)
+        a = _per_head(weights[..., None] * p["spread"][:, part], t["out"])  # (H, B c, D): a_h(j)
+        # Value path: G_j gamma.w = (sum_h a_h + sum_h A_h W_O^h (vbar_h - shift_h)) / sqrt(D)
+        through_w = a.sum(0).reshape(batch, count, width) + torch.einsum("bnh,hbD->bnD", weights, shifted)
+        c_w = 2 - p["w2"][:, part]
+        squares = (torch.einsum("bnh,hg,bng->bn", weights, t["gram"], weights)
+                   - c_w * through_w.pow(2).sum(-1) / width - (weights @ t["value_u"]).pow(2).sum(-1))
+        value_sq.append(squares)
+        # Probability path: (b_h . b_g) sigma^2 / s^2 = Gy_h . Gy_g - (u . Gy_h)(u . Gy_g) - c_w (w . Gy_h)(w . Gy_g)
+        turned = _inverse(p["q"][:, None].expand(-1, count, -1, -1), rotary, part)  # R_j^T q_i (B, c, H, d)
+        gamma_y = _per_head(turned, t["key"][0]) * t["gamma"]  # (H, B c, D)
+        along_w = (turned * p["key_w"][:, part]).sum(-1).permute(2, 0, 1).reshape(heads, -1)  # w . Gamma y_h
+        along_u = (turned * t["key_u"]).sum(-1).permute(2, 0, 1).reshape(heads, -1)
+        b_pairs = (_pairs(gamma_y) - along_u[:, None] * along_u[None]
+                   - c_w.reshape(-1) * along_w[:, None] * along_w[None])
+        b_pairs = b_pairs * (scale / p["sigma"][:, part].reshape(-1)).pow(2)
+        probability_sq.append((_pairs(a) * b_pairs).sum((0, 1)).reshape(batch, count))
+    return torch.cat(value_sq, 1), torch.cat(probability_sq, 1), a, gamma_y
 
 
-def _value_squares(weights: _Layer, probabilities, w, sigma):
-    """``||J^V_ij||_F^2 (B, N)``: ``(A^T K A - |G gamma.u|^2 - (2 - |w|^2) |G gamma.w|^2) / sigma^2`` (module doc)."""
-    batch, length, _ = w.shape
-    heads = probabilities.shape[1]
-    weighted = probabilities.transpose(1, 2)[..., None]  # (B, N, H, 1)
-    trace = torch.einsum("bhn,hg,bgn->bn", probabilities, weights.gram, probabilities)
-    through_w = weighted * ((weights.gamma * w) @ weights.value[0].T).reshape(batch, length, heads, -1)
-    squares = trace - (2 - w.pow(2).sum(-1)) * (through_w.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
-    if weights.kind == "layer":
-        through_u = weighted * weights.value_u.reshape(heads, -1)
-        squares = squares - (through_u.reshape(batch, length, -1) @ weights.out.T).pow(2).sum(-1)
-    return squares / sigma[..., 0].pow(2)
+def _apply_s(kind, y, w):
+    """``S y`` along the last axis: ``y - u (u . y) - w (w . y)`` (RMSNorm: no u term); w broadcast."""
+    out = y - w * (y * w).sum(-1, keepdim=True)
+    return out - y.mean(-1, keepdim=True) if kind == "layer" else out
 
 
-def _own_square(weights: _Layer, probabilities, spread, k, a_last, b_last, w_last, sigma_last, *, scale, rotary):
+def _own_square(t, kind, p, k, a_last, gamma_y_last, *, scale, rotary):
     """``||J^P_ii||_F^2 (B,)``: the key's term plus the query's, ``M Gamma S_i / sigma_i`` (module doc), as D x D."""
-    heads, length = probabilities.shape[1:]
-    width = w_last.shape[-1]
-    change = scale * torch.einsum("bhn,bnhd,bnhe->bhde", probabilities, spread,
+    heads, length = p["A"].shape[1:]
+    w_last, sigma_last = p["w"][:, -1], p["sigma"][:, -1]
+    b_last = _apply_s(kind, gamma_y_last, w_last) * (scale / sigma_last)[:, None]  # (H, B, D): b_h(i)
+    change = scale * torch.einsum("bhn,bnhd,bnhe->bhde", p["A"], p["spread"],
                                   _inverse(k, rotary, length - 1))  # E_h, keys turned back by the query's rotation
-    query_heads = weights.query[0].reshape(heads, -1, width)
-    m = torch.einsum("Dhd,bhde,heE->bDE", weights.out.reshape(width, heads, -1), change, query_heads) * weights.gamma
-    m = m - (m @ w_last[..., None]) * w_last[:, None, :]  # times S_i from the right
-    if weights.kind == "layer":
-        m = m - m.mean(-1, keepdim=True)
-    own = torch.einsum("bhD,bhE->bDE", a_last, b_last) + m / sigma_last[:, :, None]
+    m = torch.einsum("hdD,bhde,heE->bDE", t["out"], change, t["query"][0]) * t["gamma"]
+    m = _apply_s(kind, m, w_last[:, None, :])  # times S_i from the right (S symmetric)
+    own = torch.einsum("hbD,hbE->bDE", a_last, b_last) + m / sigma_last[:, None, None]
     return own.pow(2).sum((-1, -2))
 
 
@@ -261,26 +300,32 @@ def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, windo
 
     `x` the block input ``(B, N, D)``; `bias` ``(H, N)`` the ALiBi bias in
     logit units or None; `window` the sliding window or None; `rotary` the
-    model's ``(cos, sin)`` ``(B, N, r)`` or None.
+    model's ``(cos, sin)`` ``(B, N, r)`` or None. Computed in float64 for a
+    float64 input, else in float32 (the precision of the model's own pass).
     """
-    x = x.double()
-    batch, length, width = x.shape
-    n, w, sigma = _normed(weights, x)
-    q_last = _project(weights, weights.query, n[:, -1], heads)  # (B, H, d)
-    k, v = _project(weights, weights.key, n, heads), _project(weights, weights.value, n, heads)  # (B, N, H, d)
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    t, kind = weights.at(dtype), weights.kind
+    x = x.to(dtype)
+    width = x.shape[-1]
+    n, w, sigma = _normed(t, kind, x)
+    q_last = _project(t["query"], n[:, -1])  # (B, H, d)
+    k, v = _project(t["key"], n), _project(t["value"], n)  # (B, N, H, d)
+    key_w = (k - t["key_shift"]) / math.sqrt(width)  # W_K^h (gamma . w_j), before any rotation
     if rotary is not None:
-        cos, sin = (t.double() for t in rotary)
-        q_last = rotate(q_last[:, None], cos[:, -1:], sin[:, -1:])[:, 0]
-        k = rotate(k, cos, sin)
+        cos, sin = (r.to(dtype) for r in rotary)
+        q_last = _turn(q_last[:, None], cos[:, -1:], sin[:, -1:])[:, 0]
+        k = _turn(k, cos, sin)
     probabilities = _probabilities(q_last, k, scale, bias, window)  # (B, H, N)
-    value_sq = _value_squares(weights, probabilities, w, sigma)
-    # Probability path: sum_hh' (a_h . a_h')(b_h . b_h').
-    spread = v - torch.einsum("bhn,bnhd->bhd", probabilities, v)[:, None]  # v_j - vbar_i
-    probability_sq, a_last, b_last = _key_terms(weights, probabilities, spread, q_last, w, sigma, scale=scale,
-                                                rotary=rotary)
-    probability_sq[:, -1] = _own_square(weights, probabilities, spread, k, a_last, b_last, w[:, -1], sigma[:, -1],
-                                        scale=scale, rotary=rotary)
-    return torch.stack([value_sq.clamp(min=0).sqrt().sum(-1), probability_sq.clamp(min=0).sqrt().sum(-1)], dim=-1)
+    vbar = torch.einsum("bhn,bnhd->bhd", probabilities, v)
+    p = {"A": probabilities, "spread": v - vbar[:, None], "centre": vbar - t["value_shift"], "key_w": key_w,
+         "w": w, "w2": w.pow(2).sum(-1), "sigma": sigma, "q": q_last}
+    value_sq, probability_sq, a, gamma_y = _key_terms(t, kind, p, scale=scale, rotary=rotary)
+    value_sq = value_sq / sigma.pow(2)
+    batch = x.shape[0]
+    a_last, gamma_y_last = (z.reshape(heads, batch, -1, width)[:, :, -1] for z in (a, gamma_y))
+    probability_sq[:, -1] = _own_square(t, kind, p, k, a_last, gamma_y_last, scale=scale, rotary=rotary)
+    sums = [value_sq.clamp(min=0).sqrt().double().sum(-1), probability_sq.clamp(min=0).sqrt().double().sum(-1)]
+    return torch.stack(sums, dim=-1)
 
 
 class ForwardPaths:
