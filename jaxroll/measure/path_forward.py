@@ -170,6 +170,7 @@ def _layer(block, resolved, layer) -> _Layer:
         "gamma": gamma, "beta": beta, "eps": float(norm.eps if kind == "layer" else norm.variance_epsilon),
         "query": query, "key": key, "value": value, "out": out_heads,
         "gram": torch.einsum("hgab,hgba->hg", outer, inner),
+        "key_gamma": key[0] * gamma,  # W_K^h Gamma: gamma folded in once
         "key_shift": key[0] @ beta + key[1], "value_shift": value[0] @ beta + value[1],
         "key_u": layer_norm * key[0] @ gamma / math.sqrt(width),
         "value_u": layer_norm * torch.einsum("hdD,hd->hD", out_heads, value[0] @ gamma) / math.sqrt(width)})
@@ -266,7 +267,7 @@ def _key_terms(t, kind, p, *, scale, rotary):
         value_sq.append(squares)
         # Probability path: (b_h . b_g) sigma^2 / s^2 = Gy_h . Gy_g - (u . Gy_h)(u . Gy_g) - c_w (w . Gy_h)(w . Gy_g)
         turned = _inverse(p["q"][:, None].expand(-1, count, -1, -1), rotary, part)  # R_j^T q_i (B, c, H, d)
-        gamma_y = _per_head(turned, t["key"][0]) * t["gamma"]  # (H, B c, D)
+        gamma_y = _per_head(turned, t["key_gamma"])  # (H, B c, D): Gamma W_K^h^T R_j^T q_i
         along_w = (turned * p["key_w"][:, part]).sum(-1).permute(2, 0, 1).reshape(heads, -1)  # w . Gamma y_h
         along_u = (turned * t["key_u"]).sum(-1).permute(2, 0, 1).reshape(heads, -1)
         b_pairs = (_pairs(gamma_y) - along_u[:, None] * along_u[None]
