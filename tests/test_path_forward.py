@@ -128,3 +128,26 @@ def test_the_chunk_of_keys_does_not_change_the_sums(monkeypatch):
     whole = forward_paths(model, token_ids)
     monkeypatch.setattr(path_forward, "CHUNK_BYTES", 1)  # one key per chunk
     np.testing.assert_allclose(forward_paths(model, token_ids)[:, :3], whole[:, :3], rtol=1e-12)
+
+
+def test_block_sums_project_the_normed_input_as_the_model_does():
+    from jaxroll.measure.path_forward import ForwardPaths, block_sums
+
+    model = tiny("qwen2")  # biases on q, k, v
+    resolved = resolve(model)
+    paths = ForwardPaths(model, resolved, LENGTH)
+    found = []
+    handles = paths.hooks(lambda layer, sums: found.append((layer, sums)))
+    calls = {}
+    def keep(module, args, kwargs):  # returns None: the call goes on unchanged
+        calls.setdefault("x", (args[0] if args else kwargs["hidden_states"], kwargs))
+    handles.append(resolved.blocks[0].register_forward_pre_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad(), full_precision(model):  # the model's norm in float64, as the pass runs it
+            model(input_ids=torch.as_tensor(ids(6)), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    x, kwargs = calls["x"]
+    own = block_sums(paths.layers[0], x, heads=HEADS, scale=paths.scale, rotary=kwargs["position_embeddings"])
+    np.testing.assert_allclose(own.numpy(), dict(found)[0].numpy(), rtol=1e-12)

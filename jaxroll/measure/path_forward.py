@@ -296,21 +296,27 @@ def _own_square(t, kind, p, k, a_last, gamma_y_last, *, scale, rotary):
     return own.pow(2).sum((-1, -2))
 
 
-def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, window=None, rotary=None):
+def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, window=None, rotary=None,
+               projected=None):
     """``(B, 2)`` float64: ``sum_j ||J^V_ij||_F`` and ``sum_j ||J^P_ij||_F`` at ``i = N - 1`` (module docstring).
 
     `x` the block input ``(B, N, D)``; `bias` ``(H, N)`` the ALiBi bias in
     logit units or None; `window` the sliding window or None; `rotary` the
-    model's ``(cos, sin)`` ``(B, N, r)`` or None. Computed in float64 for a
-    float64 input, else in float32 (the precision of the model's own pass).
+    model's ``(cos, sin)`` ``(B, N, r)`` or None; `projected` the model's own
+    ``(q, k, v)`` ``(B, N, H, d)`` (after the projections' biases, before any
+    rotation), or None to project here. Computed in float64 for a float64
+    input, else in float32 (the precision of the model's own pass).
     """
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     t, kind = weights.at(dtype), weights.kind
     x = x.to(dtype)
     width = x.shape[-1]
     n, w, sigma = _normed(t, kind, x)
-    q_last = _project(t["query"], n[:, -1])  # (B, H, d)
-    k, v = _project(t["key"], n), _project(t["value"], n)  # (B, N, H, d)
+    if projected is None:
+        q_last = _project(t["query"], n[:, -1])  # (B, H, d)
+        k, v = _project(t["key"], n), _project(t["value"], n)  # (B, N, H, d)
+    else:
+        q_last, k, v = projected[0][:, -1].to(dtype), projected[1].to(dtype), projected[2].to(dtype)
     key_w = (k - t["key_shift"]) / math.sqrt(width)  # W_K^h (gamma . w_j), before any rotation
     if rotary is not None:
         cos, sin = (r.to(dtype) for r in rotary)
@@ -347,24 +353,68 @@ class ForwardPaths:
         self.layers = [_layer(block, resolved, t) for t, block in enumerate(resolved.blocks)]
         self.rotary = resolved.layer_map.position == "rope"
 
-    def sums(self, layer: int, x, kwargs) -> torch.Tensor:
-        """``(B, 2)`` value and probability sums of block `layer` from its input `x` and call keywords."""
+    def sums(self, layer: int, x, kwargs, projected=None) -> torch.Tensor:
+        """``(B, 2)`` value and probability sums of block `layer` from its input `x`, call keywords and (q, k, v)."""
         rotary = kwargs.get("position_embeddings") if self.rotary else None
         if self.rotary and rotary is None:
             raise RuntimeError(f"block {layer} got no position_embeddings: the forward route needs (cos, sin)")
         with torch.no_grad():
             return block_sums(self.layers[layer], x.detach(), heads=self.resolved.num_heads, scale=self.scale,
-                              bias=self.bias, window=self.resolved.windows[layer], rotary=rotary)
+                              bias=self.bias, window=self.resolved.windows[layer], rotary=rotary,
+                              projected=projected)
+
+    def _projected(self, outputs) -> tuple:
+        """The model's ``(q, k, v)`` ``(B, N, H, d)`` from the hooked outputs of the q/k module(s) and the value module."""
+        resolved, layer_map = self.resolved, self.resolved.layer_map
+        parts = outputs["query_key"]
+        q, k = layer_map.split(parts[0] if len(parts) == 1 else tuple(parts), resolved.num_heads,
+                               resolved.head_dim, resolved.config)
+        v = layer_map.value_split(outputs["value"], resolved.num_heads, resolved.head_dim, resolved.config)
+        return q, k, v
 
     def hooks(self, deliver, recording=lambda: True) -> list:
-        """Forward pre-hooks on every block calling ``deliver(layer, sums (B, 2))``; the handles (remove them)."""
-        def hook(layer):
-            def pre_hook(module, args, kwargs):
+        """Hooks on every block calling ``deliver(layer, sums (B, 2))``; the handles (remove them).
+
+        A pre-hook keeps the block's input and keywords, forward hooks its
+        q/k and value modules' outputs (the model's own projections, not
+        recomputed), and the block's forward hook forms the sums; only while
+        `recording()` (a checkpointed replay does not count twice).
+        """
+        pending = {}
+
+        def enter(layer):
+            def hook(module, args, kwargs):
                 if recording():
-                    deliver(layer, self.sums(layer, args[0] if args else kwargs["hidden_states"], kwargs))
-            return pre_hook
-        return [block.register_forward_pre_hook(hook(t), with_kwargs=True)
-                for t, block in enumerate(self.resolved.blocks)]
+                    x = args[0] if args else kwargs["hidden_states"]
+                    count = len(self.resolved.query_keys[layer])
+                    pending[layer] = {"x": x.detach(), "kwargs": kwargs, "query_key": [None] * count}
+            return hook
+
+        def keep(layer, index):
+            def hook(module, args, output):
+                if layer in pending:
+                    output = (output[0] if isinstance(output, tuple) else output).detach()
+                    if index is None:
+                        pending[layer]["value"] = output
+                    else:
+                        pending[layer]["query_key"][index] = output
+            return hook
+
+        def leave(layer):
+            def hook(module, args, output):
+                entry = pending.pop(layer, None)
+                if entry is not None:
+                    deliver(layer, self.sums(layer, entry["x"], entry["kwargs"], self._projected(entry)))
+            return hook
+
+        handles = []
+        for t, block in enumerate(self.resolved.blocks):
+            handles.append(block.register_forward_pre_hook(enter(t), with_kwargs=True))
+            for index, module in enumerate(self.resolved.query_keys[t]):
+                handles.append(module.register_forward_hook(keep(t, index)))
+            handles.append(block.get_submodule(self.resolved.layer_map.value).register_forward_hook(keep(t, None)))
+            handles.append(block.register_forward_hook(leave(t)))
+        return handles
 
 
 def forward_paths(model, token_ids, *, falcon_alibi: str = "once") -> np.ndarray:
