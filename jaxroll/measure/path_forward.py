@@ -177,11 +177,10 @@ def _layer(block, resolved, layer) -> _Layer:
 
 
 def _normed(tensors, kind, x):
-    """``(n, w, sigma)``: the norm's output, ``w = xhat / sqrt(D)`` ``(B, N, D)`` and sigma ``(B, N)``."""
+    """``(xhat, sigma)``: the norm's standardised input ``(B, N, D)`` (its output is ``gamma xhat + beta``), sigma ``(B, N)``."""
     centred = x - x.mean(-1, keepdim=True) if kind == "layer" else x
     sigma = (centred.pow(2).mean(-1, keepdim=True) + tensors["eps"]).sqrt()
-    xhat = centred / sigma
-    return tensors["gamma"] * xhat + tensors["beta"], xhat / math.sqrt(x.shape[-1]), sigma[..., 0]
+    return centred.div_(sigma) if centred is not x else centred / sigma, sigma[..., 0]
 
 
 def _project(parts, n):
@@ -238,7 +237,7 @@ def _pairs(left, right=None):
     return torch.einsum("hmD,gmD->hgm", left, right)
 
 
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 8 * 2**20
 """Bytes of the probability path's per-key vectors ``a, Gamma y (H, B c, D)`` and their work, per chunk of keys."""
 
 
@@ -311,12 +310,15 @@ def block_sums(weights: _Layer, x, *, heads: int, scale: float, bias=None, windo
     t, kind = weights.at(dtype), weights.kind
     x = x.to(dtype)
     width = x.shape[-1]
-    n, w, sigma = _normed(t, kind, x)
+    xhat, sigma = _normed(t, kind, x)
     if projected is None:
+        n = t["gamma"] * xhat + t["beta"]
         q_last = _project(t["query"], n[:, -1])  # (B, H, d)
         k, v = _project(t["key"], n), _project(t["value"], n)  # (B, N, H, d)
+        del n
     else:
         q_last, k, v = projected[0][:, -1].to(dtype), projected[1].to(dtype), projected[2].to(dtype)
+    w = xhat.div_(math.sqrt(width))  # w_j = xhat_j / sqrt(D), in place: xhat is not read again
     key_w = (k - t["key_shift"]) / math.sqrt(width)  # W_K^h (gamma . w_j), before any rotation
     if rotary is not None:
         cos, sin = (r.to(dtype) for r in rotary)
