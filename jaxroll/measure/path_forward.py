@@ -34,12 +34,15 @@ sum_l A^h_il (v^h_l - vbar^h_i) (R_i^T k^h_l)^T`` (k rotated at l), formed
 as one D x D matrix. Everything is exact (the same definition as
 `paths.layer_paths` in its exact mode); nothing is estimated.
 
-Cost per block and sequence: the norm, the key and value projections of the
-N positions and the query at i (``2 N D H d``), the head-wise vectors
-``a, b (N, H, D)`` (``3 N H d D``), their Gram matrices (``2 N H^2 D``) and
-the ``D x D`` term at ``j = i``: about a projection's work, in float64,
-with no backward pass and nothing ``N x N``; it runs inside the measurement's
-hooked pass on every sequence (`ForwardPaths.hooks`).
+Cost per block and sequence: the norm's statistics, row i of the
+probabilities (``N H d``), the head-wise vectors ``a, Gamma y (H, N, D)``
+(``2 N H d D`` multiply-adds) and their Gram matrices (``2 N H^2 D``), and
+the ``D x D`` term at ``j = i``, in the model's precision (float32 for a
+float32 model, float64 for float64), with no backward pass and nothing
+``N x N``; keys in chunks of `CHUNK_BYTES`. It runs inside the measurement's
+hooked pass on every sequence (`ForwardPaths.hooks`), reading the model's
+own q, k, v from its projection modules; measured at 0.1-0.35 of a bare
+forward+backward at N = 512 (docs/performance.md).
 
 Where it applies (`unsupported`): the families whose logit the layer map
 states exactly (`attention_rows.recomputable`) with linear q/k/v
