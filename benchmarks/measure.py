@@ -45,8 +45,11 @@ Three tables, each printed and written as CSV into --out:
    N and depth) on a tiny Llama (sdpa, float32, 1 thread) against the bare
    batched forward + backward of the same model. Time at N = 512 (4 layers,
    hidden 128, S = 16, the batch `measure` chooses, interleaved repetitions,
-   medians; the dense mean ``attention`` is the default there), beside
-   ``lambda,influence`` (no kernel) and the offsets forced; peak memory at
+   medians; the dense mean ``attention`` is the default there), beside the
+   default as it ran before the forward route of ``paths`` (the pass
+   checkpointed, then the backward route on 4 sequences: ``before``), the
+   default with checkpointing forced, without ``paths``, ``lambda,influence``
+   (no kernel) and the offsets forced; peak memory at
    N = 4096 (offsets by default; and the dense ``attention``, the default
    before issue 55) and at N = 32768 (2 layers, hidden 32), each process
    fresh, one sequence: the peak RSS of the process
@@ -289,9 +292,9 @@ def targets_table(length, samples, repeats):
     batches = [ids[first:first + batch] for first in range(0, samples, batch)]
     runs = {"bare": lambda: bare_batches(model, batches),
             "bare_ckpt": lambda: bare_batches(model, batches, checkpointing=True),
-            "measure": lambda: measure(model, ids, stats=stats, batch_size=batch),
+            "measure": lambda: measure(model, ids, stats=stats, batch_size=batch, checkpointing=True),
             "measure_no_ckpt": lambda: measure(model, ids, stats=stats, batch_size=batch, checkpointing=False),
-            "measure_batch1": lambda: measure(model, ids, stats=stats, batch_size=1)}
+            "measure_batch1": lambda: measure(model, ids, stats=stats, batch_size=1, checkpointing=True)}
     median = rotated_medians(runs, repeats)
     return [{"model": f"bloom L=2 D={HIDDEN} H={HEADS}", "length": length, "samples": samples, "batch": batch,
              "repeats": repeats, "bare_s": median["bare"], "bare_ckpt_s": median["bare_ckpt"],
@@ -343,29 +346,48 @@ def peak_table(length):
 
 
 def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
-    """Issue 55, time: measure with its default statistics / the bare batched forward+backward, same batches."""
+    """Issue 55, time: measure with its default statistics / the bare batched forward+backward, same batches.
+
+    ``before``: the default as it ran before the forward route, reproduced in
+    the same run: the pass checkpointed, then ``paths`` by the backward route
+    (`path_stats.measure_paths` on the first 4 sequences, 8 projections),
+    as `additions.add_paths` called it.
+    """
     import torch
 
     from jaxroll.measure import measure
+    from jaxroll.measure.path_stats import measure_paths
 
     torch.set_num_threads(1)
     ids = np.random.default_rng(0).integers(0, VOCAB, (samples, length))
     model = llama(layers, hidden)
-    default = measure(model, ids[:2]).metadata["stats"]  # warm-up; the default at this N and depth
-    batch = min(samples, measure(model, ids).metadata["batch_size"])
-    batches = [ids[first:first + batch] for first in range(0, samples, batch)]
+    first = measure(model, ids)  # warm-up; the default at this N and depth, the batch and checkpointing it chooses
+    default, batch = first.metadata["stats"], min(samples, first.metadata["batch_size"])
+    without_paths = tuple(name for name in default if name != "paths")
+    batches = [ids[start:start + batch] for start in range(0, samples, batch)]
     kernel = [name for name in default if name in ("attention", "attention_offsets")]
+
+    def before():
+        measure(model, ids, stats=without_paths, batch_size=batch, checkpointing=True)
+        measure_paths(model, ids)
+
     runs = {"bare": lambda: bare_batches(model, batches),
             "default": lambda: measure(model, ids, batch_size=batch),
+            "before": before,
+            "checkpointed": lambda: measure(model, ids, batch_size=batch, checkpointing=True),
+            "no_paths": lambda: measure(model, ids, stats=without_paths, batch_size=batch),
             "no_kernel": lambda: measure(model, ids, stats=("lambda", "influence"), batch_size=batch),
-            "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets"),
+            "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets", "paths"),
                                        batch_size=batch)}
     median = rotated_medians(runs, repeats)
+    bare = median["bare"]
     return [{"model": f"llama L={layers} D={hidden} H={HEADS} sdpa", "length": length, "samples": samples,
-             "batch": batch, "repeats": repeats, "default_kernel": "+".join(kernel), "bare_s": median["bare"],
-             "default_s": median["default"], "ratio_default": median["default"] / median["bare"],
-             "ratio_no_kernel": median["no_kernel"] / median["bare"],
-             "ratio_offsets": median["offsets"] / median["bare"]}]
+             "batch": batch, "repeats": repeats, "default": "+".join(default),
+             "checkpointing": first.metadata["activation_checkpointing"], "default_kernel": "+".join(kernel),
+             "bare_s": bare, "default_s": median["default"], "ratio_default": median["default"] / bare,
+             "ratio_before": median["before"] / bare, "ratio_checkpointed": median["checkpointed"] / bare,
+             "ratio_no_paths": median["no_paths"] / bare, "ratio_no_kernel": median["no_kernel"] / bare,
+             "ratio_offsets": median["offsets"] / bare}]
 
 
 DEFAULTS_CHILD = r"""

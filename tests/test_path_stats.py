@@ -86,11 +86,16 @@ def _oracle_sums(model, family, token_ids):
 def test_the_statistic_equals_sums_of_autograd_paths_separated_by_hand(family):
     model, token_ids = tiny(family), ids()
     result = measure(model, token_ids, stats=("lambda", "paths"), batch_size=2)
-    oracle = _oracle_sums(model, family, token_ids)  # all S = 3 <= PATH_SAMPLES sequences
-    assert result.metadata["paths"]["projections"] is None  # D = 8 <= R: exact
-    np.testing.assert_allclose(result.extra["path_per_sequence"], oracle, rtol=1e-8, atol=1e-12)
+    oracle = _oracle_sums(model, family, token_ids)  # all S = 3 sequences
+    assert result.metadata["paths"]["projections"] is None and result.metadata["paths"]["route"] == "forward"
+    # The forward route (in the pass) gives identity, value and probability; the MLP path the backward route.
+    np.testing.assert_allclose(result.extra["path_per_sequence"][:, :3], oracle[:, :3], rtol=1e-8, atol=1e-12)
+    assert np.isnan(result.extra["path_per_sequence"][:, 3]).all() and np.isnan(result.extra["path_mlp"]).all()
+    backward = measure_paths(model, token_ids, projections=None)  # D = 8 <= R: exact
+    assert backward["record"]["route"] == "backward"
+    np.testing.assert_allclose(backward["per_sequence"], oracle, rtol=1e-8, atol=1e-12)
     assert oracle[:, 1:].min() > 1e-3  # every path moves something
-    for index, name in enumerate(("identity", "value", "probability", "mlp")):
+    for index, name in enumerate(("identity", "value", "probability")):
         np.testing.assert_allclose(result.extra[f"path_{name}"], oracle[:, index].mean(0), rtol=1e-8)
         np.testing.assert_allclose(result.extra[f"path_{name}_std"], oracle[:, index].std(0), rtol=1e-7,
                                    atol=1e-12)
@@ -117,7 +122,7 @@ def test_an_sdpa_model_gives_the_eager_paths_through_measure_and_stays_sdpa(fami
     model = tiny(family, "sdpa")
     assert model.config._attn_implementation == "sdpa"
     result = measure(model, token_ids, stats=("lambda", "paths"))
-    np.testing.assert_allclose(result.extra["path_per_sequence"], eager, rtol=1e-10)
+    np.testing.assert_allclose(result.extra["path_per_sequence"][:, :3], eager[:, :3], rtol=1e-10)
     assert model.config._attn_implementation == "sdpa"
 
 

@@ -84,7 +84,8 @@ def add_parser(commands) -> None:
                  "rollout --intervene predicts the same change)",
         "metadata.json, measurement.npz and config.yaml record it")
     measure.add_argument("--no-checkpointing", action="store_true",
-                         help="hold every block's activations during the influence pass")
+                         help="hold every block's activations during the influence pass (default: checkpoint "
+                              "each block only where memory needs it)")
     measure.add_argument("--quiet", action="store_true",
                          help="no progress (default: a bar on a terminal, a line every 5%% or 30 s on stderr "
                               "otherwise; nothing in the first 2 s but a closing line)")
@@ -347,7 +348,7 @@ def _run(arguments, target: Target, request: Request, world, device, tokenizer, 
     try:
         return measure.measure(
             model, token_ids, stats=request.stats, falcon_alibi=arguments.falcon_alibi, positions=arguments.positions,
-            checkpointing=not arguments.no_checkpointing, progress=progress, checkpoint_path=checkpoint,
+            checkpointing=False if arguments.no_checkpointing else None, progress=progress, checkpoint_path=checkpoint,
             resume=target.resume, source=str(target.model), batch_size=arguments.batch_size,
             interventions=request.changes, tokenizer=tokenizer,
             shard=(world.rank, world.size) if world.distributed else None,

@@ -9,8 +9,9 @@
   ``refined.csv``) and, with rows, its rows ``refined_rows (K, N)`` in float64
   (`jaxroll.measure.refinements.refined_rows_from_arrays`);
 - the layer paths (``paths``): per layer r_t, the branch's share and the
-  path sums at the last row of the first sequences, from their own passes
-  (`jaxroll.measure.path_stats`), under the run's interventions.
+  path sums at the last row, from the hooked pass on every sequence (the
+  forward route) or from their own passes on the first sequences, under the
+  run's interventions (the backward route; `jaxroll.measure.path_stats`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,14 @@ def add_paths(result, model, model_ids, *, patching=None, falcon_alibi: str = "o
 
     `model_ids` are the ids the model ran (sinks in front, if any); the path
     sums come from the last row, under `patching` (the run's interventions).
+    Where the forward route ran inside the pass (its sums are already in
+    `result`), only its record is added; else the backward route runs here.
     """
-    from .path_stats import measure_paths, path_outputs
+    from .path_stats import forward_record, measure_paths, path_outputs
 
+    if "path_per_sequence" in result.extra:  # the forward route ran inside the pass, on every sequence
+        result.metadata["paths"] = forward_record(result.extra["path_per_sequence"], model_ids)
+        return
     measured = measure_paths(model, model_ids, patching=patching, falcon_alibi=falcon_alibi)
     result.extra.update(path_outputs(measured["per_sequence"]))
     result.metadata["paths"] = measured["record"]

@@ -95,7 +95,7 @@ def measure(
     samples: int | None = None,
     falcon_alibi: str = "once",
     positions: int = 1,
-    checkpointing: bool = True,
+    checkpointing: bool | None = None,
     layer_map: LayerMap | None = None,
     progress=False,
     checkpoint_path=None,
@@ -139,7 +139,10 @@ def measure(
             bias twice; for reproducing published numbers).
         positions: stride of the positions at which ``qk_mean`` is kept.
         checkpointing: activation checkpointing of each block during the
-            influence pass.
+            influence pass (each block's forward runs again in the backward,
+            holding one block's activations at a time). None (default): only
+            where memory needs it, `_checkpointing_needed`; results do not
+            depend on it.
         progress: False, True (a `jaxroll.measure.progress.Progress` on
             stderr) or a `Progress`-like object with ``update(n)`` and
             ``close()``.
@@ -193,13 +196,17 @@ def measure(
     prepended = setup.prepend_sinks(token_ids, sinks, tokenizer, model.config)
     setup.check_lengths(resolved.layer_map, model.config, stats, length, prepended.run_length)
     own = setup.shard_indices(num_sequences, shard)
+    if checkpointing is None:
+        checkpointing = _checkpointing_needed(model, prepended.run_length, stats, len(own), batch_size)
     mode = setup.attention_mode(model.config, resolved.layer_map, stats, falcon_alibi)
     slopes = setup.slopes_of(model, resolved.layer_map, model.config, resolved.num_heads, resolved.head_dim,
                              mode.bias_multiplier)
     metadata = setup.run_metadata(model, resolved, mode, slopes, source=source, stats=stats, length=length,
                                   num_sequences=num_sequences, positions=positions, checkpointing=checkpointing,
                                   record=described, sink_tokens=prepended.record)
-    fingerprint = setup.fingerprint(metadata, token_ids, shard)
+    # Results do not depend on checkpointing (chosen from free memory when None): not part of a resume's identity.
+    fingerprint = setup.fingerprint({key: value for key, value in metadata.items()
+                                     if key != "activation_checkpointing"}, token_ids, shard)
     # The sums run at the model's N + k positions; `measurement_from_sums` splits the influence at the sinks.
     shape = Shapes(num_sequences, len(resolved.blocks), resolved.num_heads, prepended.run_length)
     sums = PartialSums(shape, stats, positions, own)
@@ -216,7 +223,8 @@ def measure(
         batch_size = choose_batch_size(model, prepended.run_length, stats, len(sums.indices) - sums.count,
                                        checkpointing=checkpointing)
     metadata["batch_size"] = int(batch_size)
-    passes = _Passes(model, resolved, hooks, patching, rotary, step, stats, mode.recompute)
+    passes = _Passes(model, resolved, hooks, patching, rotary, step, stats, mode.recompute,
+                     {"falcon_alibi": falcon_alibi, "length": prepended.run_length})
     sums.seconds = passes.run(sums, prepended.model_ids, batch_size, checkpoint_path, fingerprint,
                               _progress(progress, len(sums.indices), sums.count))
     if reduce is not None:
@@ -235,11 +243,31 @@ def measure(
     return result
 
 
+def _checkpointing_needed(model, length, stats, remaining, batch_size) -> bool:
+    """Whether the influence pass needs activation checkpointing to hold its batch.
+
+    Checkpointing runs every block's forward a second time during the
+    backward pass (about a third of a bare forward + backward more time) to
+    hold one block's activations instead of all of them. It is chosen where
+    holding all of them would shrink the batch: `batch_size` when given, else
+    the batch a checkpointed pass would choose (`batching.choose_batch_size`,
+    from the device's free memory).
+    """
+    if "influence" not in stats:
+        return False
+    from .batching import choose_batch_size
+
+    plain = choose_batch_size(model, length, stats, max(1, remaining), checkpointing=False)
+    wanted = batch_size if batch_size is not None else choose_batch_size(model, length, stats, max(1, remaining),
+                                                                         checkpointing=True)
+    return plain < wanted
+
+
 def _add(result, model, token_ids, *, queries, row_target, refine, record, progress, paths=None) -> None:
     """Paths, rows (`queries`), the caller's `record` and the refinement (`refine`), in this order in metadata.json."""
     from . import additions
 
-    if paths is not None:  # its own passes, eager, after the hooked one (jaxroll.measure.path_stats)
+    if paths is not None:  # in the pass (forward route) or its own passes after it (jaxroll.measure.path_stats)
         model_ids, patching, falcon_alibi = paths
         additions.add_paths(result, model, model_ids, patching=patching, falcon_alibi=falcon_alibi)
     if queries is not None:
@@ -299,9 +327,10 @@ def _hooks(step, resolved, config, stats, mode, checkpointing) -> Hooks:
 class _Passes:
     """The loop over micro-batches: one forward and one backward pass each, under the hooks and the patch."""
 
-    def __init__(self, model, resolved, hooks, patching, rotary, step, stats, recompute):
+    def __init__(self, model, resolved, hooks, patching, rotary, step, stats, recompute, run_context=None):
         self.model, self.resolved, self.hooks, self.patching = model, resolved, hooks, patching
         self.rotary, self.step, self.stats, self.recompute = rotary, step, stats, recompute
+        self.run_context = dict(run_context or {}, model=model, patching=patching)
 
     def run(self, sums, model_ids, batch_size, checkpoint_path, fingerprint, bar) -> float:
         """Every batch of this process's sequences not yet in `sums`; the seconds of the loop."""
@@ -331,6 +360,8 @@ class _Passes:
             if statistic.attach is not None:
                 # Under recomputed rows its alpha comes from observe_rows, not from a hook.
                 keywords = {"recomputed": True} if self.recompute and statistic.observe_rows is not None else {}
+                if "run" in inspect.signature(statistic.attach).parameters:  # what a run-dependent attach reads
+                    keywords["run"] = self.run_context
                 attached += statistic.attach(self.resolved, _deliver(self.step, statistic),
                                              lambda: self.hooks.recording, **keywords)
         return attached

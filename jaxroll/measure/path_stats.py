@@ -39,17 +39,29 @@ value, probability, mlp). Estimate mode adds its own scatter (relative
 standard error of each squared norm at most ``sqrt(2 / R)``), which these
 spreads include.
 
-**Where it runs.** After the hooked pass, on the first `PATH_SAMPLES`
-sequences, in `PATH_PROJECTIONS` Gaussian projections (exact, D basis
-vectors, when ``D <= PATH_PROJECTIONS``), in its own passes
-(`jaxroll.measure.additions.add_paths`): the path separation recomputes
-each block alone from its input with its values detached, which the
-pass's activation checkpointing would replay without the detachment, and a
-few sequences suffice where the pass runs all of them. It runs on the
-model as loaded, ``sdpa`` included (`layer_paths` needs no probabilities:
-the value path is the attention's Jacobian minus the probability path's),
-under the run's interventions (``--intervene``); Falcon with ALiBi gets the
-bias once under ``falcon_alibi="once"`` as in the pass.
+**Where it runs.** Two routes give the same sums (exact in both where
+the backward route is exact, D <= R):
+
+- the forward route (`jaxroll.measure.path_forward`), inside the hooked
+  pass, on every sequence: the value and probability sums from each
+  block's input in closed form (the norm's Jacobian, the projections'
+  matrices and row i of the probabilities), no backward pass; for the
+  families it names (`path_forward.FORWARD_FAMILIES`: GPT-2, BLOOM, Falcon
+  with ALiBi, GPT-NeoX, Llama, Mistral, Qwen2) without interventions. It
+  does not give the MLP path: ``path_mlp`` is NaN (the prediction reads only
+  r_t and the share). ``metadata["paths"]["route"] = "forward"``.
+- the backward route (`measure_paths`), after the pass, on the first
+  `PATH_SAMPLES` sequences, in `PATH_PROJECTIONS` Gaussian projections
+  (exact, D basis vectors, when ``D <= PATH_PROJECTIONS``), in its own passes
+  (`jaxroll.measure.additions.add_paths`): the path separation recomputes
+  each block alone from its input with its values detached, which the
+  pass's activation checkpointing would replay without the detachment. It
+  runs on the model as loaded, ``sdpa`` included (`layer_paths` needs no
+  probabilities: the value path is the attention's Jacobian minus the
+  probability path's), under the run's interventions (``--intervene``);
+  Falcon with ALiBi gets the bias once under ``falcon_alibi="once"`` as in
+  the pass. Every other family, and every run with an intervention, takes
+  it; it also gives the MLP path. ``metadata["paths"]["route"] = "backward"``.
 """
 
 from __future__ import annotations
@@ -62,7 +74,7 @@ import numpy as np
 from ..errors import ConfigError
 from .registry import Statistic, register_statistic
 
-__all__ = ["PATH_SAMPLES", "PATH_PROJECTIONS", "PATH_NAMES", "measure_paths", "path_outputs",
+__all__ = ["PATH_SAMPLES", "PATH_PROJECTIONS", "PATH_NAMES", "measure_paths", "forward_record", "path_outputs",
            "probability_over_value", "branch_share", "path_ingredients"]
 
 PATH_SAMPLES = 4
@@ -142,11 +154,19 @@ def measure_paths(model, token_ids, *, samples: int = PATH_SAMPLES, projections:
                            seed=seed, keep_sequences=True)
     sums = [info.per_sequence[name][:, :, 0, :].sum(-1) for name in PATH_NAMES[1:]]  # (M, L) each
     per_sequence = np.stack([np.full_like(sums[0], math.sqrt(width))] + sums, axis=1)
-    record = {"samples": int(ids.shape[0]), "query": int(ids.shape[1] - 1),
+    record = {"route": "backward", "samples": int(ids.shape[0]), "query": int(ids.shape[1] - 1),
               "projections": None if exact else int(projections), "seed": int(seed),
               "relative_standard_error": float(info.relative_standard_error),
               "outputs": "path_* (L,) in measurement.npz; docs/refinements.md"}
     return {"per_sequence": per_sequence, "record": record}
+
+
+def forward_record(per_sequence, model_ids) -> dict:
+    """``metadata["paths"]`` of the forward route (`jaxroll.measure.path_forward`): exact, every sequence, no MLP."""
+    return {"route": "forward", "samples": int(np.asarray(per_sequence).shape[0]),
+            "query": int(np.asarray(model_ids).shape[1] - 1), "projections": None, "seed": None,
+            "relative_standard_error": 0.0, "mlp": "NaN: the forward route does not give the MLP path",
+            "outputs": "path_* (L,) in measurement.npz; docs/refinements.md"}
 
 
 def path_outputs(per_sequence) -> dict:
@@ -216,8 +236,49 @@ def _summary(outputs: dict) -> str:
             f"(last row, {outputs['path_per_sequence'].shape[0]} sequences)")
 
 
-# Computed after the pass (`jaxroll.measure.additions.add_paths`): nothing to hook or sum inside it.
+def _allocate(shape) -> dict:
+    return {"path_per_sequence": np.full((shape.sequences, len(PATH_NAMES), shape.layers), np.nan)}
+
+
+def _observe(state, kind, layer, sums):
+    state[layer] = sums
+
+
+def _accumulate(arrays, state, index) -> None:
+    if state:  # the forward route ran (else the backward route fills the rows after the pass)
+        arrays["path_per_sequence"][index] = np.stack([state[t] for t in sorted(state)], axis=-1)
+
+
+def _finish(arrays, count, shape) -> dict:
+    per_sequence = arrays["path_per_sequence"]
+    # Rows measured in the pass (the forward route) are finite in their value column; else add_paths fills them.
+    return path_outputs(per_sequence) if np.isfinite(per_sequence[:, 1]).all() else {}
+
+
+def _attach(resolved, deliver, recording, *, recomputed=False, run=None) -> list:
+    """The forward route's hooks (`jaxroll.measure.path_forward`) where it applies to this run; else none.
+
+    `run`: ``{model, patching, falcon_alibi, length}`` from the pass. Each
+    block's sums reach `observe` per sequence as ``(4,)``: ``sqrt(D)``, the
+    value and probability sums, NaN (the MLP, not given by this route).
+    """
+    from .path_forward import ForwardPaths, unsupported
+
+    if run is None or unsupported(run["model"], resolved, run["patching"]) is not None:
+        return []
+    paths = ForwardPaths(run["model"], resolved, run["length"], run["falcon_alibi"])
+    width = float(paths.layers[0].gamma.shape[0])
+
+    def each_row(layer, sums):
+        sums = sums.cpu().numpy()
+        for row in range(sums.shape[0]):
+            deliver("paths", layer, np.array([math.sqrt(width), sums[row, 0], sums[row, 1], np.nan]), row=row)
+    return paths.hooks(each_row, recording)
+
+
+# The forward route inside the hooked pass where it applies (`_attach`); else the backward route after it
+# (`jaxroll.measure.additions.add_paths`).
 register_statistic(Statistic(
-    name="paths", hooks=(), allocate=lambda shape: {}, observe=lambda state, kind, layer, *tensors: None,
-    accumulate=lambda sums, state, index: None, finish=lambda sums, count, shape: {},
-    memory=lambda shape: 8 * 12 * (PATH_SAMPLES + 4) * shape.layers, summary=_summary))
+    name="paths", hooks=(), allocate=_allocate, observe=_observe, accumulate=_accumulate, finish=_finish,
+    per_sequence=("path_per_sequence",), attach=_attach,
+    memory=lambda shape: 8 * len(PATH_NAMES) * shape.sequences * shape.layers, summary=_summary))

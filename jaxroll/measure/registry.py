@@ -174,8 +174,9 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     (`jaxroll.measure.path_stats`): the probability path's share of each
     layer's branch, which config.yaml carries so that a temperature or SSMax
     is predicted by the extended layer (docs/design.md, "The probability
-    path"); it runs after the pass on a few sequences, a fixed cost of about
-    50 bare forward+backward passes.
+    path"); inside the pass on every sequence where its forward route applies
+    (`jaxroll.measure.path_forward`, no backward pass), else after the pass
+    on a few sequences (the backward route).
     """
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
     if position != "alibi":
