@@ -557,9 +557,10 @@ def test_ctrl_c_exits_130_and_names_resume(tmp_path):
 
     spec = tmp_path / "spec.yaml"
     # Long enough that the interrupt lands mid-sweep: device-side chunks of one point at N = 64 ran
-    # all 40 points before the signal arrived; 2000 points at N = 512 take tens of seconds.
+    # all 40 points before the signal arrived; 2000 points at N = 512 with a warm compile cache once
+    # finished (6 s) before a loaded machine's poll saw the first chunk, so 8000.
     spec.write_text("base: {preset: mpt-7b, sequence_length: 512}\n"
-                    f"axes: {{temperature: {[round(0.5 + 0.001 * k, 3) for k in range(2000)]}}}\nbatch_size: 1\n")
+                    f"axes: {{temperature: {[round(0.5 + 0.0001 * k, 4) for k in range(8000)]}}}\nbatch_size: 1\n")
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "jaxroll", "sweep", str(spec), "--out", str(out)],
                                env=_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -567,6 +568,7 @@ def test_ctrl_c_exits_130_and_names_resume(tmp_path):
     deadline = time.monotonic() + 240
     while not first.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert process.poll() is None, "the sweep finished before its first chunk was seen: make it longer"
     process.send_signal(signal.SIGINT)
     with process.stderr:
         error = process.stderr.read().decode()
