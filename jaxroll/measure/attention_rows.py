@@ -58,7 +58,7 @@ import torch
 from ..errors import ConfigError
 from .layer_maps import Resolved
 
-__all__ = ["probability_rows", "row_chunks", "chunk_rows", "key_bias", "rotate", "RotaryCapture",
+__all__ = ["probability_rows", "row_chunks", "chunk_rows", "key_bias", "rotate", "turn", "RotaryCapture",
            "rotary_module", "sliding_window", "recomputable", "work_dtype", "CHUNK_BYTES", "CHUNK_BYTES_CUDA"]
 
 CHUNK_BYTES = 16 * 2**20
@@ -121,20 +121,24 @@ def sliding_window(config, layer_map_name: str) -> int | None:
     return int(window) if window and layer_map_name in ("mistral", "qwen2") else None
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x cos + rotate_half(x) sin`` for ``x (B, N, H, d)`` and ``cos, sin (B, N, r)``, in float64.
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x cos + rotate_half(x) sin`` on the first ``r`` dimensions of ``x``'s last axis, ``cos, sin`` already
+    broadcastable to ``x[..., :r]`` and in its dtype.
 
     ``r = d``: the whole head turns; ``r < d`` (partial rotary, GPT-NeoX's
     ``rotary_pct``): the first r dimensions turn and the other ``d - r``
     pass unchanged, as Hugging Face's ``apply_rotary_pos_emb`` does.
     """
-    x = x.double()
     width = cos.shape[-1]
-    turning, passing = x[..., :width], x[..., width:]
-    half = width // 2
+    turning, half = x[..., :width], width // 2
     turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
-    rotated = turning * cos.double()[:, :, None, :] + turned * sin.double()[:, :, None, :]
-    return rotated if passing.shape[-1] == 0 else torch.cat((rotated, passing), dim=-1)
+    rotated = turning * cos + turned * sin
+    return rotated if width == x.shape[-1] else torch.cat((rotated, x[..., width:]), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`turn` for ``x (B, N, H, d)`` and ``cos, sin (B, N, r)`` (broadcast over the heads), in float64."""
+    return turn(x.double(), cos.double()[:, :, None, :], sin.double()[:, :, None, :])
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -262,14 +266,8 @@ def row_chunks(q, k, *, scale, bias=None, window=None, chunk=None, change=None, 
 
 
 def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`rotate` on heads-first ``x (B, H, N, d)`` in x's dtype: ``cos, sin (B, N, r)`` broadcast over the heads."""
-    width = cos.shape[-1]
-    cos, sin = (t.to(x.dtype)[:, None] for t in (cos, sin))
-    turning = x[..., :width]
-    half = width // 2
-    turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
-    rotated = turning * cos + turned * sin
-    return rotated if width == x.shape[-1] else torch.cat((rotated, x[..., width:]), dim=-1)
+    """`turn` on heads-first ``x (B, H, N, d)`` in x's dtype: ``cos, sin (B, N, r)`` broadcast over the heads."""
+    return turn(x, cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None])
 
 
 def rotary_module(model, resolved: Resolved):

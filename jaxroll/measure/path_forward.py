@@ -62,7 +62,7 @@ import math
 import numpy as np
 import torch
 
-from .attention_rows import key_bias
+from .attention_rows import key_bias, turn
 
 __all__ = ["FORWARD_FAMILIES", "ForwardPaths", "unsupported", "forward_paths"]
 
@@ -204,16 +204,8 @@ def _probabilities(q_last, k, scale, bias, window):
 
 
 def _turn(x, cos, sin):
-    """``x cos + rotate_half(x) sin`` on the first ``r`` dimensions of ``x (B, n, H, d)`` (``cos, sin (B, n, r)``).
-
-    Hugging Face's ``apply_rotary_pos_emb`` (partial rotary: the other ``d - r``
-    pass), as `attention_rows.rotate` but in x's own dtype.
-    """
-    width, half = cos.shape[-1], cos.shape[-1] // 2
-    turning = x[..., :width]
-    turned = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
-    rotated = turning * cos[:, :, None, :] + turned * sin[:, :, None, :]
-    return rotated if width == x.shape[-1] else torch.cat((rotated, x[..., width:]), dim=-1)
+    """`attention_rows.turn` for ``x (B, n, H, d)``, ``cos, sin (B, n, r)`` broadcast over the heads, in x's dtype."""
+    return turn(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
 def _inverse(x, rotary, positions):
