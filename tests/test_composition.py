@@ -6,24 +6,13 @@ one by one (their arguments captured from a plain forward) for the local and end
 float64, on tiny BLOOM and Llama models built from configurations.
 """
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "validation" / "composition.py"
-
-
-def _load():
-    # validation/ is a folder of scripts, not part of the installed package.
-    spec = importlib.util.spec_from_file_location("validation_composition", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import validation_scripts  # tests/validation_scripts.py
 
 
-composition = _load()
+composition = validation_scripts.load("composition")
 
 
 def _causal_matrices(rng, shape):

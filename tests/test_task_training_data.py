@@ -8,29 +8,18 @@ its content, the gold answer read off the record. The same rule is checked on
 `jaxroll task`'s own kv builder, so the two place records alike.
 """
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import validation_scripts  # tests/validation_scripts.py
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1] / "validation"
 
-
-def _load(name):
-    # validation/ is a folder of scripts, not part of the installed package.
-    spec = importlib.util.spec_from_file_location(f"validation_{name}", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tt = _load("train_task")
+tt = validation_scripts.load("train_task")
 OPEN, ARROW, CLOSE, QUERY, BOS = 2, 3, 4, 5, 1  # the format as the module docstring writes it
 
 

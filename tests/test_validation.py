@@ -27,13 +27,11 @@ The full run (BLOOM and Llama, 4 layers, trained ~10 minutes each) is
 `validation/run.py`; its tables are in docs/refinements.md.
 """
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import validation_scripts  # tests/validation_scripts.py
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -41,20 +39,9 @@ pytest.importorskip("tokenizers")
 
 import jaxroll  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1] / "validation"
 
-
-def _load(name):
-    # validation/ is a folder of scripts, not part of the installed package.
-    spec = importlib.util.spec_from_file_location(f"validation_{name}", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pipeline = _load("pipeline")
-ladder = _load("ladder")
+pipeline = validation_scripts.load("pipeline")
+ladder = validation_scripts.load("ladder")
 
 LENGTH = 32
 SAMPLES = 8
@@ -201,7 +188,7 @@ def test_fit_never_ends_worse_than_its_start(trained):
 
 
 def test_run_refuses_a_non_empty_out_without_force(tmp_path, capsys):
-    run = _load("run")
+    run = validation_scripts.load("run")
     (tmp_path / "mine.txt").write_text("keep me")
     figure = tmp_path / "figure.png"
     assert run.main(["--out", str(tmp_path), "--figure", str(figure)]) == 2
@@ -251,7 +238,7 @@ def test_rows_study_fitted_lambdas_recover_rows_drawn_from_a_known_mixing():
     from jaxroll.theory.refinements import RefinedRollout
     from jaxroll.theory.rows import query_positions
 
-    rows_study = _load("rows_study")
+    rows_study = validation_scripts.load("rows_study")
     rng = np.random.default_rng(3)
     layers, heads, n = 3, 2, 12
     kernels = rng.random((layers, heads, n, n)) * np.tril(np.ones((n, n)))

@@ -9,12 +9,12 @@
   by hand (thresholds 3x, 2x, 1.25x and the interval's sign).
 """
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import validation_scripts  # tests/validation_scripts.py
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -29,10 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def loop():
     sys.path.insert(0, str(ROOT / "validation"))
-    spec = importlib.util.spec_from_file_location("validation_interventions", ROOT / "validation" / "interventions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return validation_scripts.load("interventions")
 
 
 def _kernels(layers, n, seed):
