@@ -75,12 +75,13 @@ refused by `check`, from the config alone, before any weights load.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from ..errors import ConfigError
 from .torch_plan import MODULE_FAMILIES, LogitChange, check
 
-__all__ = ["Patch", "patch", "rerotate"]
+__all__ = ["Patch", "patch", "rerotate", "interface_entry"]
 
 IMPLEMENTATIONS = ("eager", "sdpa")
 """The attention implementations a logit change wraps."""
@@ -93,6 +94,26 @@ def patch(model, interventions, resolved=None) -> "Patch":
     checked by `check` here, before anything is registered. See `Patch`.
     """
     return Patch(model, interventions, resolved)
+
+
+@contextlib.contextmanager
+def interface_entry(key: str, wrap):
+    """While inside, transformers' attention interface answers `key` with ``wrap(previous)``, ``previous`` what
+    it answered before (the entry, or None where it had none: eager's modeling-file function); the entry as it
+    was (set or absent) comes back on exit, also after an error."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had, before = key in local, local.get(key)
+    previous = ALL_ATTENTION_FUNCTIONS[key] if key in ALL_ATTENTION_FUNCTIONS else None
+    local[key] = wrap(previous)
+    try:
+        yield
+    finally:
+        if had:
+            local[key] = before
+        else:
+            local.pop(key, None)
 
 
 class Patch:
@@ -118,7 +139,7 @@ class Patch:
         self.plan = check(list(interventions), model.config)
         self.resolved = resolved or resolve(model)
         self._handles = []
-        self._entries = []  # (key, had a local entry, its previous value)
+        self._entries = contextlib.ExitStack()  # the attention interface entries replaced (interface_entry)
         self._pending = {}
 
     def __enter__(self) -> "Patch":
@@ -134,15 +155,7 @@ class Patch:
             handle.remove()
         self._handles.clear()
         self._pending.clear()
-        if self._entries:
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-            for key, had, previous in reversed(self._entries):
-                if had:
-                    ALL_ATTENTION_FUNCTIONS._local_mapping[key] = previous
-                else:
-                    del ALL_ATTENTION_FUNCTIONS._local_mapping[key]
-            self._entries.clear()
+        self._entries.close()  # in reverse order of entering
 
     def _apply(self) -> None:
         plan, resolved = self.plan, self.resolved
@@ -174,15 +187,9 @@ class Patch:
                              change, rotary)
 
     def _wrap_interface(self, owned, change: LogitChange, rotary) -> None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        local = ALL_ATTENTION_FUNCTIONS._local_mapping
         for key in IMPLEMENTATIONS:
-            had = key in local
-            # What get_interface returned before: the entry, or (eager) the modeling file's own function.
-            previous = ALL_ATTENTION_FUNCTIONS[key] if key in ALL_ATTENTION_FUNCTIONS else None
-            self._entries.append((key, had, local.get(key)))
-            local[key] = _interface_wrapper(previous, owned, change, rotary)
+            self._entries.enter_context(interface_entry(
+                key, lambda previous: _interface_wrapper(previous, owned, change, rotary)))
 
     def _bloom_scores(self, layer: int, change: LogitChange):
         def hook(module, args, kwargs):

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 
+from .patching import interface_entry
+
 __all__ = ["last_block_at_row"]
 
 KEY = "sdpa"
@@ -78,13 +80,5 @@ def last_block_at_row(model, attention, position: int, n: int):
     if implementation != KEY or ALL_ATTENTION_FUNCTIONS is None or KEY not in ALL_ATTENTION_FUNCTIONS:
         yield
         return
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping
-    had, before = KEY in local, local.get(KEY)
-    local[KEY] = _row_wrapper(ALL_ATTENTION_FUNCTIONS[KEY], attention, position % n, n)
-    try:
+    with interface_entry(KEY, lambda previous: _row_wrapper(previous, attention, position % n, n)):
         yield
-    finally:
-        if had:
-            local[KEY] = before
-        else:
-            del local[KEY]
