@@ -253,6 +253,16 @@ def _carried(kernel: AbstractKernel, source: ProbabilityPath) -> AbstractKernel:
     return with_probability_path(kernel, source.probability_shares, 1.0 if gains is None else gains)
 
 
+def _checked_shares(shares, layers: int):
+    """``rho_t`` ``(T,)`` from a number or ``(T,)``; concrete values must lie in [0, 1) (one-line ConfigError)."""
+    shares = per_layer("probability_shares", shares, layers)
+    if is_concrete(shares):
+        check_range("probability_shares", np.asarray(shares), 0.0, 1.0)
+        if np.any(np.asarray(shares) == 1.0):
+            raise ConfigError.of("probability_shares", np.asarray(shares).tolist(), "each in [0, 1)")
+    return shares
+
+
 def with_probability_path(kernel: AbstractKernel, shares, gains=1.0) -> AbstractKernel:
     """`kernel` extended by the probability path: shares ``rho_t`` in [0, 1) (a number or ``(T,)``) and logit
     gains ``sigma_{t,h} > 0`` relative to the measured setting (a number, ``(H,)``, ``(T, 1)`` or ``(T, H)``;
@@ -262,12 +272,8 @@ def with_probability_path(kernel: AbstractKernel, shares, gains=1.0) -> Abstract
     Raises:
         ConfigError: one line naming ``probability_shares`` or ``logit_gains``, the value and what is allowed.
     """
-    shares = per_layer("probability_shares", shares, kernel.num_layers)
+    shares = _checked_shares(shares, kernel.num_layers)
     gains = layer_head_values("logit_gains", gains, kernel.num_layers, kernel.num_heads)
-    if is_concrete(shares):
-        check_range("probability_shares", np.asarray(shares), 0.0, 1.0)
-        if np.any(np.asarray(shares) == 1.0):
-            raise ConfigError.of("probability_shares", np.asarray(shares).tolist(), "each in [0, 1)")
     if is_concrete(gains):
         check_range("logit_gains", np.asarray(gains), 0.0, None, low_open=True)
     if isinstance(kernel, FormedPathKernel):
@@ -366,15 +372,11 @@ def with_path_shape(attention, shape, shares, gains=1.0, causal: bool = True) ->
         raise ConfigError.of("path_shape", tuple(shape.shape),
                              f"an array of the attention's shape {tuple(attention.shape)}")
     layers, n = attention.shape[0], attention.shape[-1]
-    shares = per_layer("probability_shares", shares, layers)
+    shares = _checked_shares(shares, layers)
     gains = jnp.broadcast_to(jnp.asarray(gains, dtype=attention.dtype).reshape((-1, 1) if jnp.ndim(gains) == 1
                                                                               else jnp.shape(gains)), (layers, n))
     if is_concrete(shape) and np.any(np.asarray(shape) < 0):
         raise ConfigError.of("path_shape", float(np.min(np.asarray(shape))), "entries >= 0")
-    if is_concrete(shares):
-        check_range("probability_shares", np.asarray(shares), 0.0, 1.0)
-        if np.any(np.asarray(shares) == 1.0):
-            raise ConfigError.of("probability_shares", np.asarray(shares).tolist(), "each in [0, 1)")
     if is_concrete(gains):  # >= 0: SSMax's s ln n_i is 0 at row 0, which sees one key
         check_range("logit_gains", np.asarray(gains), 0.0, None)
     total = jnp.sum(shape, axis=-1, keepdims=True)
