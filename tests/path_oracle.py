@@ -10,6 +10,30 @@ returns the attention sub-layer's output (after the output projection) and the b
 from __future__ import annotations
 
 import torch
+import transformers
+
+
+def tiny_config(family, *, heads: int, hidden: int, vocab: int, key_value_heads: int = 1):
+    """A 2-layer configuration of `family` for these tests (MLP width 2 x hidden; grouped-query families with
+    `key_value_heads`)."""
+    common = dict(num_hidden_layers=2, num_attention_heads=heads, hidden_size=hidden, vocab_size=vocab)
+    if family == "bloom":
+        return transformers.BloomConfig(n_layer=2, n_head=heads, hidden_size=hidden, vocab_size=vocab)
+    if family == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_head=heads, n_embd=hidden, vocab_size=vocab, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0)
+    if family == "falcon":  # ALiBi: its eager path adds the bias twice, its sdpa path once
+        return transformers.FalconConfig(**common, alibi=True, new_decoder_architecture=False, multi_query=False,
+                                         parallel_attn=True, bias=True)
+    if family == "gpt_neox":  # partial rotary; use_parallel_residual (the default): the MLP reads the block input
+        return transformers.GPTNeoXConfig(**common, intermediate_size=2 * hidden, rotary_pct=0.5,
+                                          max_position_embeddings=32)
+    if family == "mistral":  # a window shorter than N: keys i - j >= W carry nothing
+        return transformers.MistralConfig(**common, num_key_value_heads=key_value_heads, intermediate_size=2 * hidden,
+                                          sliding_window=4, head_dim=hidden // heads)
+    if family == "qwen2":  # biases on q, k, v
+        return transformers.Qwen2Config(**common, num_key_value_heads=key_value_heads, intermediate_size=2 * hidden)
+    return transformers.LlamaConfig(**common, num_key_value_heads=key_value_heads, intermediate_size=2 * hidden)
 
 
 def blocks(model, family):

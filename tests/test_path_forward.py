@@ -33,22 +33,7 @@ VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 2, 8, 7, 3
 
 
 def _config(family):
-    common = dict(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
-    if family == "bloom":
-        return transformers.BloomConfig(n_layer=2, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
-    if family == "gpt2":
-        return transformers.GPT2Config(n_layer=2, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB, n_positions=32)
-    if family == "falcon":
-        return transformers.FalconConfig(**common, alibi=True, new_decoder_architecture=False, multi_query=False,
-                                         parallel_attn=True, bias=True)
-    if family == "gpt_neox":  # partial rotary, parallel residual
-        return transformers.GPTNeoXConfig(**common, intermediate_size=16, rotary_pct=0.5)
-    if family == "mistral":  # a window shorter than N: keys i - j >= W carry nothing
-        return transformers.MistralConfig(**common, num_key_value_heads=1, intermediate_size=16, sliding_window=4,
-                                          head_dim=HIDDEN // HEADS)
-    if family == "qwen2":  # biases on q, k, v
-        return transformers.Qwen2Config(**common, num_key_value_heads=1, intermediate_size=16)
-    return transformers.LlamaConfig(**common, num_key_value_heads=1, intermediate_size=16)  # grouped keys
+    return path_oracle.tiny_config(family, heads=HEADS, hidden=HIDDEN, vocab=VOCAB)
 
 
 def tiny(family, implementation="eager", seed=0):

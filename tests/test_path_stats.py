@@ -33,17 +33,7 @@ VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 2, 8, 6, 3
 
 
 def _config(family):
-    if family == "bloom":
-        return transformers.BloomConfig(n_layer=2, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
-    if family == "gpt2":
-        return transformers.GPT2Config(n_layer=2, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB, n_positions=32,
-                                       bos_token_id=0, eos_token_id=0)
-    if family == "falcon":  # ALiBi: its eager path adds the bias twice, its sdpa path once
-        return transformers.FalconConfig(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN,
-                                         vocab_size=VOCAB, alibi=True, new_decoder_architecture=False,
-                                         multi_query=False, parallel_attn=True, bias=True)
-    return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=1,
-                                    hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB)
+    return path_oracle.tiny_config(family, heads=HEADS, hidden=HIDDEN, vocab=VOCAB)
 
 
 def tiny(family, implementation="eager", seed=0):

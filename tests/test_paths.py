@@ -29,17 +29,7 @@ VOCAB, HEADS, HIDDEN, LENGTH, SEQUENCES = 64, 4, 16, 6, 2
 
 
 def _config(family):
-    if family == "bloom":
-        return transformers.BloomConfig(n_layer=2, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
-    if family == "gpt2":
-        return transformers.GPT2Config(n_layer=2, n_head=HEADS, n_embd=HIDDEN, vocab_size=VOCAB, n_positions=32,
-                                       bos_token_id=0, eos_token_id=0)
-    if family == "gpt_neox":  # use_parallel_residual (the default): the MLP reads the block input
-        return transformers.GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=HEADS, hidden_size=HIDDEN,
-                                          intermediate_size=2 * HIDDEN, vocab_size=VOCAB, rotary_pct=0.5,
-                                          max_position_embeddings=32)
-    return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
-                                    hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB)
+    return path_oracle.tiny_config(family, heads=HEADS, hidden=HIDDEN, vocab=VOCAB, key_value_heads=HEADS // 2)
 
 
 def tiny(family, seed=0):
