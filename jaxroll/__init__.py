@@ -27,6 +27,7 @@ __all__ = [
     "DenseKernel",
     "DesignResult",
     "FitResult",
+    "GainTableKernel",
     "Identifiability",
     "KernelRolloutModel",
     "PowerKernel",
@@ -66,6 +67,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ConfigError": (".errors", "ConfigError"),
     "AlibiKernel": (".kernel_types", "AlibiKernel"),
     "DenseKernel": (".kernel_types", "DenseKernel"),
+    "GainTableKernel": (".kernel_types", "GainTableKernel"),
     "PowerKernel": (".kernel_types", "PowerKernel"),
     "TableKernel": (".kernel_types", "TableKernel"),
     "KernelRolloutModel": (".model", "KernelRolloutModel"),
@@ -148,6 +150,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
     from .kernel_types import (
         AlibiKernel as AlibiKernel,
         DenseKernel as DenseKernel,
+        GainTableKernel as GainTableKernel,
         PowerKernel as PowerKernel,
         TableKernel as TableKernel,
     )

@@ -148,9 +148,10 @@ def test_jaxroll_measure_writes_the_offset_config_and_jaxroll_rollout_reads_it(m
     assert code == 0, capsys.readouterr().err
     np.testing.assert_allclose(_profile(tmp_path / "rolled" / "profile.csv"),
                                _numpy_rollout(offsets, np.clip(lambdas, 0, 1)), rtol=0, atol=1e-10)
-    # Below the line (the real one) the same command keeps the dense mean, as before.
+    # Below the line (the real one) the same command keeps the dense mean, tabulated over the logit gain where
+    # the tables are small too (attention_gains: a gain_table config whose rows at gain 1 are the dense mean).
     monkeypatch.setattr(registry, "DENSE_DEFAULT_BYTES", LINE)
     code = main([str(item) for item in ["measure", tmp_path / "model", "--texts", texts, "--length", N,
                                         "--samples", 3, "--out", tmp_path / "dense", "--quiet"]])
     assert code == 0
-    assert "kernel_type: dense" in (tmp_path / "dense" / "config.yaml").read_text()
+    assert "kernel_type: gain_table" in (tmp_path / "dense" / "config.yaml").read_text()

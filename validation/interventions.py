@@ -69,9 +69,11 @@ INTERVENTIONS = {
 """Each entry an ``--intervene`` value, or a name of `yaml_interventions`."""
 
 STATS = {"bloom": "lambda,content,influence,attention_offsets", "llama": "lambda,influence,attention,attention_offsets"}
-BASE_STATS = {family: stats + ",paths" for family, stats in STATS.items()}
+BASE_STATS = {"bloom": STATS["bloom"] + ",paths", "llama": STATS["llama"] + ",attention_gains,paths"}
 """The baseline also measures ``paths`` (issue 53): its config.yaml then carries the probability shares, the
-default route's extended layer; intervened measurements need only their influence, as before."""
+default route's extended layer; and the Llama ``attention_gains`` (the mean rows at a grid of logit gains), as
+the default does at these sizes, so its config.yaml is a `GainTableKernel`. Intervened measurements need only
+their influence, as before."""
 
 
 def yaml_interventions(name: str, layers: int, heads: int) -> dict | None:
@@ -138,8 +140,17 @@ def probability_shares(measured: dict) -> np.ndarray:
 
 
 def today_models(models: dict) -> dict:
-    """The same rollout models without the probability path (`plain_kernel`): today's layer ``(1 - lambda) I + lambda A``."""
-    return {name: dataclasses.replace(model, kernel=plain_kernel(model.kernel)) for name, model in models.items()}
+    """The same rollout models without the probability path (`plain_kernel`): today's layer ``(1 - lambda) I + lambda A``.
+
+    A `GainTableKernel` (the Llama's default since the gain tables) becomes the `DenseKernel` of its rows at gain
+    1, the mean attention: today's layer as it was, a change of logits applied to the mean kernel."""
+    return {name: dataclasses.replace(model, kernel=_plain(model.kernel)) for name, model in models.items()}
+
+
+def _plain(kernel):
+    if isinstance(kernel, jaxroll.GainTableKernel):
+        return jaxroll.DenseKernel.create(np.asarray(kernel.rows)[:, list(kernel.grid).index(1.0)])
+    return plain_kernel(kernel)
 
 
 def predict(models: dict, changes, length: int):

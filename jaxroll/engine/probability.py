@@ -64,7 +64,8 @@ from .plan import Path
 from .step import layer_step
 
 __all__ = ["ProbabilityPath", "FormedPathKernel", "with_probability_path", "probability_shares", "logit_gains",
-           "plain_kernel", "share_from_ratio", "mixing_weight", "path_weights", "moved_shape", "with_path_shape"]
+           "plain_kernel", "share_from_ratio", "mixing_weight", "formed_rows", "formed_step", "path_weights",
+           "moved_shape", "with_path_shape"]
 
 
 def mixing_weight(weight, total):
@@ -79,6 +80,10 @@ class ProbabilityPath(AbstractKernel):
 
     extension: ClassVar[bool] = True
     mixes_rows: ClassVar[bool] = True
+
+    def with_path(self, shares, gains):
+        """This kernel with shares ``rho (T,)`` and logit gains ``sigma (T, H)`` in place (checked by the caller)."""
+        return dataclasses.replace(self, probability_shares=shares, logit_gains=gains)
 
     def branch(self):
         """One layer's ``(K, W)``: the plain kernel with head weights ``w_h (1 - rho + rho sigma_h)`` and ``W``."""
@@ -152,6 +157,25 @@ class ProbabilityPath(AbstractKernel):
         return FormedPathKernel(attention, gained, self.probability_shares, self.mask == "causal")
 
 
+def formed_rows(attention, gained, share):
+    """One layer's ``(K, W)`` from its formed arrays: ``B = (1 - rho) attention + rho gained``,
+    ``W(i) = sum_j B(i, j)``, ``K = B / W`` (``(n, n)`` and ``(n,)``)."""
+    branch = (1.0 - share) * attention + share * gained
+    total = jnp.sum(branch, axis=-1)
+    return branch / total[:, None], total
+
+
+def formed_step(attention, gained, share, row, weight, left: bool = False):
+    """One layer of formed arrays (`formed_rows`) on `row`, row i mixed with ``lambda_i = lambda W(i) /
+    (1 - lambda + lambda W(i))``: ``row^T R`` for rows ``(..., n)``, or ``R @ row`` (``left``) for ``(n, m)``."""
+    kernel, total = formed_rows(attention, gained, share)
+    mix = mixing_weight(weight, total)
+    if left:
+        return layer_step(row, mix[:, None] if row.ndim == 2 else mix, kernel @ row)
+    weighted = mix * row
+    return row - weighted + weighted @ kernel
+
+
 class FormedPathKernel(ProbabilityPath):
     """Extended layers formed densely (SSMax on an extended kernel): per layer ``attention = sum_h w_h A_h``
     and ``gained = sum_h w_h sigma_h(i) A_h``, ``(T, N, N)`` each, and ``probability_shares (T,)``; then
@@ -190,20 +214,13 @@ class FormedPathKernel(ProbabilityPath):
         return int((2 * self.num_layers * self.default_length() ** 2 + 4 * n * n) * itemsize)
 
     def _rows(self, n: int):
-        share = self.probability_shares
-        branch = (1.0 - share) * self.attention[:n, :n] + share * self.gained[:n, :n]
-        total = jnp.sum(branch, axis=-1)
-        return branch / total[:, None], total
+        return formed_rows(self.attention[:n, :n], self.gained[:n, :n], self.probability_shares)
 
     def step(self, row, weight, product, left: bool = False):
-        """Row i mixed with ``lambda_i = lambda W(i) / (1 - lambda + lambda W(i))``: ``row^T R`` or ``R @ row``."""
+        """Row i mixed with ``lambda_i = lambda W(i) / (1 - lambda + lambda W(i))`` (`formed_step`)."""
         del product
-        kernel, total = self._rows(row.shape[-1])
-        mix = mixing_weight(weight, total)
-        if left:
-            return layer_step(row, mix[:, None] if row.ndim == 2 else mix, kernel @ row)
-        weighted = mix * row
-        return row - weighted + weighted @ kernel
+        n = row.shape[-1]
+        return formed_step(self.attention[:n, :n], self.gained[:n, :n], self.probability_shares, row, weight, left)
 
     def dense(self, n: int):
         return self._rows(n)[0]
@@ -223,6 +240,11 @@ class FormedPathKernel(ProbabilityPath):
     def padded(self, num_layers: int, num_heads: int):
         del num_layers, num_heads
         return None
+
+    def with_path(self, shares, gains):
+        """The shares replaced; the gains are formed into ``gained`` already."""
+        del gains
+        return dataclasses.replace(self, probability_shares=shares)
 
     def replaced(self, **values):
         return AbstractKernel.replaced(self, **values)
@@ -276,10 +298,8 @@ def with_probability_path(kernel: AbstractKernel, shares, gains=1.0) -> Abstract
     gains = layer_head_values("logit_gains", gains, kernel.num_layers, kernel.num_heads)
     if is_concrete(gains):
         check_range("logit_gains", np.asarray(gains), 0.0, None, low_open=True)
-    if isinstance(kernel, FormedPathKernel):
-        return dataclasses.replace(kernel, probability_shares=shares)
     if isinstance(kernel, ProbabilityPath):
-        return dataclasses.replace(kernel, probability_shares=shares, logit_gains=gains)
+        return kernel.with_path(shares, gains)
     fields = {field.name: getattr(kernel, field.name) for field in dataclasses.fields(kernel)}
     return _extended_type(type(kernel))(**fields, probability_shares=shares, logit_gains=gains)
 
@@ -302,6 +322,8 @@ def plain_kernel(kernel: AbstractKernel) -> AbstractKernel:
         return DenseKernel(kernel.attention, kernel.causal)
     if not isinstance(kernel, ProbabilityPath):
         return kernel
+    if not kernel.extension:  # a type that carries the path itself (GainTableKernel): its shares at 0
+        return kernel.with_path(jnp.zeros(kernel.num_layers), 1.0)
     base = next(cls for cls in type(kernel).__mro__[1:] if not issubclass(cls, ProbabilityPath))
     return base(**{field.name: getattr(kernel, field.name) for field in dataclasses.fields(base)})
 

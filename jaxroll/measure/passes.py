@@ -427,6 +427,9 @@ class _Step:
         for statistic in self.registered:
             # Probabilities go only to the statistics that read them hooked (the rest get recomputed rows).
             if kind in statistic.hooks and (kind != "probabilities" or statistic.name in self.hooked):
+                if statistic.batch_rows:
+                    statistic.observe(self.states[0][statistic.name], kind, layer, *tensors)
+                    continue
                 for row, state in enumerate(self.states):
                     statistic.observe(state[statistic.name], kind, layer, *(t[row:row + 1] for t in tensors))
 
@@ -496,6 +499,9 @@ class _Step:
                 stop = start + chunk.shape[2]  # keys after the chunk's last row are 0: not summed
                 self.attention[layer][start:stop, :stop] += chunk[..., :stop].sum(dim=(0, 1)).div_(chunk.shape[1])
             for statistic in watching:
+                if statistic.batch_rows:
+                    statistic.observe_rows(self.states[0][statistic.name], layer, start, chunk)
+                    continue
                 for row, state in enumerate(self.states):
                     statistic.observe_rows(state[statistic.name], layer, start, chunk[row:row + 1])
 
@@ -565,6 +571,9 @@ def _accumulate(sums, step, result, rows, stats):
     if "attention" in stats:
         arrays["attention_sum"] += _stack(step.attention)
     for statistic in step.registered:
+        if statistic.batch_rows:
+            statistic.accumulate(arrays, step.states[0][statistic.name], np.asarray(rows))
+            continue
         for row, index in enumerate(rows):
             statistic.accumulate(arrays, step.states[row][statistic.name], index)
 

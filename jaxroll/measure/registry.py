@@ -18,7 +18,7 @@ from typing import Callable
 from ..errors import ConfigError
 
 STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets",
-                     "jaxroll.measure.sequence_rollout", "jaxroll.measure.path_stats")
+                     "jaxroll.measure.sequence_rollout", "jaxroll.measure.path_stats", "jaxroll.measure.gain_rows")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
@@ -77,7 +77,12 @@ class Statistic:
             q and k (`jaxroll.measure.attention_rows`) on an efficient
             attention, and on an eager one wherever the family's logit is
             stated exactly (`attention_rows.recomputable`). `rows` is
-            overwritten by the next chunk: sum it, or copy what is kept. A
+            overwritten by the next chunk: sum it, or copy what is kept.
+        batch_rows: `observe` and `observe_rows` get the whole batch's
+            tensors (``(B, ...)``, ``(B, H, c, N)``) with one state for the
+            batch, and `accumulate` is called once per batch with `index` the
+            batch's sequence indices (an array): for sums too large to hold
+            once per sequence of a batch (`jaxroll.measure.gain_rows`). A
             statistic that reads probabilities and has it runs without eager
             attention; its `attach`, if any, is then called with
             ``recomputed=True`` and must not hook probabilities.
@@ -97,6 +102,7 @@ class Statistic:
     attach: Callable | None = None
     requires: tuple = ()
     observe_rows: Callable | None = None
+    batch_rows: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +163,25 @@ def dense_default(length: int | None, layers: int | None) -> bool:
     return length is not None and layers is not None and 8 * int(layers) * int(length) ** 2 <= DENSE_DEFAULT_BYTES
 
 
+GAIN_GRID = tuple(float(2.0 ** (k / 2)) for k in range(-3, 5))
+"""The logit gains ``attention_gains`` tabulates (`jaxroll.measure.gain_rows`), ``2^(k/2)`` for k = -3..4
+(0.354 .. 4): tau from 0.25 to 2.8 and SSMax's ``s ln n_i`` up to 4 (s = 0.5 at N = 2981). On the wave-6
+rotary validation model (N = 128, 48 sequences) this grid reproduces the closed-ratio prediction of the
+per-sequence rows within 3 % of its size at tau = 0.7, 1.5 and SSMax 0.3, 0.5; a grid of factor 2 was up to
+60 % off (docs/interventions.md, "Rows at every logit gain")."""
+
+
+def gain_table_bytes(layers: int, length: int) -> int:
+    """The bytes of ``attention_gains``' two float64 tables, ``2 L G N^2 8`` (G = len(`GAIN_GRID`))."""
+    return 2 * int(layers) * len(GAIN_GRID) * int(length) ** 2 * 8
+
+
+def gain_default(length: int | None, layers: int | None) -> bool:
+    """Whether a rotary or learned-position model measures ``attention_gains`` by default: its tables fit in
+    `DENSE_DEFAULT_BYTES` (N <= 362 at 4 layers, 209 at 12, 128 at 32); False when either is unknown."""
+    return length is not None and layers is not None and gain_table_bytes(layers, length) <= DENSE_DEFAULT_BYTES
+
+
 def default_stats(position: str, length: int | None = None, layers: int | None = None) -> tuple[str, ...]:
     """What ``--stats`` is by default for a model whose positions enter as `position`, at N = `length`, L = `layers`.
 
@@ -170,7 +195,9 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     config, `jaxroll.measure.offsets.offset_rollout_model`), which a long
     context can afford. Without `length` or `layers`: the offsets (the
     default at any N). Rotary models drop content, whose raw ``q.k`` the
-    rotation changes. Every family ends with ``paths``
+    rotation changes. Where its tables are small (`gain_default`) such a model also
+    measures ``attention_gains``, the mean rows at a grid of logit gains, and its config.yaml is a
+    `GainTableKernel` (a temperature or SSMax then moves the rows as each sequence's rows move). Every family ends with ``paths``
     (`jaxroll.measure.path_stats`): the probability path's share of each
     layer's branch, which config.yaml carries so that a temperature or SSMax
     is predicted by the extended layer (docs/design.md, "The probability
@@ -181,6 +208,7 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
     if position != "alibi":
         names += ("attention" if dense_default(length, layers) else "attention_offsets",)
+        names += ("attention_gains",) if gain_default(length, layers) else ()
     return names + ("paths",)
 
 

@@ -94,6 +94,11 @@ class Measurement:
         `jaxroll.kernel_types.ROW_SUM_TOLERANCE` (bfloat16 models) are the
         rows divided by their sums.
 
+        Measured with ``attention_gains`` as well (`jaxroll.measure.gain_rows`, the default for such a model
+        where its tables are small), the kernel is a `GainTableKernel` of the mean rows at a grid of logit
+        gains: the same rollout as the `DenseKernel` (its table at gain 1 is ``attention_mean``), and a
+        temperature or SSMax reads the rows at the changed gains.
+
         Such a model measured with ``attention_offsets`` and without
         ``attention`` (the default above `registry.DENSE_DEFAULT_BYTES`) gets
         the offset kernel, `jaxroll.measure.offsets.offset_rollout_model`: a
@@ -122,7 +127,7 @@ class Measurement:
 
     def _kernel_model(self, sequence_length):
         """The plain rollout model of the measured lambdas and kernel (`to_rollout_model` without the paths)."""
-        from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel
+        from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel, GainTableKernel
         from ..model import RolloutModel
 
         offsets = self.extra.get("attention_offsets")
@@ -137,6 +142,9 @@ class Measurement:
             if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
                 attention = attention / sums
             kernel = DenseKernel.create(attention, field="attention_mean")
+            if "gain_rows" in self.extra:
+                kernel = GainTableKernel.create(self.extra["gain_rows"], self.extra["gain_weights"],
+                                                self.extra["gain_grid"], field="gain_rows")
             return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
                                        sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)

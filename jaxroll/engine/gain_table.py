@@ -1,0 +1,281 @@
+"""Measured rows tabulated over the logit gain: `GainTableKernel`, a measured layer that a temperature moves as
+the sequences' own rows move.
+
+A measured dense kernel is a mean over sequences s and heads h of softmax rows, ``A = mean_{s,h}
+softmax(z^s_h)``. A temperature or SSMax multiplies each sequence's logits by a gain g, and the mean of the
+changed rows, ``mean_{s,h} softmax(g z^s_h)``, is not the changed mean, ``softmax(g log A)`` (`DenseKernel.temper`):
+sharp, content-placed rows sharpen where each sequence looks, while the mean of them (flat where the sequences
+disagree) sharpens toward its own average shape. On rotary models this turned the predicted sign of every
+temperature and SSMax (docs/interventions.md, "The probability path's shape"). So the measurement tabulates
+the mean rows at a grid of gains ``g_1 < ... < g_G`` (1 among them; `jaxroll.measure.gain_rows.GAIN_GRID`), with the probability path's
+weights of orthogonal equal-norm values (`jaxroll.engine.probability.path_weights`) at the same gains:
+
+    rows[t, k]    = mean_{s,h} softmax_j(g_k z^s_{t,h}(i, j))                      (T, G, N, N)
+    weights[t, k] = mean_{s,h} c(softmax(g_k z^s_{t,h})),  c(A)_ij = A_ij sqrt(1 - 2 A_ij + sum_l A_il^2)
+
+A row i at gain g (per layer; 1 as measured, ``1 / tau`` under a temperature, ``s ln n_i`` under SSMax) reads
+the tables linearly in ``ln g`` between neighbouring grid gains; below the grid linearly in g toward g = 0,
+where every row is uniform over its keys; above it, the last gain's rows. Rows are independent, so the
+table is exact at grid gains for SSMax's row-dependent gains too. With ``d_t(i - j)`` added logits (a
+distance score, `add_distance_score`) every row is reweighted by ``e^{d_t(i - j)}`` and renormalised. Then,
+with the probability path's share ``rho_t`` (the measured ``r_t / (1 + r_t)``), layer t is the closed-ratio
+layer of `jaxroll.engine.probability.with_path_shape`:
+
+    K(i, :) = rows at g_t(i),      C(i, :) = weights at g_t(i),     K1, C1 the same at gain 1
+    P(i, :) = K1(i, :) C(i, :) / C1(i, :) / sum       (1 where C1 = 0)
+    B(i, :) = (1 - rho_t) K(i, :) + rho_t g_t(i) P(i, :),     W(i) = 1 - rho_t + rho_t g_t(i)
+    R(i, :) = ((1 - lambda_t) e_i + lambda_t B(i, :)) / (1 - lambda_t + lambda_t W(i))
+
+At gain 1 (and any rho) ``K = K1 = P`` and ``W = 1``: the measured kernel's plain rollout exactly, so the
+unchanged prediction does not move. What it assumes: the change acts on the content logits as a gain (the
+rows of a rotary or learned-position model carry no bias the gain leaves alone); later layers' logits do not
+move with their inputs; the path's shape moves by the closed form's ratio (orthogonal equal-norm values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import as_float_array, check_range, is_concrete, per_layer
+from ..errors import ConfigError
+from .config import check_keys, read_kernel_file
+from .dense import ROW_SUM_TOLERANCE
+from .kernel import register_kernel
+from .plan import Path
+from .probability import ProbabilityPath, formed_step
+
+__all__ = ["GainTableKernel", "uniform_rows", "uniform_weights"]
+
+def uniform_rows(n: int, dtype=jnp.float64) -> Float[Array, "n n"]:
+    """The causal rows at gain 0: ``1 / (i + 1)`` for j <= i."""
+    i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    return jnp.where(j <= i, 1.0 / (i + 1.0), 0.0).astype(dtype)
+
+
+def uniform_weights(n: int, dtype=jnp.float64) -> Float[Array, "n n"]:
+    """`path_weights` of `uniform_rows`: ``(1 / n_i) sqrt(1 - 1 / n_i)``, ``n_i = i + 1``, for j <= i."""
+    i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    keys = i + 1.0
+    return jnp.where(j <= i, jnp.sqrt(1.0 - 1.0 / keys) / keys, 0.0).astype(dtype)
+
+
+def _at_gains(table, at_zero, grid, gains):
+    """Each row i of `table` ``(G, n, n)`` read at gain ``gains[i]``: linear in ln g inside the grid, linear
+    in g below it (to `at_zero` at 0), the last gain's row above. ``(n, n)``."""
+    grid = jnp.asarray(grid, dtype=table.dtype)
+    count, n = grid.shape[0], gains.shape[0]
+    logs = jnp.log(grid)
+    safe = jnp.maximum(gains, grid[0])
+    index = jnp.clip(jnp.searchsorted(logs, jnp.log(safe), side="right") - 1, 0, count - 2)
+    weight = jnp.clip((jnp.log(safe) - logs[index]) / (logs[index + 1] - logs[index]), 0.0, 1.0)
+    rows = jnp.arange(n)
+    inside = (1.0 - weight)[:, None] * table[index, rows] + weight[:, None] * table[index + 1, rows]
+    below = gains / grid[0]
+    return jnp.where((gains < grid[0])[:, None], below[:, None] * table[0] + (1.0 - below)[:, None] * at_zero,
+                     inside)
+
+
+class GainTableKernel(ProbabilityPath):
+    """Measured mean rows at a grid of logit gains, read at each row's gain (module docstring).
+
+    Fields (T layers, G gains, N tokens): ``rows (T, G, N, N)`` row-stochastic, ``weights (T, G, N, N)`` >= 0,
+    ``row_gains (T, N)`` >= 0 (1 as measured), ``distance_bias (T, N)`` (added logits by offset i - j, 0 as
+    measured), ``probability_shares (T,)`` in [0, 1) and the static ``grid`` (G,) increasing, 1 among them.
+    Lengths as a `DenseKernel`'s (n <= N, causal). Build with `create` (checks).
+    """
+
+    rows: Float[Array, "layers gains n n"]
+    weights: Float[Array, "layers gains n n"]
+    row_gains: Float[Array, "layers n"]
+    distance_bias: Float[Array, "layers n"]
+    probability_shares: Float[Array, " layers"]
+    grid: tuple[float, ...] = eqx.field(static=True, default=(1.0, 2.0))
+
+    extension: ClassVar[bool] = False
+    config_kind = "gain_table"
+
+    @classmethod
+    def create(cls, rows, weights, grid, *, row_gains=None, distance_bias=None, probability_shares=0.0,
+               field: str = "rows") -> "GainTableKernel":
+        """Check and build (module docstring for the fields; `row_gains` default 1, `distance_bias` 0).
+
+        Raises:
+            ConfigError: one line naming the field, the value and what is allowed.
+        """
+        grid = tuple(float(g) for g in as_float_array(f"{field}.grid", grid).reshape(-1))
+        if len(grid) < 2 or 1.0 not in grid or any(b <= a for a, b in zip(grid, grid[1:])) or grid[0] <= 0:
+            raise ConfigError.of(f"{field}.grid", list(grid), "increasing gains > 0, at least two, 1 among them")
+        rows, weights = as_float_array(field, rows), as_float_array(f"{field}.weights", weights)
+        layers, count = rows.shape[:2] if rows.ndim == 4 else (0, 0)
+        if rows.ndim != 4 or count != len(grid) or rows.shape[2] != rows.shape[3] or layers < 1:
+            raise ConfigError.of(field, f"shape {rows.shape}", f"(num_layers, {len(grid)} gains, N, N)")
+        if weights.shape != rows.shape:
+            raise ConfigError.of(f"{field}.weights", f"shape {weights.shape}", f"the rows' shape {rows.shape}")
+        check_range(field, rows, 0.0, None)
+        check_range(f"{field}.weights", weights, 0.0, None)
+        sums = rows.sum(axis=-1)
+        if np.any(np.abs(sums - 1.0) > ROW_SUM_TOLERANCE):
+            raise ConfigError.of(field, f"a row summing to {sums.flat[np.argmax(np.abs(sums - 1.0))]!r}",
+                                 f"row-stochastic tables (rows sum to 1 within {ROW_SUM_TOLERANCE:g})")
+        if np.triu(rows, k=1).any():
+            raise ConfigError.of(field, "weight above the diagonal", "causal rows (j <= i)")
+        n = rows.shape[-1]
+        kernel = cls(rows, weights, np.ones((layers, n)) if row_gains is None else as_float_array("row_gains", row_gains),
+                     np.zeros((layers, n)) if distance_bias is None else as_float_array("distance_bias", distance_bias),
+                     per_layer("probability_shares", probability_shares, layers), grid)
+        kernel.check()
+        return kernel
+
+    def check(self) -> None:
+        layers, n = self.num_layers, self.size
+        for name, shape in (("row_gains", (layers, n)), ("distance_bias", (layers, n))):
+            value = getattr(self, name)
+            if tuple(np.shape(value)) != shape:
+                raise ConfigError.of(name, f"shape {tuple(np.shape(value))}", f"{shape}")
+            if is_concrete(value):
+                check_range(name, np.asarray(value), 0.0 if name == "row_gains" else None, None)
+        if is_concrete(self.probability_shares):
+            check_range("probability_shares", np.asarray(self.probability_shares), 0.0, 1.0)
+            if np.any(np.asarray(self.probability_shares) == 1.0):
+                raise ConfigError.of("probability_shares", np.asarray(self.probability_shares).tolist(),
+                                     "each in [0, 1)")
+
+    @property
+    def num_layers(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return 1
+
+    @property
+    def size(self) -> int:
+        return self.rows.shape[-1]
+
+    @property
+    def logit_gains(self):
+        """None: the gains live per row in ``row_gains`` (the model reports ones; config.yaml writes none)."""
+        return None
+
+    def default_length(self) -> int:
+        return self.size
+
+    def check_length(self, n: int) -> None:
+        if n > self.size:
+            raise ConfigError.of("n", n, f"at most the gain tables' N = {self.size}")
+
+    def influence_bytes(self, n: int, method: str, itemsize: int) -> int:
+        del method
+        return int((2 * self.num_layers * len(self.grid) * self.size ** 2 + 8 * n * n) * itemsize)
+
+    def _layer_arrays(self, n: int):
+        """One layer's ``(attention, gained)`` at length n: ``K`` and ``g(i) P(i, :)`` (module docstring)."""
+        gains = self.row_gains[:n]
+        offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
+        tilt = jnp.exp(self.distance_bias[:n][offsets])
+        rows, weights = self.rows[:, :n, :n] * tilt, self.weights[:, :n, :n]
+        uniform = uniform_rows(n, rows.dtype) * tilt
+        kernel = _normalised(_at_gains(rows, uniform, self.grid, gains))
+        ones = jnp.ones_like(gains)
+        weight = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, gains)
+        measured = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, ones)
+        ratio = jnp.where(measured > 0, weight / jnp.where(measured > 0, measured, 1.0), 1.0)
+        shape = _normalised(_at_gains(rows, uniform, self.grid, ones) * ratio)
+        return kernel, gains[:, None] * shape
+
+    def step(self, row, weight, product, left: bool = False):
+        """Row i mixed with ``lambda_i = lambda W(i) / (1 - lambda + lambda W(i))`` (`formed_step`)."""
+        del product
+        attention, gained = self._layer_arrays(row.shape[-1])
+        return formed_step(attention, gained, self.probability_shares, row, weight, left)
+
+    def dense(self, n: int):
+        attention, gained = self._layer_arrays(n)
+        share = self.probability_shares
+        branch = (1.0 - share) * attention + share * gained
+        return branch / jnp.sum(branch, axis=-1, keepdims=True)
+
+    def row_times_kernel(self, v, path: Path = Path()):
+        del path
+        return v @ self.dense(v.shape[-1])
+
+    def plan(self, n: int, method: str, dtype) -> Path:
+        del n, dtype
+        return Path(method=method, checkpoint=True)
+
+    def with_path(self, shares, gains):
+        """The probability path's shares replaced and the row gains multiplied by `gains` ``(T, 1)``."""
+        return dataclasses.replace(self, probability_shares=shares,
+                                   row_gains=self.row_gains * jnp.reshape(gains, (-1, 1)))
+
+    def _per_layer(self, field: str, value):
+        """One value per layer: a number, ``(T,)`` or ``(T, 1)`` (one head-averaged table per layer)."""
+        if jnp.ndim(value) == 2 and jnp.shape(value)[1] != 1:
+            raise ConfigError(f"{field}: got shape {jnp.shape(value)}; allowed for a measured GainTableKernel "
+                              "(one head-averaged table per layer): a number or one per layer")
+        return per_layer(field, jnp.reshape(value, (-1,)) if jnp.ndim(value) == 2 else value, self.num_layers)
+
+    def temper(self, tau, field: str = "tau") -> "GainTableKernel":
+        """Every row's gain divided by ``tau_t > 0`` (per layer)."""
+        return dataclasses.replace(self, row_gains=self.row_gains / self._per_layer(field, tau)[:, None])
+
+    def scaled_rows(self, scale, row_factor, n: int, field: str = "ssmax_scale") -> "GainTableKernel":
+        """SSMax: row i's gain multiplied by ``s_t row_factor[i]`` (``ln n_i``), at length n."""
+        scale = self._per_layer(field, scale)
+        return dataclasses.replace(self, rows=self.rows[:, :, :n, :n], weights=self.weights[:, :, :n, :n],
+                                   row_gains=self.row_gains[:, :n] * scale[:, None] * row_factor[None, :n],
+                                   distance_bias=self.distance_bias[:, :n])
+
+    def add_distance_score(self, kappa, score, n: int, field: str = "kappa") -> "GainTableKernel":
+        """``kappa_t g(i - j)`` added to every logit (per layer): the rows reweighted by ``e^{kappa g}``."""
+        del n
+        kappa = self._per_layer(field, kappa)
+        return dataclasses.replace(self, distance_bias=self.distance_bias
+                                   + kappa[:, None] * score(jnp.arange(self.size))[None, :])
+
+    def prepend_sinks(self, num_sinks: int, n: int):
+        self.check_length(n + num_sinks)  # the sinks are read as tokens like any other (AbstractKernel's rule)
+        return self
+
+    def padded(self, num_layers: int, num_heads: int):
+        del num_layers, num_heads
+        return None
+
+    def replaced(self, **values):
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{**fields, **values})
+
+    def to_config(self, kernel_file: str | None = None) -> dict:
+        """``kernel_type: gain_table`` and the npz `kernel_file` that holds the tables (`file_arrays`)."""
+        return {"kernel_config": {"kernel_type": "gain_table", "file": kernel_file}}
+
+    def file_arrays(self) -> dict:
+        return {name: np.asarray(getattr(self, name), dtype=np.float64)
+                for name in ("rows", "weights", "row_gains", "distance_bias")} | {"grid": np.asarray(self.grid)}
+
+    @classmethod
+    def from_config(cls, config, *, num_layers: int, directory=None) -> "GainTableKernel":
+        section = config["kernel_config"]
+        check_keys("kernel_config", section, {"kernel_type", "file"}, required={"file"})
+        name = section["file"]
+        arrays = {key: read_kernel_file(name, key, directory)
+                  for key in ("rows", "weights", "grid", "row_gains", "distance_bias")}
+        kernel = cls.create(arrays["rows"], arrays["weights"], arrays["grid"], row_gains=arrays["row_gains"],
+                            distance_bias=arrays["distance_bias"], field=f"kernel_config.file ({name})")
+        if kernel.num_layers != num_layers:
+            raise ConfigError(f"kernel_config.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
+        return kernel
+
+
+def _normalised(rows):
+    return rows / jnp.sum(rows, axis=-1, keepdims=True)
+
+
+register_kernel(GainTableKernel)

@@ -1,0 +1,95 @@
+"""The mean attention rows at a grid of logit gains, registered as ``"attention_gains"``: the tables of a
+`jaxroll.kernel_types.GainTableKernel`.
+
+For every layer t, each tabulated gain ``g_k`` (`jaxroll.measure.registry.GAIN_GRID`, 1 among them) and the
+attention probabilities ``alpha^s_{t,h}`` of sequence s, head h (N x N, causal):
+
+    alpha_g(i, :)              = softmax_j(g log alpha(i, j)) = alpha(i, :)^g / sum_j alpha(i, j)^g
+                                 (the row at logit gain g: the logits are log alpha up to a row constant)
+    gain_rows[t, k]            = mean_{s,h} alpha_{g_k}                                  (L, G, N, N)
+    gain_weights[t, k]         = mean_{s,h} alpha_{g_k} (.) sqrt(1 - 2 alpha_{g_k} + sum_j alpha_{g_k}(i, j)^2)
+    gain_grid                  = (g_1, ..., g_G)
+
+``gain_rows`` at g = 1 is the mean attention (the ``attention`` statistic's). A rotary or learned-position
+model's config.yaml is then a `GainTableKernel` over these tables (`jaxroll.measure.result`), so that a
+temperature or SSMax changes the rows as each sequence's rows change (docs/design.md, "Rows at every logit
+gain"). Float64 throughout; the rows are recomputed from q and k in row chunks wherever `attention` is
+(`jaxroll.measure.attention_rows`), else read from the hooked eager probabilities; one state per batch
+(``batch_rows``), so the sums are held twice (the batch's and the run's): ``2 x 2 L G N^2`` float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import GAIN_GRID, Shapes, Statistic, gain_table_bytes, register_statistic
+
+__all__ = ["gain_sums"]
+
+
+def gain_sums(rows, grid=GAIN_GRID):
+    """``(rows_sum, weights_sum)``, each ``(G, c, N)``: rows ``(B, H, c, N)`` (probabilities, float64) at each
+    gain in `grid`, summed over the batch and averaged over heads, and their path weights likewise."""
+    import torch
+
+    heads = rows.shape[1]
+    logs = torch.where(rows > 0, rows.log(), torch.full_like(rows, -torch.inf))
+    out_rows, out_weights = [], []
+    for gain in grid:
+        if gain == 1.0:
+            changed = rows
+        else:
+            changed = torch.softmax(logs * gain, dim=-1)  # a row that reads nothing stays 0 below
+            changed = torch.nan_to_num(changed, nan=0.0)
+        spread = (1.0 - 2.0 * changed + changed.square().sum(dim=-1, keepdim=True)).clamp_(min=0.0).sqrt_()
+        out_rows.append(changed.sum(dim=(0, 1)) / heads)
+        out_weights.append((changed * spread).sum(dim=(0, 1)) / heads)
+    return torch.stack(out_rows), torch.stack(out_weights)
+
+
+def _allocate(shape: Shapes) -> dict:
+    size = (shape.layers, len(GAIN_GRID), shape.length, shape.length)
+    return {"gain_rows_sum": np.zeros(size), "gain_weights_sum": np.zeros(size)}
+
+
+def _observe_rows(state, layer, start, rows):
+    table_rows, table_weights = gain_sums(rows)
+    stop = start + rows.shape[2]
+    if layer not in state:
+        n = rows.shape[-1]
+        state[layer] = (table_rows.new_zeros((len(GAIN_GRID), n, n)), table_weights.new_zeros((len(GAIN_GRID), n, n)))
+    state[layer][0][:, start:stop] += table_rows
+    state[layer][1][:, start:stop] += table_weights
+
+
+def _observe(state, kind, layer, p):
+    _observe_rows(state, layer, 0, p.double())
+
+
+def _accumulate(sums, state, index):
+    del index
+    for layer in sorted(state):
+        sums["gain_rows_sum"][layer] += state[layer][0].cpu().numpy()
+        sums["gain_weights_sum"][layer] += state[layer][1].cpu().numpy()
+
+
+def _finish(sums, count, shape: Shapes) -> dict:
+    del shape
+    rows = sums["gain_rows_sum"] / count
+    # float64 sums of softmax rows: renormalised so each table row sums to 1 to rounding (GainTableKernel checks)
+    totals = rows.sum(axis=-1, keepdims=True)
+    rows = np.where(totals > 0, rows / np.where(totals > 0, totals, 1.0), rows)
+    return {"gain_rows": rows, "gain_weights": sums["gain_weights_sum"] / count,
+            "gain_grid": np.asarray(GAIN_GRID, dtype=np.float64)}
+
+
+def _summary(outputs: dict) -> str:
+    grid = outputs["gain_grid"]
+    return f"attention_gains: mean rows and path weights at {len(grid)} logit gains ({grid[0]:.3g} to {grid[-1]:.3g})"
+
+
+register_statistic(Statistic(
+    name="attention_gains", hooks=("probabilities",), allocate=_allocate, observe=_observe, accumulate=_accumulate,
+    finish=_finish, needs_eager=True, observe_rows=_observe_rows, batch_rows=True,
+    positions=("rope", "learned"), memory=lambda shape: 2 * gain_table_bytes(shape.layers, shape.length),
+    summary=_summary))
