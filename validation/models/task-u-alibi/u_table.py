@@ -8,7 +8,7 @@ standard errors, ``middle = mean(acc[0.4], acc[0.5], acc[0.6])``, the gaps
 > 3 s.e.), all by validation/train_task.py's `by_depth` (1,000 resamples of
 the cases within each depth, seed 0), on each length's cases alone (README.md's
 earlier table drew the N = 64 and 128 resamples from one stream, so its
-standard errors there differ from these by up to about 0.002). ``--merge FILE`` adds each run's exact match to FILE's rows
+standard errors there differ from these by up to 0.002, its gap z-scores by up to 0.2). ``--merge FILE`` adds each run's exact match to FILE's rows
 as the column ``exact_NAME`` (cases matched on length, depth fraction,
 sample, seed and prompt ids; every row must be found) and rewrites FILE.
 
