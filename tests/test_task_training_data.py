@@ -127,3 +127,34 @@ def test_training_draws_only_the_train_lengths_and_a_too_short_one_is_refused_be
     with pytest.raises(SystemExit) as error:
         tt.main(["--out", str(out), "--lengths", "64", "--key-tokens", "1", "--train-lengths", "32", "8"])
     assert error.value.code == 2 and not out.exists()
+
+
+ALIBI = Path(__file__).resolve().parents[1] / "validation" / "models" / "task-u-alibi"
+
+
+@pytest.mark.parametrize("length", [96, 160, 192, 256])
+def test_the_committed_held_out_cases_at_other_lengths_put_each_record_at_its_depth(length):
+    """held_out_nN.jsonl (README.md, "A second length"): 200 cases a depth, seed 1, one-token keys and values.
+
+    The record's span is the depth rule's, its key the query's and found once, its value the answer; the
+    first case of each depth is rebuilt by the builder (the rest share its code path and seeding).
+    """
+    import json
+
+    rows = [json.loads(line) for line in (ALIBI / f"held_out_n{length}.jsonl").read_text().splitlines()]
+    assert len(rows) == 200 * 11
+    assert [(r["depth_fraction"], r["sample"]) for r in rows] == [(f, s) for f in tt.DEPTHS for s in range(200)]
+    layout = tt.Layout(vocab=64, key_tokens=1, value_tokens=1)
+    for row in rows:
+        prompt = row["prompt_ids"]
+        depth, record = expected_depth(length, row["depth_fraction"], 1, 1)
+        assert (row["length"], row["seed"], len(prompt), prompt[0]) == (length, 1, length, BOS)
+        assert (row["record_start"], row["record_end"]) == (depth, depth + record)
+        assert prompt[-3] == QUERY and prompt[-1] == ARROW
+        assert records_with_key(prompt, prompt[-2:-1]) == [depth]
+        assert row["answer_ids"] == [prompt[depth + 3]] and prompt[depth + 4] == CLOSE
+        assert min(prompt[-2], prompt[depth + 3]) >= tt.FIRST_SYMBOL
+        assert row["exact_step9000"] in (0, 1) and row["exact_a5"] in (0, 1)
+        if row["sample"] == 0:
+            case = tt.make_case(layout, length, row["depth_fraction"], 0, seed=1)
+            assert (case["prompt_ids"], case["answer_ids"]) == (prompt, row["answer_ids"])
