@@ -23,6 +23,19 @@ from jaxroll.measure.registry import GAIN_GRID, default_stats  # noqa: E402
 from test_chunked_stats import HEADS, N, dense_probabilities, ids, tiny  # noqa: E402
 
 
+def _spread(a):
+    """``(1 - a_j)^2 + sum_{k != j} a_k^2`` per entry, by a loop over each row's keys with the own key left out
+    (float64 without the cancellation of ``1 - 2 a_j + sum_k a_k^2`` at near-one-hot rows)."""
+    out = np.empty_like(a)
+    n = a.shape[-1]
+    for j in range(n):
+        keep = np.ones(n, bool)
+        keep[j] = False
+        rest = a[..., keep]
+        out[..., j] = rest.sum(axis=-1) ** 2 + (rest ** 2).sum(axis=-1)  # 1 - a_j = sum of the others
+    return out
+
+
 def gain_tables(p):
     """``(rows, weights)`` (L, G, N, N) from the probabilities ``p`` (L, S, H, N, N), in NumPy float64."""
     hidden = p == 0
@@ -32,7 +45,7 @@ def gain_tables(p):
         x = np.where(hidden, -np.inf, gain * logs)
         a = np.exp(x - x.max(axis=-1, keepdims=True))
         a /= a.sum(axis=-1, keepdims=True)
-        c = a * np.sqrt(np.clip(1 - 2 * a + (a * a).sum(axis=-1, keepdims=True), 0, None))
+        c = a * np.sqrt(_spread(a))
         rows.append(a.mean(axis=(1, 2)))
         weights.append(c.mean(axis=(1, 2)))
     return np.stack(rows, axis=1), np.stack(weights, axis=1)

@@ -79,7 +79,11 @@ def run_family(family: str, models_dir: Path, out: Path, budget: float, samples:
     base_dir = out / family / "baseline"
     baseline = loop.measure(model_dir, texts, base_dir, loop.BASE_STATS[family], samples)
     rollout_models = loop.rollout_models(baseline, family, base_dir / "config.yaml")
-    model = rollout_models["offsets" if family == "llama" else "config"]
+    # The Llama's config.yaml is a GainTableKernel (the default route since the gain tables); a dense mean config
+    # (measured before them) gave way to the offset kernel, whose logits a design can move.
+    config_model = rollout_models["config"]
+    model = config_model if family == "bloom" or isinstance(config_model.kernel, jaxroll.GainTableKernel) \
+        else rollout_models["offsets"]
     today = loop.today_models({"model": model})["model"]
     p_base = np.asarray(jaxroll.influence(model), dtype=np.float64)
     torch_model = pipeline.load_float64(model_dir)

@@ -356,7 +356,15 @@ def path_weights(rows) -> Float[Array, "... n n"]:
     row with one key has weight 0 there and a finite gradient).
     """
     rows = jnp.asarray(rows)
-    spread = 1.0 - 2.0 * rows + jnp.sum(rows * rows, axis=-1, keepdims=True)
+    # Without cancellation (1 - 2 A_ij + sum_k A_ik^2 loses every digit where a row is one key to 1e-10): with m
+    # the row's largest entry, r = sum_{k != m} A_ik and q = sum_{k != m} A_ik^2, the spread is r^2 + q at m and
+    # (1 - A_ij)^2 + A_im^2 + q - A_ij^2 elsewhere.
+    is_top = jax.nn.one_hot(jnp.argmax(rows, axis=-1), rows.shape[-1], dtype=bool)
+    others = jnp.where(is_top, 0.0, rows)
+    rest = jnp.sum(others, axis=-1, keepdims=True)
+    squares = jnp.sum(others * others, axis=-1, keepdims=True)
+    top = jnp.max(rows, axis=-1, keepdims=True)
+    spread = jnp.where(is_top, rest * rest + squares, (1.0 - rows) ** 2 + top * top + squares - rows * rows)
     return rows * _safe_sqrt(spread)
 
 

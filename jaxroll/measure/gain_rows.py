@@ -24,26 +24,46 @@ import numpy as np
 
 from .registry import GAIN_GRID, Shapes, Statistic, gain_table_bytes, register_statistic
 
-__all__ = ["gain_sums"]
+__all__ = ["gain_sums", "closed_path_weights"]
+
+
+def closed_path_weights(rows):
+    """``c(A)_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` of rows ``(..., N)`` (torch, float64), the
+    closed form of `jaxroll.engine.probability.path_weights`, computed without cancellation: with m the row's
+    largest entry and ``r = sum_{k != m} A_ik`` (= 1 - A_im), ``q = sum_{k != m} A_ik^2``,
+
+        j = m:   (1 - A_im)^2 + sum_{k != m} A_ik^2 = r^2 + q
+        j != m:  (1 - A_ij)^2 + A_im^2 + q - A_ij^2
+
+    (``1 - 2 A_ij + sum_k A_ik^2`` loses every digit where a row is one key to 1e-10: 1e-8 of error in c)."""
+    import torch
+
+    top, where = rows.max(dim=-1, keepdim=True)
+    is_top = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device).scatter_(-1, where, True)
+    others = rows.masked_fill(is_top, 0.0)
+    rest, squares = others.sum(dim=-1, keepdim=True), others.square().sum(dim=-1, keepdim=True)
+    spread = torch.where(is_top, rest.square() + squares,
+                         (1.0 - rows).square() + top.square() + squares - rows.square())
+    return rows * spread.clamp_(min=0.0).sqrt_()
 
 
 def gain_sums(rows, grid=GAIN_GRID):
     """``(rows_sum, weights_sum)``, each ``(G, c, N)``: rows ``(B, H, c, N)`` (probabilities, float64) at each
-    gain in `grid`, summed over the batch and averaged over heads, and their path weights likewise."""
+    gain in `grid`, summed over the batch and averaged over heads, and their path weights
+    (`closed_path_weights`) likewise.
+
+    ``alpha^g`` needs no shift: every row holds a weight of at least 1 / N, so its largest power is at least
+    ``N^-g`` (1e-33 at N = 2^17, g = 4), far above float64's underflow; a hidden key (0) stays 0."""
     import torch
 
     heads = rows.shape[1]
-    logs = torch.where(rows > 0, rows.log(), torch.full_like(rows, -torch.inf))
     out_rows, out_weights = [], []
     for gain in grid:
-        if gain == 1.0:
-            changed = rows
-        else:
-            changed = torch.softmax(logs * gain, dim=-1)  # a row that reads nothing stays 0 below
-            changed = torch.nan_to_num(changed, nan=0.0)
-        spread = (1.0 - 2.0 * changed + changed.square().sum(dim=-1, keepdim=True)).clamp_(min=0.0).sqrt_()
+        changed = rows if gain == 1.0 else rows.pow(gain)
+        if gain != 1.0:
+            changed = changed.div_(changed.sum(dim=-1, keepdim=True))
         out_rows.append(changed.sum(dim=(0, 1)) / heads)
-        out_weights.append((changed * spread).sum(dim=(0, 1)) / heads)
+        out_weights.append(closed_path_weights(changed).sum(dim=(0, 1)) / heads)
     return torch.stack(out_rows), torch.stack(out_weights)
 
 

@@ -216,13 +216,11 @@ def _changed_rows(probabilities, change, layer: int, bias, window):
 
 
 def _path_weights(rows):
-    """``c(A)_ij = A_ij sqrt(1 - 2 A_ij + sum_k A_ik^2)`` of rows ``(B, H, q, N)`` (torch, float64): the engine's
-    `jaxroll.engine.probability.path_weights` (0 where the spread is not positive: a row with one key)."""
-    import torch
+    """``c(A)_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` of rows ``(B, H, q, N)`` (torch, float64): the
+    engine's `jaxroll.engine.probability.path_weights`, without cancellation (`gain_rows.closed_path_weights`)."""
+    from .gain_rows import closed_path_weights
 
-    rows = rows.double()
-    spread = 1.0 - 2.0 * rows + (rows * rows).sum(-1, keepdim=True)
-    return rows * torch.sqrt(spread.clamp(min=0.0))
+    return closed_path_weights(rows.double())
 
 
 def _add(sums, name, layer, rows, start: int = 0) -> None:
