@@ -194,6 +194,62 @@ def predict(table: Path, folders: dict, out: Path) -> dict:
                    "--per-case", HELD_OUT, "--fit-settings", f"L={fit}", "--out", out / f"per-case-fit{fit}",
                    "--force", "--json")
         found[f"per case, fit L={fit}"] = _brief(json.loads(text))
+    found.update(mean_of_own_rollouts(table, folders))
+    per_case_figure(table, folders, out / "per-case.png")
+    return found
+
+
+def per_case_figure(table_path: Path, folders: dict, path: Path) -> Path:
+    """compare-task's per-case figure (link fitted at N = 64), titled with the model rather than the work folders."""
+    from jaxroll.plot import plot_accuracy_table
+    from jaxroll.task import external, per_case
+
+    result = per_case.compare_per_case(external.read_accuracy_table(table_path), [folders[n] for n in LENGTHS],
+                                       HELD_OUT, fit_settings=["L=64"])
+    return plot_accuracy_table(path, result, level=external.LEVEL, title=(
+        f"{model_label()}: held-out accuracy by depth; each prompt's own rollout row over its gold record "
+        "(10 a depth), link fitted at N = 64"))
+
+
+def mean_of_own_rollouts(table_path: Path, folders: dict) -> dict:
+    """The link on the span masses of the mean of the measured prompts' own rollout rows (``sequence_rollout``,
+    one profile per length: averaged after the rollout, not per depth), fitted on each length: what separates
+    the per-case rollout from the order of averaging alone."""
+    from jaxroll.task import external
+
+    table = external.read_accuracy_table(table_path)
+    profiles = {n: np.load(folders[n] / "measurement.npz")["sequence_rollout"] for n in LENGTHS}
+    masses = external.span_masses(table, profiles)
+    return {f"mean of own rollouts, fit L={fit}": _brief(external.summary_of(external.compare_accuracy_table(
+        table, None, fit_settings=[f"L={fit}"], masses=masses, source="mean of per-sequence rollouts")))
+        for fit in LENGTHS}
+
+
+def gold_among_records(folders: dict) -> dict:
+    """Does a prompt's own row single out its gold record among the prompt's whole records (``OPEN ... CLOSE``)?
+
+    Per length and row kind (each prompt's own rollout row, its measured influence): the median over the measured
+    prompts of (the gold record's span mass) / (the mean span mass of the prompt's other whole records), and the
+    share of prompts whose gold record has the largest span mass of all its records (chance: 1 / records)."""
+    cases = {tuple(r["prompt_ids"]): r for r in read_jsonl(HELD_OUT)}
+    found = {}
+    for n in LENGTHS:
+        arrays = np.load(folders[n] / "measurement.npz")
+        for key in ("sequence_rollout_per_sequence", "influence_per_sequence"):
+            ratios, top, records = [], [], []
+            for row, ids in zip(arrays[key], arrays["token_ids"].tolist()):
+                case = cases[tuple(ids)]
+                start, size = case["record_start"], case["record_end"] - case["record_start"]
+                starts = [i for i in range(n - size + 1) if ids[i] == train_task.OPEN
+                          and ids[i + size - 1] == train_task.CLOSE]
+                masses = np.array([row[i:i + size].sum() for i in starts])
+                gold = starts.index(start)
+                ratios.append(masses[gold] / np.delete(masses, gold).mean())
+                top.append(bool(masses[gold] >= masses.max()))
+                records.append(len(starts))
+            found[f"N={n}, {key}"] = {"median_gold_over_others": float(np.median(ratios)),
+                                      "gold_largest_share": float(np.mean(top)),
+                                      "chance": float(np.mean([1 / k for k in records])), "prompts": len(ratios)}
     return found
 
 
@@ -203,9 +259,11 @@ def prediction_table(results: dict) -> str:
         low, high = score["spearman_interval"]
         return f"{score['spearman']:.2f} [{low:.2f}, {high:.2f}]; {score['rmse']:.3f} ({score['rmse_constant']:.3f})"
 
-    routes = {"rollout, mean kernel": results["prediction"], "rollout, per case": results["prediction"],
+    routes = {"rollout, mean kernel": results["prediction"], "rollout, mean of own rows": results["prediction"],
+              "rollout, per case": results["prediction"],
               "measured, per case": results["measured bound"], "measured, mean profile": results["measured bound"]}
-    prefixes = {"rollout, mean kernel": "", "rollout, per case": "per case, ", "measured, per case": "per case, ",
+    prefixes = {"rollout, mean kernel": "", "rollout, mean of own rows": "mean of own rollouts, ",
+                "rollout, per case": "per case, ", "measured, per case": "per case, ",
                 "measured, mean profile": "mean profile, "}
     lines = ["| span mass from | link fitted on | in sample: Spearman [95 %]; error (constant) | "
              "held out: Spearman [95 %]; error (constant) |", "|---|---|---|---|"]
@@ -565,7 +623,7 @@ def main(argv=None) -> int:
     folders = measure(files, arguments.work, len(DEPTHS) * arguments.samples_per_depth)
     results = {"model": str(MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL),
                "prediction": predict(table, folders, arguments.out),
-               "measured bound": bound(table, folders, arguments.out)}
+               "measured bound": bound(table, folders, arguments.out), "gold among records": gold_among_records(folders)}
     (arguments.out / "prediction.md").write_text(prediction_table(results))
     if arguments.only_predict:
         results["wall_seconds"] = time.time() - started

@@ -40,7 +40,7 @@ def add_parser(commands) -> None:
                          help="with --accuracy and --measured: the cases whose prompts were measured (jaxroll task "
                               "--cases format, e.g. held_out.jsonl); each row's span mass is then the mean, over "
                               "the measured cases with the row's gold span, of each case's own row summed over its "
-                              "record (docs/task.md, 'Per-case rows')")
+                              "record (docs/task.md, 'What the rollout predicts')")
     compare.add_argument("--per-case-rows", choices=("sequence_rollout", "influence"), default=None,
                          help="with --per-case: each case's own rollout (default; measure --stats "
                               "...,sequence_rollout) or its measured influence (the bound)")
