@@ -13,14 +13,17 @@ Every step is a jaxroll command, run in this process as a user would type it:
 2. ``jaxroll measure MODEL --texts prompts-N.jsonl`` (token ids, no
    tokenizer) at N = 64 and 128 on ``--samples`` held-out prompts per length
    (the first samples of every depth), float64: influence and the default
-   ingredients, config.yaml;
+   ingredients, config.yaml, plus ``sequence_rollout`` (each prompt's own
+   rollout row);
 3. ``jaxroll compare-task --accuracy accuracy-table.csv --measured M64
    --measured M128 --fit-settings L=64`` (and ``L=128``): the rollout's span
-   mass -> the link fitted on one length, tested on the other; the same link
-   on the *measured* influence's span mass (`jaxroll.task.external` with
-   ``masses``): each row's mean, over the measured prompts of its depth, of
-   their own influence over the gold span (the bound on what one profile per
-   length could rank), and the mean measured profile's span mass;
+   mass -> the link fitted on one length, tested on the other; the same with
+   ``--per-case held_out.jsonl``: each row's mean, over the measured prompts
+   of its depth, of their own rollout row (``sequence_rollout_per_sequence``)
+   over their gold span, and (``--per-case-rows influence``) of their own
+   measured influence (the bound on what one profile per length could rank);
+   and the mean measured profile's span mass (`jaxroll.task.external` with
+   ``masses``). ``--only-predict`` stops here;
 4. ``jaxroll design M64/config.yaml --goal ... --kl-budget`` for a declared
    list of candidates (`CANDIDATES`), each applied with ``jaxroll task
    --cases selection.jsonl --intervene`` on *selection* cases (a separate
@@ -38,9 +41,10 @@ Every step is a jaxroll command, run in this process as a user would type it:
    at equal loss cost.
 
 Writes into ``--out``: ``accuracy-table.csv``, ``predict-*/`` (compare-task's
-files), ``bound-*/``, ``designs.json``, ``design.png`` (the chosen design's
+files), ``per-case-*/`` (the per-case rollout), ``bound-*/``, ``designs.json``, ``design.png`` (the chosen design's
 profiles), ``interventions.yaml`` (the chosen design), ``mspoe.yaml``,
-``results.json``, ``table.md``, ``accuracy-by-depth.png``, ``doses.png``. Intermediate
+``results.json``, ``prediction.md`` (the prediction's scores), ``table.md``, ``accuracy-by-depth.png``,
+``doses.png``. Intermediate
 measurements and scored cases go to ``--work``.
 """
 
@@ -61,6 +65,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "validation"))
+import task_prediction  # noqa: E402  (the per-case and diagnostic parts of step 3)
 import train_task  # noqa: E402  (the task's case builder: selection cases with their own seed)
 
 from jaxroll.cli import main as cli  # noqa: E402
@@ -124,7 +129,6 @@ def prepare(work: Path, samples_per_depth: int, selection: int) -> dict:
                         key=lambda r: (r["sample"], r["depth_fraction"]))
         files[length] = write_jsonl(work / f"prompts-{length}.jsonl", ({"prompt_ids": r["prompt_ids"]}
                                                                       for r in chosen))
-        files[f"spans-{length}"] = [(r["depth_fraction"], r["record_start"], r["record_end"]) for r in chosen]
     prompt = held[0]["prompt_ids"]  # ends [QUERY, key, ARROW]: the key's tokens lie between the two
     layout = train_task.Layout(key_tokens=len(prompt) - 2 - prompt.index(train_task.QUERY),
                                value_tokens=len(held[0]["answer_ids"]))
@@ -160,62 +164,61 @@ def accuracy_table(rows: list[dict], path: Path) -> Path:
 
 
 def measure(files: dict, work: Path, samples: int) -> dict:
-    """``jaxroll measure`` on the held-out prompts at each length (token ids, float64, default statistics)."""
+    """``jaxroll measure`` on the held-out prompts at each length (token ids, float64): the default statistics
+    (the rollout's ingredients, config.yaml) plus ``sequence_rollout`` (each prompt's own rollout row)."""
+    from jaxroll.measure import default_stats
+    from jaxroll.measure.families import FAMILIES
+
+    config = json.loads((MODEL / "config.json").read_text())
     folders = {}
     for length in LENGTHS:
         folders[length] = work / f"measure-{length}"
-        if not (folders[length] / "config.yaml").is_file():
+        stats = default_stats(FAMILIES[config["model_type"]].position, length, config.get("num_hidden_layers",
+                                                                                           config.get("n_layer")))
+        done = folders[length] / "measurement.npz"
+        if not done.is_file() or "sequence_rollout_per_sequence" not in np.load(done).files:
             run("measure", MODEL, "--texts", files[length], "--length", length, "--samples", samples,
-                "--dtype", "float64", "--out", folders[length], "--quiet", "--force")
+                "--dtype", "float64", "--stats", ",".join((*stats, "sequence_rollout")), "--out", folders[length],
+                "--quiet", "--force")
     return folders
 
 
 def predict(table: Path, folders: dict, out: Path) -> dict:
-    """``jaxroll compare-task --accuracy`` on the rollout of each length's measurement, fitted on each length."""
+    """``jaxroll compare-task --accuracy`` on the rollout of each length's measurement (one profile per length),
+    and with ``--per-case``: each measured prompt's own rollout row over its own gold span; fitted on each length."""
     found = {}
     for fit in LENGTHS:
         text = run("compare-task", "--accuracy", table, "--measured", folders[64], "--measured", folders[128],
                    "--fit-settings", f"L={fit}", "--out", out / f"predict-fit{fit}", "--force", "--float64", "--json")
-        found[f"fit L={fit}"] = _brief(json.loads(text))
+        found[f"fit L={fit}"] = task_prediction.brief(json.loads(text))
+        text = run("compare-task", "--accuracy", table, "--measured", folders[64], "--measured", folders[128],
+                   "--per-case", HELD_OUT, "--fit-settings", f"L={fit}", "--out", out / f"per-case-fit{fit}",
+                   "--force", "--json")
+        found[f"per case, fit L={fit}"] = task_prediction.brief(json.loads(text))
+    found.update(task_prediction.mean_of_own_rollouts(table, folders, LENGTHS))
+    task_prediction.per_case_figure(table, folders, HELD_OUT, out / "per-case.png", model_label())
     return found
 
 
-def _brief(summary: dict) -> dict:
-    """compare-task's summary without its rows: the link and the scores."""
-    return {"link": summary["link"], "scores": summary["scores"],
-            "masses": [row["mass"] for row in summary["rows"]]}
-
-
-def measured_masses(table, folders: dict, files: dict) -> dict:
-    """Span masses of the measured influence: per case (each row's mean over the measured prompts of its depth of
-    their own influence summed over the gold span) and of the mean measured profile, ``(R,)`` each."""
-    per_case, mean_profile = [], []
-    arrays = {n: np.load(folders[n] / "measurement.npz") for n in LENGTHS}
-    for length, start, end in zip(table.lengths, table.starts, table.ends):
-        spans = files[f"spans-{int(length)}"]
-        mine = [i for i, (_, s, e) in enumerate(spans) if (s, e) == (start, end)]
-        rows = arrays[int(length)]["influence_per_sequence"][mine]
-        per_case.append(float(np.mean(rows[:, start:end].sum(axis=1))))
-        mean_profile.append(float(arrays[int(length)]["influence"][start:end].sum()))
-    return {"per case": np.array(per_case), "mean profile": np.array(mean_profile)}
-
-
-def bound(table_path: Path, folders: dict, files: dict, out: Path) -> dict:
-    """The link on the measured influence's span masses, fitted on each length and tested on the other."""
+def bound(table_path: Path, folders: dict, out: Path) -> dict:
+    """The link on the measured influence's span masses, fitted on each length and tested on the other: per case
+    (``compare-task --per-case --per-case-rows influence``: each row's mean over the measured prompts of its depth
+    of their own influence summed over the gold span) and of the mean measured profile."""
     from jaxroll.task import external
 
-    table = external.read_accuracy_table(table_path)
     found = {}
-    for kind, masses in measured_masses(table, folders, files).items():
-        for fit in LENGTHS:
-            result = external.compare_accuracy_table(table, None, fit_settings=[f"L={fit}"], masses=masses,
-                                                     source=f"measured influence ({kind})")
-            if kind == "per case":
-                (out / f"bound-fit{fit}").mkdir(exist_ok=True)
-                external.write_table_comparison(result, out / f"bound-fit{fit}",
-                                                title=f"measured influence span mass (per case), link fitted on "
-                                                      f"L={fit}")
-            found[f"{kind}, fit L={fit}"] = _brief(external.summary_of(result))
+    for fit in LENGTHS:
+        text = run("compare-task", "--accuracy", table_path, "--measured", folders[64], "--measured", folders[128],
+                   "--per-case", HELD_OUT, "--per-case-rows", "influence", "--fit-settings", f"L={fit}",
+                   "--out", out / f"bound-fit{fit}", "--force", "--json")
+        found[f"per case, fit L={fit}"] = task_prediction.brief(json.loads(text))
+    table = external.read_accuracy_table(table_path)
+    profiles = {n: np.load(folders[n] / "measurement.npz")["influence"] for n in LENGTHS}
+    for fit in LENGTHS:
+        result = external.compare_accuracy_table(table, None, fit_settings=[f"L={fit}"],
+                                                 masses=external.span_masses(table, profiles),
+                                                 source="measured influence (mean profile)")
+        found[f"mean profile, fit L={fit}"] = task_prediction.brief(external.summary_of(result))
     return found
 
 
@@ -519,6 +522,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="the model (default the task-U Llama, step 2,500)")
     parser.add_argument("--held-out", type=Path, default=None, help="its held-out cases (train_task.py's)")
     parser.add_argument("--selection", type=int, default=500, help="selection cases per depth and length")
+    parser.add_argument("--only-predict", action="store_true",
+                        help="stop after the prediction (steps 1-3: the table, the measurements, compare-task)")
     arguments = parser.parse_args(argv)
     global MODEL, HELD_OUT  # every step reads these two; another model (e.g. an ALiBi one) replaces them
     MODEL = MODEL if arguments.model is None else arguments.model.resolve()
@@ -536,8 +541,16 @@ def main(argv=None) -> int:
     table = accuracy_table(base_rows, arguments.out / "accuracy-table.csv")
     log("baseline scored; measuring")
     folders = measure(files, arguments.work, len(DEPTHS) * arguments.samples_per_depth)
-    results = {"model": str(MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL), "prediction": predict(table, folders, arguments.out),
-               "measured bound": bound(table, folders, files, arguments.out)}
+    results = {"model": str(MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL),
+               "prediction": predict(table, folders, arguments.out),
+               "measured bound": bound(table, folders, arguments.out),
+               "gold among records": task_prediction.gold_among_records(folders, HELD_OUT, LENGTHS)}
+    (arguments.out / "prediction.md").write_text(task_prediction.prediction_table(results, LENGTHS))
+    if arguments.only_predict:
+        results["wall_seconds"] = time.time() - started
+        (arguments.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+        log("predicted; stopping (--only-predict)\n" + task_prediction.prediction_table(results, LENGTHS))
+        return 0
     log("predicted; designing")
     base_selection = score(files["selection"], arguments.work / "select-baseline")
     target = middle_target(folders, arguments.work, base_rows)

@@ -36,6 +36,14 @@ def add_parser(commands) -> None:
                          help="the --out of jaxroll measure on the same model (its config.yaml); with --accuracy "
                               "once per length of the table (each length rolls out the measurement at that length; "
                               "one --measured serves every length)")
+    compare.add_argument("--per-case", type=Path, default=None, metavar="CASES",
+                         help="with --accuracy and --measured: the cases whose prompts were measured (jaxroll task "
+                              "--cases format, e.g. held_out.jsonl); each row's span mass is then the mean, over "
+                              "the measured cases with the row's gold span, of each case's own row summed over its "
+                              "record (docs/task.md, 'What the rollout predicts')")
+    compare.add_argument("--per-case-rows", choices=("sequence_rollout", "influence"), default=None,
+                         help="with --per-case: each case's own rollout (default; measure --stats "
+                              "...,sequence_rollout) or its measured influence (the bound)")
     compare.add_argument("--task", default=None, help="which task (default: the only one in cases.jsonl)")
     compare.add_argument("--score", choices=("exact", "logprob", "correct"), default="exact",
                          help="exact match (default), gold log-probability, or fraction of answer tokens right")
@@ -60,6 +68,8 @@ def _run_compare(arguments) -> None:
                           "jaxroll task, or an accuracy table (CSV)")
     if arguments.accuracy is None and arguments.fit_settings is not None:
         raise ConfigError("--fit-settings: applies to --accuracy only")
+    if arguments.per_case is not None or arguments.per_case_rows is not None:
+        return _run_per_case(arguments)  # NumPy only: no JAX, no rollout
     rows = None
     if arguments.accuracy is None:
         rows = grid.read_rows(arguments.task_dir / grid.CASES_FILE)  # refused before JAX loads
@@ -170,6 +180,40 @@ def _run_accuracy(arguments) -> None:
         _common.print_json(_finite(external.summary_of(result)))
         return
     print("jaxroll compare-task --accuracy:")
+    for line in result.statement():
+        print(f"  {line}")
+    print(f"  wrote {arguments.out}/compare.csv, compare.json, compare.txt, compare.png")
+    sys.stdout.flush()
+
+
+def _run_per_case(arguments) -> None:
+    """--per-case CASES: each measured case's own row over its gold span (`jaxroll.task.per_case.compare_per_case`)."""
+    from .. import io
+    from ..task import external, per_case
+
+    flag = "--per-case" if arguments.per_case is not None else "--per-case-rows"
+    if arguments.per_case is None:
+        raise ConfigError("--per-case-rows: given without --per-case; allowed: --per-case CASES --per-case-rows ROWS")
+    if arguments.accuracy is None or not arguments.measured:
+        raise ConfigError(f"{flag}: needs --accuracy FILE and --measured DIR (one per length); allowed: "
+                          "compare-task --accuracy FILE --measured DIR ... --per-case CASES")
+    given = [name for name, value in (("CONFIG", arguments.config), ("--preset", arguments.preset),
+                                      ("--published", arguments.published), ("--task", arguments.task))
+             if value is not None] + (["--score"] if arguments.score != "exact" else [])
+    if given:
+        raise ConfigError(f"{flag}: given with {given[0]}; allowed: --accuracy, --measured, --fit-settings, "
+                          "--resamples, --out, --force, --json (the rows come from the measurements)")
+    table = external.read_accuracy_table(arguments.accuracy, length=arguments.length)
+    fit = None if arguments.fit_settings is None else arguments.fit_settings.split(",")
+    result = per_case.compare_per_case(table, arguments.measured, arguments.per_case,
+                                       rows=arguments.per_case_rows or "sequence_rollout", fit_settings=fit,
+                                       resamples=arguments.resamples)
+    io.prepare_output_dir(arguments.out, force=arguments.force)
+    external.write_table_comparison(result, arguments.out)
+    if arguments.json:
+        _common.print_json(_finite(external.summary_of(result)))
+        return
+    print("jaxroll compare-task --accuracy --per-case:")
     for line in result.statement():
         print(f"  {line}")
     print(f"  wrote {arguments.out}/compare.csv, compare.json, compare.txt, compare.png")

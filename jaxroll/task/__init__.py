@@ -13,7 +13,9 @@ as token ids instead (`jaxroll.task.given`: no tokenizer). ``jaxroll compare-tas
 the influence the rollout predicts at the same positions
 (`jaxroll.task.versus_influence`), or an accuracy table from outside
 beside the influence mass of each record's span, through a monotone link
-fitted on some settings and tested on the others (`jaxroll.task.external`).
+fitted on some settings and tested on the others (`jaxroll.task.external`),
+with each measured case's own rollout row over its own record
+(`jaxroll.task.per_case`, ``compare-task --per-case``).
 
 The scoring needs torch and transformers (``jaxroll[measure]``); the
 summaries and the bridge read ``cases.jsonl`` with NumPy, SciPy and JAX
@@ -33,6 +35,8 @@ _NAMES = {
     "AccuracyTable": "external", "TableComparison": "external", "Link": "external",
     "read_accuracy_table": "external", "span_masses": "external", "fit_link": "external",
     "compare_accuracy_table": "external", "write_table_comparison": "external",
+    "MeasuredCases": "per_case", "read_measured_cases": "per_case", "per_case_masses": "per_case",
+    "compare_per_case": "per_case",
 }
 
 __all__ = sorted(_NAMES)

@@ -332,17 +332,22 @@ class TableComparison:
     held_settings: list
     scores: dict  # group ("fitted", "held out", or a setting) -> its statistics (`_scores`)
     source: str = ""
+    cases_per_row: np.ndarray | None = None  # (R,) measured cases behind each per-case mass (jaxroll.task.per_case)
 
     def rows(self) -> list[dict]:
         """One dict per table row: setting, role, span, depth (the span's midpoint over L), measured and predicted."""
         t = self.table
-        return [{"setting": s, "role": "fit" if f else "held out", "length": int(n), "start": int(a), "end": int(b),
-                 "depth_fraction": float((a + b) / 2 / n), "accuracy": float(y), "low": float(lo), "high": float(hi),
-                 "n_cases": int(k), "floor": float(fl), "ceiling": float(c), "mass": float(x),
-                 "predicted": float(p)}
-                for s, f, n, a, b, y, lo, hi, k, fl, c, x, p in zip(
-                    t.settings, self.fitted, t.lengths, t.starts, t.ends, t.accuracy, self.low, self.high,
-                    t.n_cases, t.floor, t.ceiling, self.masses, self.predicted)]
+        rows = [{"setting": s, "role": "fit" if f else "held out", "length": int(n), "start": int(a), "end": int(b),
+                  "depth_fraction": float((a + b) / 2 / n), "accuracy": float(y), "low": float(lo), "high": float(hi),
+                  "n_cases": int(k), "floor": float(fl), "ceiling": float(c), "mass": float(x),
+                  "predicted": float(p)}
+                 for s, f, n, a, b, y, lo, hi, k, fl, c, x, p in zip(
+                     t.settings, self.fitted, t.lengths, t.starts, t.ends, t.accuracy, self.low, self.high,
+                     t.n_cases, t.floor, t.ceiling, self.masses, self.predicted)]
+        if self.cases_per_row is not None:  # per-case masses: how many measured cases each mass averages
+            for row, count in zip(rows, self.cases_per_row):
+                row["mass_cases"] = int(count)
+        return rows
 
     def statement(self) -> list[str]:
         """What the comparison can and cannot conclude, in plain lines."""
