@@ -24,44 +24,54 @@ import numpy as np
 
 from .registry import GAIN_GRID, Shapes, Statistic, gain_table_bytes, register_statistic
 
-__all__ = ["gain_sums", "closed_path_weights"]
+__all__ = ["gain_sums", "gain_powers", "closed_path_weights"]
 
 
 def closed_path_weights(rows):
     """``c(A)_ij = A_ij sqrt((1 - A_ij)^2 + sum_{k != j} A_ik^2)`` of rows ``(..., N)`` (torch, float64), the
     closed form of `jaxroll.engine.probability.path_weights`, computed without cancellation: with m the row's
-    largest entry and ``r = sum_{k != m} A_ik`` (= 1 - A_im), ``q = sum_{k != m} A_ik^2``,
-
-        j = m:   (1 - A_im)^2 + sum_{k != m} A_ik^2 = r^2 + q
-        j != m:  (1 - A_ij)^2 + A_im^2 + q - A_ij^2
-
-    (``1 - 2 A_ij + sum_k A_ik^2`` loses every digit where a row is one key to 1e-10: 1e-8 of error in c)."""
-    import torch
-
+    largest entry, ``r = sum_{k != m} A_ik`` (= 1 - A_im) and ``q = sum_{k != m} A_ik^2``, the spread is
+    ``r^2 + q`` at m and ``1 - 2 A_ij + sum_k A_ik^2`` elsewhere (at least 1/4 there, where ``A_ij <= 1/2``;
+    at m that form loses every digit once a row is one key to 1e-10, 1e-8 of error in c)."""
     top, where = rows.max(dim=-1, keepdim=True)
-    is_top = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device).scatter_(-1, where, True)
-    others = rows.masked_fill(is_top, 0.0)
-    rest, squares = others.sum(dim=-1, keepdim=True), others.square().sum(dim=-1, keepdim=True)
-    spread = torch.where(is_top, rest.square() + squares,
-                         (1.0 - rows).square() + top.square() + squares - rows.square())
-    return rows * spread.clamp_(min=0.0).sqrt_()
+    squares = rows.square()
+    spread = rows.mul(-2.0).add_(squares.sum(dim=-1, keepdim=True) + 1.0)
+    rest = rows.sum(dim=-1, keepdim=True) - top  # r to 1e-16 absolute: r^2 to 1e-16 r, relative
+    others = squares.scatter_(-1, where, 0.0).sum(dim=-1, keepdim=True)
+    spread.scatter_(-1, where, rest.square() + others)
+    return spread.clamp_(min=0.0).sqrt_().mul_(rows)
+
+
+def gain_powers(rows, grid=GAIN_GRID) -> dict:
+    """``{g: rows^g}`` for every g in `grid` (unnormalised): a gain twice or half another's is that one squared
+    or square-rooted (correctly rounded, like ``pow`` to an ulp), so `GAIN_GRID`'s eight take one ``pow``."""
+    powers = {1.0: rows}
+    for gain in sorted(grid, key=lambda g: (abs(np.log2(g)) % 1 != 0, abs(np.log2(g)))):
+        if gain in powers:
+            continue
+        if gain / 2 in powers:
+            powers[gain] = powers[gain / 2].square()
+        elif gain * 2 in powers:
+            powers[gain] = powers[gain * 2].sqrt()
+        else:
+            powers[gain] = rows.pow(gain)
+    return powers
 
 
 def gain_sums(rows, grid=GAIN_GRID):
     """``(rows_sum, weights_sum)``, each ``(G, c, N)``: rows ``(B, H, c, N)`` (probabilities, float64) at each
-    gain in `grid`, summed over the batch and averaged over heads, and their path weights
-    (`closed_path_weights`) likewise.
+    gain in `grid`, ``alpha^g / sum_j alpha^g``, summed over the batch and averaged over heads, and their path
+    weights (`closed_path_weights`) likewise.
 
     ``alpha^g`` needs no shift: every row holds a weight of at least 1 / N, so its largest power is at least
     ``N^-g`` (1e-33 at N = 2^17, g = 4), far above float64's underflow; a hidden key (0) stays 0."""
     import torch
 
     heads = rows.shape[1]
+    powers = gain_powers(rows, grid)
     out_rows, out_weights = [], []
     for gain in grid:
-        changed = rows if gain == 1.0 else rows.pow(gain)
-        if gain != 1.0:
-            changed = changed.div_(changed.sum(dim=-1, keepdim=True))
+        changed = rows if gain == 1.0 else powers[gain] / powers[gain].sum(dim=-1, keepdim=True)
         out_rows.append(changed.sum(dim=(0, 1)) / heads)
         out_weights.append(closed_path_weights(changed).sum(dim=(0, 1)) / heads)
     return torch.stack(out_rows), torch.stack(out_weights)
