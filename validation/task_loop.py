@@ -23,7 +23,8 @@ Every step is a jaxroll command, run in this process as a user would type it:
    over their gold span, and (``--per-case-rows influence``) of their own
    measured influence (the bound on what one profile per length could rank);
    and the mean measured profile's span mass (`jaxroll.task.external` with
-   ``masses``). ``--only-predict`` stops here;
+   ``masses``). ``--only-predict`` stops here (it may take other ``--lengths``, e.g. 128 160 for
+   the ALiBi model, with ``--held-out`` files holding them);
 4. ``jaxroll design M64/config.yaml --goal ... --kl-budget`` for a declared
    list of candidates (`CANDIDATES`), each applied with ``jaxroll task
    --cases selection.jsonl --intervene`` on *selection* cases (a separate
@@ -43,7 +44,8 @@ Every step is a jaxroll command, run in this process as a user would type it:
 Writes into ``--out``: ``accuracy-table.csv``, ``predict-*/`` (compare-task's
 files), ``per-case-*/`` (the per-case rollout), ``bound-*/``, ``designs.json``, ``design.png`` (the chosen design's
 profiles), ``interventions.yaml`` (the chosen design), ``mspoe.yaml``,
-``results.json``, ``prediction.md`` (the prediction's scores), ``table.md``, ``accuracy-by-depth.png``,
+``results.json``, ``prediction.md`` (the prediction's scores), ``prediction-joint.md`` (the per-case Spearman's
+interval with the measured prompts resampled too), ``table.md``, ``accuracy-by-depth.png``,
 ``doses.png``. Intermediate
 measurements and scored cases go to ``--work``.
 """
@@ -183,20 +185,25 @@ def measure(files: dict, work: Path, samples: int) -> dict:
     return folders
 
 
+def measured(folders: dict) -> list:
+    """compare-task's ``--measured`` arguments: one folder per length, in `LENGTHS` order."""
+    return [item for n in LENGTHS for item in ("--measured", folders[n])]
+
+
 def predict(table: Path, folders: dict, out: Path) -> dict:
     """``jaxroll compare-task --accuracy`` on the rollout of each length's measurement (one profile per length),
     and with ``--per-case``: each measured prompt's own rollout row over its own gold span; fitted on each length."""
     found = {}
     for fit in LENGTHS:
-        text = run("compare-task", "--accuracy", table, "--measured", folders[64], "--measured", folders[128],
+        text = run("compare-task", "--accuracy", table, *measured(folders),
                    "--fit-settings", f"L={fit}", "--out", out / f"predict-fit{fit}", "--force", "--float64", "--json")
         found[f"fit L={fit}"] = task_prediction.brief(json.loads(text))
-        text = run("compare-task", "--accuracy", table, "--measured", folders[64], "--measured", folders[128],
+        text = run("compare-task", "--accuracy", table, *measured(folders),
                    "--per-case", HELD_OUT, "--fit-settings", f"L={fit}", "--out", out / f"per-case-fit{fit}",
                    "--force", "--json")
         found[f"per case, fit L={fit}"] = task_prediction.brief(json.loads(text))
     found.update(task_prediction.mean_of_own_rollouts(table, folders, LENGTHS))
-    task_prediction.per_case_figure(table, folders, HELD_OUT, out / "per-case.png", model_label())
+    task_prediction.per_case_figure(table, folders, HELD_OUT, out / "per-case.png", model_label(), fit=LENGTHS[0])
     return found
 
 
@@ -208,7 +215,7 @@ def bound(table_path: Path, folders: dict, out: Path) -> dict:
 
     found = {}
     for fit in LENGTHS:
-        text = run("compare-task", "--accuracy", table_path, "--measured", folders[64], "--measured", folders[128],
+        text = run("compare-task", "--accuracy", table_path, *measured(folders),
                    "--per-case", HELD_OUT, "--per-case-rows", "influence", "--fit-settings", f"L={fit}",
                    "--out", out / f"bound-fit{fit}", "--force", "--json")
         found[f"per case, fit L={fit}"] = task_prediction.brief(json.loads(text))
@@ -515,19 +522,29 @@ def plot_doses(found: dict, path: Path) -> Path:
 
 
 def main(argv=None) -> int:
+    global MODEL, HELD_OUT, LENGTHS  # every step reads these; another model (e.g. an ALiBi one) replaces them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the small outputs (validation/task-u-run/loop)")
     parser.add_argument("--work", type=Path, required=True, help="measurements and scored cases")
     parser.add_argument("--samples-per-depth", type=int, default=10, help="measured prompts per depth and length")
     parser.add_argument("--model", type=Path, default=None, help="the model (default the task-U Llama, step 2,500)")
-    parser.add_argument("--held-out", type=Path, default=None, help="its held-out cases (train_task.py's)")
+    parser.add_argument("--held-out", type=Path, nargs="+", default=None,
+                        help="its held-out cases (train_task.py's); several files: their union (e.g. one per length)")
+    parser.add_argument("--lengths", type=int, nargs=2, default=list(LENGTHS),
+                        help="the two lengths measured and compared (default 64 128; others with --only-predict)")
     parser.add_argument("--selection", type=int, default=500, help="selection cases per depth and length")
     parser.add_argument("--only-predict", action="store_true",
                         help="stop after the prediction (steps 1-3: the table, the measurements, compare-task)")
     arguments = parser.parse_args(argv)
-    global MODEL, HELD_OUT  # every step reads these two; another model (e.g. an ALiBi one) replaces them
     MODEL = MODEL if arguments.model is None else arguments.model.resolve()
-    HELD_OUT = HELD_OUT if arguments.held_out is None else arguments.held_out.resolve()
+    held_files = [HELD_OUT] if arguments.held_out is None else [path.resolve() for path in arguments.held_out]
+    if (tuple(arguments.lengths) != LENGTHS and not arguments.only_predict  # the designs read the N = 64 rollout
+            or len(set(arguments.lengths)) < 2):
+        parser.error(f"--lengths {' '.join(map(str, arguments.lengths))}: allowed: 64 128, or two other lengths "
+                     "with --only-predict")
+    held = None if len(held_files) == 1 and tuple(arguments.lengths) == LENGTHS else \
+        task_prediction.held_out_union(held_files, arguments.lengths, parser.error)  # checked before --out is made
+    LENGTHS = tuple(arguments.lengths)
     torch.set_num_threads(1)
     started = time.time()
 
@@ -536,6 +553,7 @@ def main(argv=None) -> int:
 
     arguments.out.mkdir(parents=True, exist_ok=True)
     arguments.work.mkdir(parents=True, exist_ok=True)
+    HELD_OUT = held_files[0] if held is None else write_jsonl(arguments.work / "held-out.jsonl", held)
     files = prepare(arguments.work, arguments.samples_per_depth, arguments.selection)
     base_rows = score(HELD_OUT, arguments.work / "task-baseline")
     table = accuracy_table(base_rows, arguments.out / "accuracy-table.csv")
@@ -546,6 +564,8 @@ def main(argv=None) -> int:
                "measured bound": bound(table, folders, arguments.out),
                "gold among records": task_prediction.gold_among_records(folders, HELD_OUT, LENGTHS)}
     (arguments.out / "prediction.md").write_text(task_prediction.prediction_table(results, LENGTHS))
+    results["joint bootstrap"] = task_prediction.joint_bootstrap(table, folders, HELD_OUT, LENGTHS)
+    (arguments.out / "prediction-joint.md").write_text(task_prediction.joint_table(results["joint bootstrap"]))
     if arguments.only_predict:
         results["wall_seconds"] = time.time() - started
         (arguments.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
