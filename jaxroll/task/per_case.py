@@ -94,7 +94,8 @@ def read_measured_cases(folder, cases, *, rows: str = "sequence_rollout", flag: 
         cases: the cases whose prompts were measured (`jaxroll.task.given.read_cases`), any superset.
         rows: ``"sequence_rollout"`` (``sequence_rollout_per_sequence``, each sequence's own rollout) or
             ``"influence"`` (``influence_per_sequence``, its measured influence); `ROWS`.
-        flag, cases_flag: the command line's names of the folder and of the cases, for the refusals.
+        flag: the command line's name of the folder, for the refusals.
+        cases_flag: the command line's name of the cases, for the refusals.
 
     Returns:
         A `MeasuredCases`: rows ``(S, N)``, spans ``(S, 2)`` in the measurement's sequence order.
@@ -169,7 +170,9 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
         cases: the cases whose prompts were measured: a path (``jaxroll task --cases`` format,
             `jaxroll.task.given.read_cases`) or a list of `Case`.
         rows: which per-sequence rows (`ROWS`).
-        fit_settings, resamples, seed: as `compare_accuracy_table`.
+        fit_settings: as `compare_accuracy_table`.
+        resamples: as `compare_accuracy_table`.
+        seed: as `compare_accuracy_table`.
 
     Returns:
         The `TableComparison`: its ``masses`` the ``x_r``, its ``cases_per_row`` ``(R,)`` the number of measured
