@@ -28,9 +28,12 @@ Every step is a jaxroll command, run in this process as a user types it
    paired interval of its change;
 4. doses on the selection cases: the designed change scaled along its own
    direction (`LEVER_STEPS`: each parameter moved ``t`` times its distance from
-   the neutral value, clipped to its box) and 1, 2, 4, 8 sink tokens: middle
+   the neutral value, clipped to its box), the same for the global slope scale
+   where another candidate was chosen, and 1, 2, 4, 8 sink tokens: middle
    gain against answer-loss change, and the sink tokens' gain interpolated at
-   each lever dose's loss change (the comparison at equal loss cost).
+   each lever dose's loss change (the comparison at equal loss cost);
+5. post hoc (`POST_HOC`, added after the loop had run): the designed global
+   slope scale on one layer at a time, on the selection cases.
 
 Writes into ``--out``: ``results.json``, ``table.md``, ``accuracy-by-depth.png``,
 ``doses.png``, ``design.png`` and ``interventions.yaml`` (the designed
