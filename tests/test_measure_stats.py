@@ -309,11 +309,17 @@ def test_default_stats_fit_the_architecture_and_progress_goes_to_stderr(saved, t
     assert code == 0, captured.err
     import json
 
-    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention", "paths"]
-    # A rotary model's default config is its measured kernel, not a flat ALiBi kernel (issue 46).
+    assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention",
+                                                                         "attention_gains", "paths"]
+    # A rotary model's default config is its measured kernel, not a flat ALiBi kernel (issue 46): at this size the
+    # mean rows tabulated over the logit gain (issue 53), whose rows at gain 1 are the measured mean attention.
     config = (out / "config.yaml").read_text()
-    assert "kernel_type: dense" in config and "alibi_slopes" not in config
-    assert jaxroll.load_config(out / "config.yaml").kernel.kernels.shape == (2, 8, 8)
+    assert "kernel_type: gain_table" in config and "alibi_slopes" not in config
+    kernel = jaxroll.load_config(out / "config.yaml").kernel
+    assert kernel.rows.shape == (2, 8, 8, 8)
+    with np.load(out / "measurement.npz") as data:
+        np.testing.assert_allclose(np.asarray(kernel.rows)[:, kernel.grid.index(1.0)], data["attention_mean"],
+                                   rtol=0, atol=1e-12)
     assert "jaxroll measure: 3/3 sequences (100%)" in captured.err
     with np.load(out / "measurement.npz") as data:
         assert data["influence_per_sequence"].shape == (3, 8)

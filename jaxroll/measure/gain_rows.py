@@ -105,11 +105,9 @@ def _accumulate(sums, state, index):
 
 def _finish(sums, count, shape: Shapes) -> dict:
     del shape
-    rows = sums["gain_rows_sum"] / count
-    # float64 sums of softmax rows: renormalised so each table row sums to 1 to rounding (GainTableKernel checks)
-    totals = rows.sum(axis=-1, keepdims=True)
-    rows = np.where(totals > 0, rows / np.where(totals > 0, totals, 1.0), rows)
-    return {"gain_rows": rows, "gain_weights": sums["gain_weights_sum"] / count,
+    # Kept as summed, like the mean attention: its rows at gain 1 are `attention_mean` to the bit, and the config
+    # renormalises both alike (`Measurement.to_rollout_model`, only where a row misses 1 by more than 1e-6).
+    return {"gain_rows": sums["gain_rows_sum"] / count, "gain_weights": sums["gain_weights_sum"] / count,
             "gain_grid": np.asarray(GAIN_GRID, dtype=np.float64)}
 
 

@@ -143,8 +143,12 @@ class Measurement:
                 attention = attention / sums
             kernel = DenseKernel.create(attention, field="attention_mean")
             if "gain_rows" in self.extra:
-                kernel = GainTableKernel.create(self.extra["gain_rows"], self.extra["gain_weights"],
-                                                self.extra["gain_grid"], field="gain_rows")
+                rows = np.asarray(self.extra["gain_rows"], dtype=np.float64)
+                totals = rows.sum(axis=-1, keepdims=True)
+                if np.max(np.abs(totals - 1.0)) > ROW_SUM_TOLERANCE:
+                    rows = rows / totals
+                kernel = GainTableKernel.create(rows, self.extra["gain_weights"], self.extra["gain_grid"],
+                                                field="gain_rows")
             return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
                                        sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)
