@@ -7,8 +7,8 @@ changed rows, ``mean_{s,h} softmax(g z^s_h)``, is not the changed mean, ``softma
 sharp, content-placed rows sharpen where each sequence looks, while the mean of them (flat where the sequences
 disagree) sharpens toward its own average shape. On rotary models this turned the predicted sign of every
 temperature and SSMax (docs/interventions.md, "The probability path's shape"). So the measurement tabulates
-the mean rows at a grid of gains ``g_1 < ... < g_G`` (1 among them; `jaxroll.measure.gain_rows.GAIN_GRID`), with the probability path's
-weights of orthogonal equal-norm values (`jaxroll.engine.probability.path_weights`) at the same gains:
+the mean rows at a grid of gains ``g_1 < ... < g_G`` (1 among them; `jaxroll.measure.registry.GAIN_GRID`),
+with the probability path's weights of orthogonal equal-norm values (`jaxroll.engine.probability.path_weights`) at the same gains:
 
     rows[t, k]    = mean_{s,h} softmax_j(g_k z^s_{t,h}(i, j))                      (T, G, N, N)
     weights[t, k] = mean_{s,h} c(softmax(g_k z^s_{t,h})),  c(A)_ij = A_ij sqrt(1 - 2 A_ij + sum_l A_il^2)
@@ -96,7 +96,7 @@ class GainTableKernel(ProbabilityPath):
     row_gains: Float[Array, "layers n"]
     distance_bias: Float[Array, "layers n"]
     probability_shares: Float[Array, " layers"]
-    grid: tuple[float, ...] = eqx.field(static=True, default=(1.0, 2.0))
+    grid: tuple[float, ...] = eqx.field(static=True)
 
     extension: ClassVar[bool] = False
     config_kind = "gain_table"
@@ -127,9 +127,9 @@ class GainTableKernel(ProbabilityPath):
         if np.triu(rows, k=1).any():
             raise ConfigError.of(field, "weight above the diagonal", "causal rows (j <= i)")
         n = rows.shape[-1]
-        kernel = cls(rows, weights, np.ones((layers, n)) if row_gains is None else as_float_array("row_gains", row_gains),
-                     np.zeros((layers, n)) if distance_bias is None else as_float_array("distance_bias", distance_bias),
-                     per_layer("probability_shares", probability_shares, layers), grid)
+        gains = np.ones((layers, n)) if row_gains is None else as_float_array("row_gains", row_gains)
+        bias = np.zeros((layers, n)) if distance_bias is None else as_float_array("distance_bias", distance_bias)
+        kernel = cls(rows, weights, gains, bias, per_layer("probability_shares", probability_shares, layers), grid)
         kernel.check()
         return kernel
 

@@ -197,7 +197,8 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     default at any N). Rotary models drop content, whose raw ``q.k`` the
     rotation changes. Where its tables are small (`gain_default`) such a model also
     measures ``attention_gains``, the mean rows at a grid of logit gains, and its config.yaml is a
-    `GainTableKernel` (a temperature or SSMax then moves the rows as each sequence's rows move). Every family ends with ``paths``
+    `GainTableKernel` (a temperature or SSMax then moves the rows as each sequence's rows move).
+    Every family ends with ``paths``
     (`jaxroll.measure.path_stats`): the probability path's share of each
     layer's branch, which config.yaml carries so that a temperature or SSMax
     is predicted by the extended layer (docs/design.md, "The probability
