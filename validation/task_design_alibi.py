@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "validation"))
 sys.path.insert(0, str(ROOT / "validation" / "models" / "task-u-alibi"))
 import build_cases  # noqa: E402  (the training builder at any length and seed)
 import train_task  # noqa: E402
-from task_loop import read_jsonl, record_text, run, write_jsonl  # noqa: E402
+from task_loop import plot, read_jsonl, record_text, run, write_jsonl  # noqa: E402
 
 MODELS = ROOT / "validation" / "models" / "task-u-alibi"
 MODEL = MODELS / "bloom-a5-step9000"
@@ -343,27 +343,13 @@ def _pyplot():
 
 
 def plot_accuracy(changes: dict, path: Path) -> Path:
-    """Held-out exact match by depth, one panel per length, a line per change with its 95 % interval."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(LENGTHS), figsize=(12, 4.5), sharey=True)
-    for ax, n in zip(axes, map(str, LENGTHS)):
-        for i, (name, change) in enumerate(changes.items()):
-            y, low, high = map(np.array, change["curves"][n])
-            x = np.array(DEPTHS) + (i - len(changes) / 2) * 0.006
-            ax.errorbar(x, y, yerr=[y - low, high - y], marker="o", ms=4, capsize=2, label=name,
-                        lw=2.2 if i < 2 else 1.1)
-        ax.axvspan(min(MIDDLE) - 0.05, max(MIDDLE) + 0.05, color="0.9", zorder=0)
-        ax.axhline(1 / 56, color="0.5", ls=":", lw=1)
-        ax.set(title=f"N = {n} (200 held-out cases per depth)", xlabel="depth fraction of the gold record",
-               ylim=(0, 1))
-    axes[0].set_ylabel("exact match (95 % bootstrap interval)")
-    axes[1].legend(fontsize=8, loc="upper center")
-    fig.suptitle(f"task-u-alibi/{MODEL.name}: held-out accuracy by depth before and after each change "
-                 "(shaded: the middle, f = 0.4-0.6; dotted: chance 1/56)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    """Held-out exact match by depth, one panel per length, a line per change with its 95 % interval
+    (`task_loop.plot`)."""
+    curves = {name: {n: tuple(map(np.array, change["curves"][str(n)])) for n in LENGTHS}
+              for name, change in changes.items()}
+    return plot(curves, path, lengths=LENGTHS, top=1,
+                title=f"task-u-alibi/{MODEL.name}: held-out accuracy by depth before and after each change "
+                      "(shaded: the middle, f = 0.4-0.6; dotted: chance 1/56)")
 
 
 def plot_doses(found: dict, selection: int, path: Path) -> Path:

@@ -372,15 +372,16 @@ def model_label() -> str:
     return f"{MODEL.parent.name}/{MODEL.name}"
 
 
-def plot(curves: dict, path: Path) -> Path:
-    """Held-out exact match by depth, one panel per length, a line per change with its 95 % interval."""
+def plot(curves: dict, path: Path, lengths=LENGTHS, title: str | None = None, top: float | None = None) -> Path:
+    """Held-out exact match by depth, one panel per length, a line per change with its 95 % interval:
+    ``curves[name][n] = (y, low, high)``; `title` (default: the model and the changes) above, y from 0 to `top`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, n in zip(axes, LENGTHS):
+    fig, axes = plt.subplots(1, len(lengths), figsize=(12, 4.5), sharey=True)
+    for ax, n in zip(axes, lengths):
         for i, (name, curve) in enumerate(curves.items()):
             y, low, high = curve[n]
             x = np.array(DEPTHS) + (i - len(curves) / 2) * 0.006
@@ -389,10 +390,10 @@ def plot(curves: dict, path: Path) -> Path:
         ax.axvspan(min(MIDDLE) - 0.05, max(MIDDLE) + 0.05, color="0.9", zorder=0)
         ax.axhline(1 / 56, color="0.5", ls=":", lw=1)
         ax.set(title=f"N = {n} (200 held-out cases per depth)", xlabel="depth fraction of the gold record",
-               ylim=(0, None))
+               ylim=(0, top))
     axes[0].set_ylabel("exact match (95 % bootstrap interval)")
     axes[1].legend(fontsize=8, loc="upper center")
-    fig.suptitle(f"{model_label()}: accuracy by depth before and after each change "
+    fig.suptitle(title or f"{model_label()}: accuracy by depth before and after each change "
                  "(shaded: the middle, 0.4-0.6; dotted: chance 1/56)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

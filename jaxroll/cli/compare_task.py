@@ -175,15 +175,7 @@ def _run_accuracy(arguments) -> None:
     result = external.compare_accuracy_table(
         table, lambda length: np.asarray(influence(models[length], length), dtype=np.float64), fit_settings=fit,
         resamples=arguments.resamples, source=source)
-    external.write_table_comparison(result, arguments.out)
-    if arguments.json:
-        _common.print_json(_finite(external.summary_of(result)))
-        return
-    print("jaxroll compare-task --accuracy:")
-    for line in result.statement():
-        print(f"  {line}")
-    print(f"  wrote {arguments.out}/compare.csv, compare.json, compare.txt, compare.png")
-    sys.stdout.flush()
+    _report_table(result, arguments, "jaxroll compare-task --accuracy:")
 
 
 def _run_per_case(arguments) -> None:
@@ -209,11 +201,18 @@ def _run_per_case(arguments) -> None:
                                        rows=arguments.per_case_rows or "sequence_rollout", fit_settings=fit,
                                        resamples=arguments.resamples)
     io.prepare_output_dir(arguments.out, force=arguments.force)
+    _report_table(result, arguments, "jaxroll compare-task --accuracy --per-case:")
+
+
+def _report_table(result, arguments, title: str) -> None:
+    """A `TableComparison` written into --out, then printed (--json: its summary)."""
+    from ..task import external
+
     external.write_table_comparison(result, arguments.out)
     if arguments.json:
         _common.print_json(_finite(external.summary_of(result)))
         return
-    print("jaxroll compare-task --accuracy --per-case:")
+    print(title)
     for line in result.statement():
         print(f"  {line}")
     print(f"  wrote {arguments.out}/compare.csv, compare.json, compare.txt, compare.png")

@@ -113,11 +113,7 @@ class DenseKernel(AbstractKernel):
     stores_dense = True
 
     def _per_layer(self, field: str, value):
-        """One value per layer: a number, ``(T,)`` or ``(T, 1)`` (one head-averaged kernel per layer)."""
-        if jnp.ndim(value) == 2 and jnp.shape(value)[1] != 1:
-            raise ConfigError(f"{field}: got shape {jnp.shape(value)}; allowed for a measured DenseKernel (one "
-                              "head-averaged kernel per layer): a number or one per layer")
-        return per_layer(field, jnp.reshape(value, (-1,)) if jnp.ndim(value) == 2 else value, self.num_layers)
+        return head_averaged_values(self, field, value)
 
     def temper(self, tau, field: str = "tau") -> "DenseKernel":
         """The mean tempered, ``A'[i, j] ~ A[i, j]^(1 / tau_t)`` renormalised per row (tau per layer)."""
@@ -152,6 +148,15 @@ class DenseKernel(AbstractKernel):
         if kernel.num_layers != num_layers:
             raise ConfigError(f"kernel_config.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
         return kernel
+
+
+def head_averaged_values(kernel, field: str, value):
+    """One value per layer for a kernel of one head-averaged kernel per layer (`DenseKernel`, `GainTableKernel`):
+    a number, ``(T,)`` or ``(T, 1)``; a per-head shape is refused in one line naming `field`."""
+    if jnp.ndim(value) == 2 and jnp.shape(value)[1] != 1:
+        raise ConfigError(f"{field}: got shape {jnp.shape(value)}; allowed for a measured {type(kernel).__name__} "
+                          "(one head-averaged kernel per layer): a number or one per layer")
+    return per_layer(field, jnp.reshape(value, (-1,)) if jnp.ndim(value) == 2 else value, kernel.num_layers)
 
 
 def _row_renormalised(kernels):

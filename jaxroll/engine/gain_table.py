@@ -43,13 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import as_float_array, check_range, is_concrete, per_layer
+from .._checks import as_float_array, check_range, is_concrete
 from ..errors import ConfigError
 from .config import check_keys, read_kernel_file
-from .dense import ROW_SUM_TOLERANCE
+from .dense import ROW_SUM_TOLERANCE, _row_renormalised, head_averaged_values
 from .kernel import register_kernel
 from .plan import Path
-from .probability import ProbabilityPath, formed_step
+from .probability import ProbabilityPath, _checked_shares, formed_rows, formed_step
 
 __all__ = ["GainTableKernel", "uniform_rows", "uniform_weights"]
 
@@ -129,7 +129,7 @@ class GainTableKernel(ProbabilityPath):
         n = rows.shape[-1]
         gains = np.ones((layers, n)) if row_gains is None else as_float_array("row_gains", row_gains)
         bias = np.zeros((layers, n)) if distance_bias is None else as_float_array("distance_bias", distance_bias)
-        kernel = cls(rows, weights, gains, bias, per_layer("probability_shares", probability_shares, layers), grid)
+        kernel = cls(rows, weights, gains, bias, _checked_shares(probability_shares, layers), grid)
         kernel.check()
         return kernel
 
@@ -141,11 +141,7 @@ class GainTableKernel(ProbabilityPath):
                 raise ConfigError.of(name, f"shape {tuple(np.shape(value))}", f"{shape}")
             if is_concrete(value):
                 check_range(name, np.asarray(value), 0.0 if name == "row_gains" else None, None)
-        if is_concrete(self.probability_shares):
-            check_range("probability_shares", np.asarray(self.probability_shares), 0.0, 1.0)
-            if np.any(np.asarray(self.probability_shares) == 1.0):
-                raise ConfigError.of("probability_shares", np.asarray(self.probability_shares).tolist(),
-                                     "each in [0, 1)")
+        _checked_shares(self.probability_shares, layers)
 
     @property
     def num_layers(self) -> int:
@@ -177,18 +173,15 @@ class GainTableKernel(ProbabilityPath):
 
     def _layer_arrays(self, n: int):
         """One layer's ``(attention, gained)`` at length n: ``K`` and ``g(i) P(i, :)`` (module docstring)."""
-        gains = self.row_gains[:n]
+        gains, one = self.row_gains[:n], self.grid.index(1.0)
         offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
         tilt = jnp.exp(self.distance_bias[:n][offsets])
         rows, weights = self.rows[:, :n, :n] * tilt, self.weights[:, :n, :n]
-        uniform = uniform_rows(n, rows.dtype) * tilt
-        kernel = _normalised(_at_gains(rows, uniform, self.grid, gains))
-        ones = jnp.ones_like(gains)
+        kernel = _row_renormalised(_at_gains(rows, uniform_rows(n, rows.dtype) * tilt, self.grid, gains))
         weight = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, gains)
-        measured = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, ones)
+        measured = weights[one]  # a grid gain reads its own table (weight 0 on the neighbour)
         ratio = jnp.where(measured > 0, weight / jnp.where(measured > 0, measured, 1.0), 1.0)
-        shape = _normalised(_at_gains(rows, uniform, self.grid, ones) * ratio)
-        return kernel, gains[:, None] * shape
+        return kernel, gains[:, None] * _row_renormalised(rows[one] * ratio)
 
     def step(self, row, weight, product, left: bool = False):
         """Row i mixed with ``lambda_i = lambda W(i) / (1 - lambda + lambda W(i))`` (`formed_step`)."""
@@ -197,10 +190,7 @@ class GainTableKernel(ProbabilityPath):
         return formed_step(attention, gained, self.probability_shares, row, weight, left)
 
     def dense(self, n: int):
-        attention, gained = self._layer_arrays(n)
-        share = self.probability_shares
-        branch = (1.0 - share) * attention + share * gained
-        return branch / jnp.sum(branch, axis=-1, keepdims=True)
+        return formed_rows(*self._layer_arrays(n), self.probability_shares)[0]
 
     def row_times_kernel(self, v, path: Path = Path()):
         del path
@@ -216,11 +206,7 @@ class GainTableKernel(ProbabilityPath):
                                    row_gains=self.row_gains * jnp.reshape(gains, (-1, 1)))
 
     def _per_layer(self, field: str, value):
-        """One value per layer: a number, ``(T,)`` or ``(T, 1)`` (one head-averaged table per layer)."""
-        if jnp.ndim(value) == 2 and jnp.shape(value)[1] != 1:
-            raise ConfigError(f"{field}: got shape {jnp.shape(value)}; allowed for a measured GainTableKernel "
-                              "(one head-averaged table per layer): a number or one per layer")
-        return per_layer(field, jnp.reshape(value, (-1,)) if jnp.ndim(value) == 2 else value, self.num_layers)
+        return head_averaged_values(self, field, value)
 
     def temper(self, tau, field: str = "tau") -> "GainTableKernel":
         """Every row's gain divided by ``tau_t > 0`` (per layer)."""
@@ -249,8 +235,9 @@ class GainTableKernel(ProbabilityPath):
         return None
 
     def replaced(self, **values):
-        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        return dataclasses.replace(self, **{**fields, **values})
+        kernel = dataclasses.replace(self, **values)
+        kernel.check()
+        return kernel
 
     def to_config(self, kernel_file: str | None = None) -> dict:
         """``kernel_type: gain_table`` and the npz `kernel_file` that holds the tables (`file_arrays`)."""
@@ -272,10 +259,6 @@ class GainTableKernel(ProbabilityPath):
         if kernel.num_layers != num_layers:
             raise ConfigError(f"kernel_config.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
         return kernel
-
-
-def _normalised(rows):
-    return rows / jnp.sum(rows, axis=-1, keepdims=True)
 
 
 register_kernel(GainTableKernel)

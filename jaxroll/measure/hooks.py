@@ -32,7 +32,19 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import ConfigError
 from .precision import checkpoint_contexts
 
-__all__ = ["Hooks"]
+__all__ = ["Hooks", "forward_then_remove"]
+
+
+def forward_then_remove(model, ids, handles) -> None:
+    """The model's forward pass on token ids ``(S, N)`` without gradients (no cache), its hooks' `handles`
+    removed afterwards whatever happens."""
+    try:
+        with torch.no_grad():
+            device = model.get_input_embeddings().weight.device
+            model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=device), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class Hooks:

@@ -422,7 +422,7 @@ def forward_paths(model, token_ids, *, falcon_alibi: str = "once") -> np.ndarray
     loaded (eval mode, its attention implementation). For a model where
     `unsupported` gives a reason, use `jaxroll.measure.path_stats.measure_paths`.
     """
-    from .hooks import Hooks
+    from .hooks import Hooks, forward_then_remove
     from .layer_maps import resolve
     from .precision import frozen_eval, full_precision
 
@@ -434,14 +434,7 @@ def forward_paths(model, token_ids, *, falcon_alibi: str = "once") -> np.ndarray
         None, "eager") and falcon_alibi == "once"
     with frozen_eval(model), full_precision(model), Hooks(resolved, model.config, zero_falcon_alibi=falcon):
         paths = ForwardPaths(model, resolved, ids.shape[1], falcon_alibi)
-        handles = paths.hooks(lambda layer, sums: found.__setitem__(layer, sums.cpu().numpy()))
-        try:
-            with torch.no_grad():
-                device = model.get_input_embeddings().weight.device
-                model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=device), use_cache=False)
-        finally:
-            for handle in handles:
-                handle.remove()
+        forward_then_remove(model, ids, paths.hooks(lambda layer, sums: found.__setitem__(layer, sums.cpu().numpy())))
     sums = np.stack([found[t] for t in range(len(resolved.blocks))], axis=-1)  # (S, 2, L)
     identity = np.full((ids.shape[0], 1, sums.shape[-1]), math.sqrt(width))
     return np.concatenate([identity, sums, np.full_like(identity, np.nan)], axis=1)

@@ -235,7 +235,7 @@ def _block_paths(resolved, layer, call, h, queries, vectors):
 
 
 def _capture_blocks(model, resolved, ids):
-    import torch
+    from .hooks import forward_then_remove
 
     calls = [None] * len(resolved.blocks)
 
@@ -245,14 +245,8 @@ def _capture_blocks(model, resolved, ids):
             calls[layer] = (args, kwargs, h.detach().clone())
         return hook
 
-    handles = [block.register_forward_pre_hook(capture(t), with_kwargs=True) for t, block in enumerate(resolved.blocks)]
-    try:
-        with torch.no_grad():
-            device = model.get_input_embeddings().weight.device
-            model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=device), use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    forward_then_remove(model, ids, [block.register_forward_pre_hook(capture(t), with_kwargs=True)
+                                     for t, block in enumerate(resolved.blocks)])
     return calls
 
 

@@ -137,18 +137,15 @@ class Measurement:
 
             return offset_rollout_model(offsets, self.lambdas, sequence_length or self.sequence_length)
         if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
-            attention = self.attention_mean
-            sums = attention.sum(axis=-1, keepdims=True)
-            if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE:
-                attention = attention / sums
-            kernel = DenseKernel.create(attention, field="attention_mean")
+            def stochastic(rows):  # divided by their sums only where a row misses 1 by more than the tolerance
+                sums = rows.sum(axis=-1, keepdims=True)
+                return rows / sums if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE else rows
+
             if "gain_rows" in self.extra:
-                rows = np.asarray(self.extra["gain_rows"], dtype=np.float64)
-                totals = rows.sum(axis=-1, keepdims=True)
-                if np.max(np.abs(totals - 1.0)) > ROW_SUM_TOLERANCE:
-                    rows = rows / totals
-                kernel = GainTableKernel.create(rows, self.extra["gain_weights"], self.extra["gain_grid"],
-                                                field="gain_rows")
+                kernel = GainTableKernel.create(stochastic(np.asarray(self.extra["gain_rows"], dtype=np.float64)),
+                                                self.extra["gain_weights"], self.extra["gain_grid"], field="gain_rows")
+            else:
+                kernel = DenseKernel.create(stochastic(self.attention_mean), field="attention_mean")
             return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
                                        sequence_length=sequence_length or self.sequence_length)
         scale = float(self.logit_scale)
