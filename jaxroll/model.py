@@ -22,8 +22,8 @@ from .errors import ConfigError
 from .engine import probability
 from .kernel_types import AbstractKernel, AlibiKernel, DenseKernel
 
-__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "is_model", "layer_kernels",
-           "with_probability_path"]
+__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "checked_stream_norms", "is_model",
+           "layer_kernels", "with_probability_path"]
 
 class RolloutModel(eqx.Module):
     """Parameters of a residual-aware attention rollout (a PyTree): lambdas plus a kernel.
@@ -41,6 +41,10 @@ class RolloutModel(eqx.Module):
         lambdas: ``(T,)``, the mixing coefficients ``lambda_t`` in [0, 1].
         kernel: the layer kernels ``A_t``, T layers stacked (an `AbstractKernel`).
         sequence_length: the default N of `influence` and friends. Static.
+        stream_norms: ``(T,)`` or None, the residual stream's RMS norm ``X_t`` at each layer's input
+            (measured with lambda). Only a change of the branches' strength reads it
+            (`jaxroll.interventions.BranchScale`: a scaled branch grows the stream that later
+            layers' lambdas are shares of); the rollout does not.
 
     Build one with `create` (keywords, broadcasting, checks); files in the
     YAML schema are read by `jaxroll.load_config`. Direct construction skips
@@ -50,12 +54,15 @@ class RolloutModel(eqx.Module):
     lambdas: Float[Array, " layers"]
     kernel: AbstractKernel
     sequence_length: int = eqx.field(static=True, default=256)
+    stream_norms: Float[Array, " layers"] | None = None
 
-    def __init__(self, lambdas, kernel: AbstractKernel | None = None, sequence_length: int = 256, **kernel_fields):
+    def __init__(self, lambdas, kernel: AbstractKernel | None = None, sequence_length: int = 256,
+                 stream_norms=None, **kernel_fields):
         """Unchecked construction (see `create`). `kernel_fields` replace fields of the kernel, so
         ``dataclasses.replace(model, temperature=t)`` changes the kernel's temperature; without a
         kernel they are an `AlibiKernel`'s fields."""
         self.lambdas = lambdas
+        self.stream_norms = stream_norms
         if kernel is None:
             self.kernel = AlibiKernel(**kernel_fields)
         else:
@@ -142,6 +149,7 @@ class RolloutModel(eqx.Module):
         sequence_length: int | None = None,
         probability_shares=None,
         logit_gains=None,
+        stream_norms=None,
     ) -> "RolloutModel":
         """Build a checked model, broadcasting per-layer and per-head values.
 
@@ -158,7 +166,9 @@ class RolloutModel(eqx.Module):
         or ``(T,)``, each in [0, 1)) and `logit_gains` (``(T, H)``-broadcast,
         > 0, default 1) extend every layer by the probability path
         (`jaxroll.engine.probability.with_probability_path`); both None keep
-        the kernel as it is.
+        the kernel as it is. `stream_norms` (``(T,)``, finite, > 0, or None)
+        are the residual stream's norms at each layer's input, which a
+        branch scale reads (`jaxroll.interventions.BranchScale`).
 
         Raises:
             ConfigError: a one-line message naming the field, the value and
@@ -187,7 +197,23 @@ class RolloutModel(eqx.Module):
         sequence_length = check_positive_int(
             "sequence_length", kernel.default_length() if sequence_length is None else sequence_length)
         kernel.check_length(sequence_length)
-        return cls(lambdas=lambdas, kernel=kernel, sequence_length=sequence_length)
+        return cls(lambdas=lambdas, kernel=kernel, sequence_length=sequence_length,
+                   stream_norms=checked_stream_norms(stream_norms, kernel.num_layers))
+
+
+def checked_stream_norms(values, num_layers: int):
+    """`values` as a float ``(T,)`` array, each finite and > 0; None stays None.
+
+    Raises:
+        ConfigError: one line naming ``stream_norms``, the value and what is allowed.
+    """
+    if values is None:
+        return None
+    norms = np.asarray(values, dtype=np.float64).reshape(-1)
+    if norms.shape != (num_layers,) or not np.all(np.isfinite(norms)) or np.any(norms <= 0):
+        raise ConfigError.of("stream_norms", np.asarray(values).tolist(),
+                             f"{num_layers} (num_layers) finite numbers > 0, or none")
+    return norms
 
 
 KernelRolloutModel = RolloutModel

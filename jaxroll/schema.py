@@ -26,7 +26,7 @@ PAPER_KIND = "alibi"
 """The kernel of a configuration without ``kernel_config``: the paper's schema (ALiBi + content)."""
 
 _MODEL_KEYS = {"sequence_length", "num_layers", "lambda_schedule_config", "save_dir"}
-_OPTIONAL_KEYS = {"save_dir", "probability_shares", "logit_gains"}
+_OPTIONAL_KEYS = {"save_dir", "probability_shares", "logit_gains", "stream_norms"}
 _SCHEDULE_KEYS = {
     "constant": {"schedule_type", "lambda_const"},
     "power_decay": {"schedule_type", "lambda_0", "beta"},
@@ -56,7 +56,9 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     of 1 or ``num_layers`` numbers in [0, 1)) and ``logit_gains`` (nested
     lists as the per-head fields, > 0, default 1) extend every layer by the
     probability path (`jaxroll.engine.probability`); absent, the layers are
-    today's.
+    today's. Optional ``stream_norms`` (a list of ``num_layers`` numbers >
+    0): the residual stream's norm at each layer's input, which a branch
+    scale reads (`jaxroll.interventions.BranchScale`).
 
     Raises:
         ConfigError: unknown keys, missing keys, wrong lengths, values out
@@ -79,7 +81,8 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     gains = nested_array("logit_gains", config.get("logit_gains"))
     try:
         return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"],
-                                   probability_shares=shares, logit_gains=gains)
+                                   probability_shares=shares, logit_gains=gains,
+                                   stream_norms=_stream_norms_from_config(config.get("stream_norms")))
     except ConfigError as error:
         if error.field in _MODEL_PATHS:
             raise error.renamed(_MODEL_PATHS[error.field]) from None
@@ -97,6 +100,16 @@ def _shares_from_config(value, num_layers: int):
     if shares.shape[0] not in (1, num_layers):
         raise ConfigError.of(field, value, f"a list of 1 or num_layers ({num_layers}) numbers, each in [0, 1)")
     return np.broadcast_to(shares, (num_layers,)).copy()
+
+
+def _stream_norms_from_config(value):
+    """``stream_norms``: absent or null (none), or a list of numbers (`jaxroll.model.checked_stream_norms`
+    checks their number and range)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in value):
+        raise ConfigError.of("stream_norms", value, "a list of num_layers numbers > 0, or none")
+    return value
 
 
 def _kernel_type(config) -> type:
@@ -138,6 +151,8 @@ def config_from_model(model: RolloutModel, kernel_file: str | None = None) -> di
         gains = np.asarray(model.logit_gains, dtype=np.float64)
         if np.any(gains != 1.0):
             config["logit_gains"] = compact(gains)
+    if model.stream_norms is not None:
+        config["stream_norms"] = [float(x) for x in np.asarray(model.stream_norms, dtype=np.float64)]
     return config
 
 

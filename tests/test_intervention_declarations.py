@@ -71,7 +71,7 @@ class LambdaPower(iv.AbstractIntervention):
         self.power = power if isinstance(power, jax.core.Tracer) else np.asarray(power, np.float64)
 
     @classmethod
-    def mixed_lambdas(cls, value, lambdas):
+    def mixed_lambdas(cls, value, lambdas, stream_norms=None):
         return lambdas**value
 
     def apply(self, model):

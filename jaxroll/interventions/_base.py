@@ -116,8 +116,9 @@ class AbstractIntervention(eqx.Module):
         return None
 
     @classmethod
-    def mixed_lambdas(cls, value, lambdas):
-        """The lambdas of a ``mixing`` intervention of `value` (per layer), array in, array out (NumPy or JAX)."""
+    def mixed_lambdas(cls, value, lambdas, stream_norms=None):
+        """The lambdas of a ``mixing`` intervention of `value` (per layer), array in, array out (NumPy or JAX);
+        `stream_norms` the model's (`RolloutModel.stream_norms`, or None) for a rule that reads them."""
         raise ConfigError(f"{cls.name}: {cls.__name__} declares no change of the mixing alone; allowed: an "
                           "intervention with changes = 'mixing' that defines mixed_lambdas")
 

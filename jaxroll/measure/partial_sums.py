@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ConfigError
 from .registry import Shapes, registered
 
-_PER_SEQUENCE = ("lambdas_per_sequence", "influence_per_sequence", "target_token", "target_probability")
+_PER_SEQUENCE = ("lambdas_per_sequence", "stream_squares_per_sequence", "influence_per_sequence", "target_token", "target_probability")
 
 
 class PartialSums:
@@ -31,6 +31,7 @@ class PartialSums:
         self.per_sequence = set(_PER_SEQUENCE)
         if "lambda" in stats:
             self.arrays["lambdas_per_sequence"] = np.full((num_sequences, num_layers), np.nan)
+            self.arrays["stream_squares_per_sequence"] = np.full((num_sequences, num_layers), np.nan)
         if "influence" in stats:
             self.arrays["influence_sum"] = np.zeros(length)
             self.arrays["influence_per_sequence"] = np.full((num_sequences, length), np.nan)

@@ -416,6 +416,7 @@ class _Step:
     def reset(self, batch):
         self.batch = batch
         self.x_norms = {}
+        self.stream = {}
         self.lambdas = {}
         self.diagonal = {}
         self.lower = {}
@@ -436,6 +437,7 @@ class _Step:
     def block_input(self, layer, x):
         if "lambda" in self.stats:
             self.x_norms[layer] = x.double().norm(dim=-1)[:, self.skip:]  # (B, N)
+            self.stream[layer] = (self.x_norms[layer] ** 2).mean(dim=-1)  # (B,): the stream's mean square
         self._observe("block_input", layer, x)
 
     def attention_output(self, layer, a):
@@ -553,6 +555,7 @@ def _accumulate(sums, step, result, rows, stats):
         if len(step.lambdas) != num_layers:
             raise ConfigError(f"layer map: hooked {len(step.lambdas)} of {num_layers} attention outputs")
         arrays["lambdas_per_sequence"][rows] = _stack(step.lambdas).T
+        arrays["stream_squares_per_sequence"][rows] = _stack(step.stream).T
     if "influence" in stats:
         norms = result["norms"]
         for row, index in enumerate(rows):

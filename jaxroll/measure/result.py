@@ -113,10 +113,18 @@ class Measurement:
         setting), so the unchanged prediction is the plain rollout's exactly
         and a temperature or SSMax moves the branch's share (docs/design.md,
         "The probability path").
+
+        With lambda come the residual stream's norms (``extra["stream_norms"]``), which the model carries
+        for a branch scale (`jaxroll.interventions.BranchScale`).
         """
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
         model = self._kernel_model(sequence_length)
+        if "stream_norms" in self.extra:
+            from ..model import checked_stream_norms
+
+            model = dataclasses.replace(model, stream_norms=checked_stream_norms(self.extra["stream_norms"],
+                                                                                 model.num_layers))
         if "probability_over_value" not in self.extra:
             return model
         from ..model import with_probability_path
@@ -168,7 +176,8 @@ def measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias
     share of each sequence's gradient mass is ``extra["sink_mass"]``);
     ``lambdas`` the mean and spread over sequences; content ``base`` (mean
     below the diagonal) and ``diagonal - base``; each registered statistic's
-    own ``finish``.
+    own ``finish``; with lambda, ``extra["stream_norms"] (L,)``, the RMS of the
+    residual stream's norm at each layer's input, ``sqrt(mean_{s,i} ||x_t||^2)``.
     """
     arrays, count = sums.arrays, sums.count
     lambdas = lambdas_std = per_sequence = None
@@ -176,8 +185,11 @@ def measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias
         per_sequence = arrays["lambdas_per_sequence"]
         lambdas = per_sequence.mean(axis=0)
         lambdas_std = per_sequence.std(axis=0)
-    influence = influence_raw = token = probability = influence_rows = None
     extra = {}
+    if "stream_squares_per_sequence" in arrays:
+        # The RMS over sequences and positions of ||x_t||: what a branch scale's stream rule reads.
+        extra["stream_norms"] = np.sqrt(arrays["stream_squares_per_sequence"].mean(axis=0))
+    influence = influence_raw = token = probability = influence_rows = None
     if "influence" in stats:
         # With k sinks in front: the N originals' norms, and the sinks' share of each sequence's gradient mass
         # (SinkTokens.split of the rollout, per sequence).

@@ -189,10 +189,11 @@ class _Plan(NamedTuple):
         for name in mixing_axes():
             if f"intervention.{name}" in leaves:
                 # A change of lambda alone (`interventions.BranchScale`: lambda' = gamma lambda / (gamma lambda +
-                # 1 - lambda)), so it is applied here, in float64, and the axis keeps the Krylov path of a
-                # model whose layers share one kernel.
+                # rho (1 - lambda)), rho from the stream norms where the model has them), so it is applied here,
+                # in float64, and the axis keeps the Krylov path of a model whose layers share one kernel.
                 value = leaves.pop(f"intervention.{name}")
-                leaves["lambdas"] = intervention_type(name).mixed_lambdas(value, leaves["lambdas"])
+                leaves["lambdas"] = intervention_type(name).mixed_lambdas(value, leaves["lambdas"],
+                                                                          leaves.get("stream_norms"))
         return leaves
 
 
