@@ -161,3 +161,16 @@ def test_measured_norms_are_the_rms_of_each_blocks_input(family, tmp_path):
     np.testing.assert_allclose(result.extra["stream_norms"], expected, rtol=1e-6)
     model_norms = result.to_rollout_model().stream_norms
     np.testing.assert_allclose(model_norms, expected, rtol=1e-6)
+
+
+def test_the_per_sequence_rows_route_reads_the_norms():
+    from jaxroll.interventions import parse
+    from jaxroll.measure.row_prediction import predict_rows
+
+    model = tiny("bloom")
+    ids = np.random.default_rng(2).integers(0, VOCAB, (2, 10))
+    lambdas, norms = np.array([0.2, 0.3, 0.25]), np.array([1.0, 1.4, 2.0])
+    prediction = predict_rows(model, ids, lambdas, parse("gamma=2"), batch_size=2, stream_norms=norms)
+    np.testing.assert_allclose(prediction.lambdas, grown_lambdas(np.full(3, 2.0), lambdas, norms)[0], rtol=1e-12)
+    plain = predict_rows(model, ids, lambdas, parse("gamma=2"), batch_size=2)
+    np.testing.assert_allclose(plain.lambdas, 2 * lambdas / (2 * lambdas + 1 - lambdas), rtol=1e-12)

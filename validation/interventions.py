@@ -178,13 +178,13 @@ def held_out_loss(model, stream: np.ndarray, changes) -> float:
         return pipeline.held_out_loss(model, stream, LENGTH)
 
 
-def per_sequence_prediction(model, token_ids: np.ndarray, lambdas, changes):
+def per_sequence_prediction(model, token_ids: np.ndarray, lambdas, changes, stream_norms=None):
     """``(p_I, p_B)`` by the per-sequence rows: `jaxroll.measure.row_prediction.predict_rows` (each sequence's
     own eager rows changed by the patch's `LogitChange`, averaged over sequences and heads, rolled out with the
     lambdas, `BranchScale` acting on them; p_B the same unchanged), float64 throughout. The code that was here
     (``log A`` of a float32-softmax forward) moved into the library and ``jaxroll predict-rows``. Returns
-    ``(p_I (N,), p_B (N,))``, NumPy float64."""
-    prediction = row_prediction.predict_rows(model, token_ids, lambdas, changes)
+    ``(p_I (N,), p_B (N,))``, NumPy float64. `stream_norms` (the baseline's) for a branch scale's stream rule."""
+    prediction = row_prediction.predict_rows(model, token_ids, lambdas, changes, stream_norms=stream_norms)
     return prediction.profile, prediction.baseline
 
 
@@ -268,7 +268,7 @@ def run_row(context: dict, entry: str, slug: str, spec: str, changes) -> dict:
     # Sinks lengthen the sequence and a rotary rescale moves q and k: neither is a map of the baseline's rows.
     rows_apply = not sinks and not any(isinstance(c, interventions.RotaryRescale) for c in changes)
     p_sequences = per_sequence_prediction(context["model"], baseline["token_ids"], baseline["lambdas"],
-                                          changes)[0] if rows_apply else None
+                                          changes, baseline.get("stream_norms"))[0] if rows_apply else None
     intervened = measure(model_dir, texts, out / family / slug, STATS[family], samples, length, spec)
     measured_ref, measured_int = reference["influence_per_sequence"], intervened["influence_per_sequence"]
     m_ref = profile_of(measured_ref)

@@ -274,14 +274,15 @@ def _accumulate_rotated(sums, plan, resolved, capture, config):
     return on_query_key
 
 
-def _prediction(sums, count: int, lambdas, changes, plan, shares, windows) -> RowPrediction:
+def _prediction(sums, count: int, lambdas, changes, plan, shares, windows, stream_norms=None) -> RowPrediction:
     """The running sums of `count` sequences rolled out: today's layer on the rows (``rows_profile``), the
     baseline (the mean kernel), and with `shares` the closed-ratio profile (`path_rolled_out`)."""
     baseline_kernels, kernels = sums["baseline"] / count, sums["changed"] / count
     mixed = lambdas
     branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
     if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
-        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas), dtype=np.float64)
+        mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas, stream_norms),
+                           dtype=np.float64)
     rows_profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
     prediction = RowPrediction(rows_profile, baseline, mixed, kernels, baseline_kernels, int(count), ROWS_ONLY,
                                rows_profile)
@@ -296,7 +297,7 @@ def _prediction(sums, count: int, lambdas, changes, plan, shares, windows) -> Ro
 
 
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
-                 plan=None, shares=None) -> RowPrediction:
+                 plan=None, shares=None, stream_norms=None) -> RowPrediction:
     """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring):
 
         A'_t = mean_{s,h} softmax_j(a(i) (log alpha_{t,h}^s - b) + c(i) b + d(i, j))     (T, N, N)
@@ -317,6 +318,8 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         plan: `row_plan` of `changes`, when the caller checked it already.
         shares: ``rho_t (T,)`` in [0, 1), the probability path's share of each branch (``r / (1 + r)`` of the
             baseline's ``probability_over_value``), or None for today's layer on the rows.
+        stream_norms: ``(T,)`` the baseline's ``stream_norms``, which a branch scale's rule reads
+            (`jaxroll.interventions.BranchScale`), or None for the plain formula.
 
     Returns:
         `RowPrediction`: profiles ``(N,)``, kernels ``(T, N, N)``, its form.
@@ -365,16 +368,16 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         for first in range(0, ids.shape[0], int(batch_size)):
             batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
             model(input_ids=batch, use_cache=False)
-    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows)
+    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows, stream_norms)
     if not (np.all(np.isfinite(prediction.profile)) and np.all(np.isfinite(prediction.baseline))):
         raise ConfigError.of("per-sequence rows", "a non-finite profile", "finite attention rows")
     return prediction
 
 
-def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray, dict, np.ndarray | None]:
-    """``(token_ids (S, N), lambdas (T,), metadata, shares (T,) or None)`` of a baseline measurement folder,
-    checked; shares ``rho_t = r_t / (1 + r_t)`` of its ``probability_over_value`` (NaN read as 0, as
-    `MeasurementResult.to_rollout_model` reads it), None when it measured no ``paths``."""
+def _measured_inputs(directory: Path, flag: str) -> tuple:
+    """``(token_ids (S, N), lambdas (T,), metadata, shares (T,) or None, stream_norms (T,) or None)`` of a
+    baseline measurement folder, checked; shares ``rho_t = r_t / (1 + r_t)`` of its ``probability_over_value``
+    (NaN read as 0, as `MeasurementResult.to_rollout_model` reads it), None when it measured no ``paths``."""
     from .outputs import read_measurement
 
     if not directory.is_dir():
@@ -406,7 +409,12 @@ def _measured_inputs(directory: Path, flag: str) -> tuple[np.ndarray, np.ndarray
             raise ConfigError.of(f"{flag} {directory}", f"probability_over_value of shape {ratio.shape}",
                                  f"({lambdas.size},) finite values >= 0, one per block")
         shares = ratio / (1.0 + ratio)
-    return ids, lambdas, metadata or {}, shares
+    norms = None
+    if "stream_norms" in arrays:
+        from ..model import checked_stream_norms
+
+        norms = checked_stream_norms(arrays["stream_norms"], lambdas.size)
+    return ids, lambdas, metadata or {}, shares, norms
 
 
 def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size: int = 8,
@@ -424,7 +432,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
             ``--intervene``, ``--batch-size``, the memory budget).
     """
     directory = Path(directory)
-    token_ids, lambdas, metadata, shares = _measured_inputs(directory, flag)  # before torch and transformers load
+    token_ids, lambdas, metadata, shares, norms = _measured_inputs(directory, flag)  # before torch, transformers
     from .loading import inspect_model, load_model
     from .torch_plan import parse_for, position_limit
 
@@ -448,7 +456,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
     dtype = str(metadata.get("dtype") or "float32")
     model = load_model(source, dtype=dtype, attn_implementation="eager", device=device)
     prediction = predict_rows(model, token_ids, lambdas, changes, batch_size=batch_size, max_memory=max_memory,
-                              plan=plan, shares=shares)
+                              plan=plan, shares=shares, stream_norms=norms)
     from ..interventions import describe
     from .effect import middle_mass
 
