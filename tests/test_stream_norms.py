@@ -174,3 +174,13 @@ def test_the_per_sequence_rows_route_reads_the_norms():
     np.testing.assert_allclose(prediction.lambdas, grown_lambdas(np.full(3, 2.0), lambdas, norms)[0], rtol=1e-12)
     plain = predict_rows(model, ids, lambdas, parse("gamma=2"), batch_size=2)
     np.testing.assert_allclose(plain.lambdas, 2 * lambdas / (2 * lambdas + 1 - lambdas), rtol=1e-12)
+
+
+def test_a_sweep_over_gamma_reads_the_norms():
+    model = model_with(np.array([0.2, 0.35, 0.3, 0.25]), np.array([1.0, 1.5, 1.7, 2.5]))
+    gammas = [0.5, 2.0]
+    result = jaxroll.sweep(model, gamma=gammas, progress=False)
+    for row, gamma in zip(np.asarray(result.profiles), gammas):
+        expected = np.asarray(jaxroll.influence(BranchScale(gamma).apply(model)))
+        # the same rule on the Krylov path (float64 both): 1e-10
+        np.testing.assert_allclose(row.reshape(-1), expected, rtol=1e-10, atol=1e-14)

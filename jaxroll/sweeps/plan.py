@@ -193,7 +193,7 @@ class _Plan(NamedTuple):
                 # in float64, and the axis keeps the Krylov path of a model whose layers share one kernel.
                 value = leaves.pop(f"intervention.{name}")
                 leaves["lambdas"] = intervention_type(name).mixed_lambdas(value, leaves["lambdas"],
-                                                                          leaves.get("stream_norms"))
+                                                                          self.base.stream_norms)
         return leaves
 
 
