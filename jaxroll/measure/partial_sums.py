@@ -10,7 +10,8 @@ import numpy as np
 from ..errors import ConfigError
 from .registry import Shapes, registered
 
-_PER_SEQUENCE = ("lambdas_per_sequence", "stream_squares_per_sequence", "influence_per_sequence", "target_token", "target_probability")
+_PER_SEQUENCE = ("lambdas_per_sequence", "stream_squares_per_sequence", "influence_per_sequence", "target_token",
+                 "target_probability")
 
 
 class PartialSums:
