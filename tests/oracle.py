@@ -106,12 +106,23 @@ def rollout_matrix(arrays, n):
 
 
 def influence(arrays, n):
-    """Last row of P_T by row-vector products (cheaper, same maths)."""
+    """Last row of P_T by row-vector products (cheaper, same maths).
+
+    A layer whose slopes, content, base scores and head weights equal the
+    previous layer's (every layer of a published no-content file) reuses that
+    layer's kernel: the same function of the same numbers, formed once (BLOOM's
+    70 layers of 112 heads cost 2.7 s formed one by one).
+    """
     row = np.zeros(n)
     row[-1] = 1.0
+    key, kernel = None, None
     for t in reversed(range(len(arrays["lambdas"]))):
         lam = arrays["lambdas"][t]
-        row = (1 - lam) * row + lam * (row @ layer_kernel(arrays, t, n))
+        layer = tuple(np.asarray(arrays[name][t], dtype=np.float64).tobytes()
+                      for name in ("slopes", "diagonal", "base", "weights"))
+        if layer != key:
+            key, kernel = layer, layer_kernel(arrays, t, n)
+        row = (1 - lam) * row + lam * (row @ kernel)
     return row
 
 

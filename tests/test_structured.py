@@ -22,6 +22,9 @@ import oracle
 
 _product = jax.jit(structured.row_times_kernel,
                static_argnames=("mask", "window", "head_chunk", "block", "transient", "settled"))
+# The causal mixture called directly, compiled: run eagerly, its op-by-op dispatch recompiled every
+# primitive for each drawn N (9-15 s an example on 2 shared cores; compiled, 2-3 s).
+_mixture = jax.jit(structured_products._causal_mixture, static_argnums=(4, 5))
 
 
 def _oracle_product(v, slopes, diagonal, weights, temperature, mask, window):
@@ -231,8 +234,8 @@ def test_stationary_split_matches_the_dense_oracle(data, n, heads):
     got = _structured_product(v, slopes, diagonal, weights, temperature, "causal", None, transient=64)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     w = np.asarray(weights) / np.sum(weights)
-    direct = structured_products._causal_mixture(jnp.asarray(v), jnp.asarray(slopes) / temperature,
-                                        jnp.asarray(diagonal) / temperature, jnp.asarray(w), 64, 16)
+    direct = _mixture(jnp.asarray(v), jnp.asarray(slopes) / temperature, jnp.asarray(diagonal) / temperature,
+                      jnp.asarray(w), 64, 16)
     np.testing.assert_allclose(direct, expected, rtol=0, atol=1e-12)
 
 
@@ -250,8 +253,7 @@ def test_unsettled_heads_fall_back_to_exact_normalisers(slopes, weights):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     if weights[0] > 0:  # the split really would be wrong here, so the fallback matters
         w = np.asarray(weights) / np.sum(weights)
-        split = structured_products._causal_mixture(jnp.asarray(v), jnp.asarray(slopes), jnp.asarray([0.5, -1.0]),
-                                           jnp.asarray(w), 32, 16)
+        split = _mixture(jnp.asarray(v), jnp.asarray(slopes), jnp.asarray([0.5, -1.0]), jnp.asarray(w), 32, 16)
         assert np.max(np.abs(np.asarray(split) - expected)) > 1e-6
 
 
@@ -288,8 +290,10 @@ def test_layer_gradients_match_autodiff_of_the_dense_kernel(data, n, mask, trans
         return jnp.dot(g, v @ jaxroll.engine.alibi.layer_kernel(m, d, zeros, w, tau, n, mask, window))
 
     args = tuple(jnp.asarray(x) for x in (v, slopes, diagonal, weights, temperature))
-    got = jax.grad(structured_loss, argnums=range(5))(*args)
-    expected = jax.grad(dense_loss, argnums=range(5))(*args)
+    # Both gradients compiled (jit), as the rollout takes them: eagerly, each new n dispatched and
+    # compiled the products' primitives one by one (17-25 s an example; compiled, 3.5-7 s).
+    got = jax.jit(jax.grad(structured_loss, argnums=range(5)))(*args)
+    expected = jax.jit(jax.grad(dense_loss, argnums=range(5)))(*args)
     for name, x, y in zip(("v", "slopes", "content", "weights", "temperature"), got, expected):
         scale = float(np.max(np.abs(y)))
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-10 * (1 + scale), err_msg=name)
