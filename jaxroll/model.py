@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import check_positive_int, check_range
+from ._checks import as_float_array, check_positive_int, check_range
 from ._checks import per_layer as _per_layer
 from .errors import ConfigError
 from .engine import probability
@@ -209,7 +209,7 @@ def checked_stream_norms(values, num_layers: int):
     """
     if values is None:
         return None
-    norms = np.asarray(values, dtype=np.float64).reshape(-1)
+    norms = as_float_array("stream_norms", values).reshape(-1)
     if norms.shape != (num_layers,) or not np.all(np.isfinite(norms)) or np.any(norms <= 0):
         raise ConfigError.of("stream_norms", np.asarray(values).tolist(),
                              f"{num_layers} (num_layers) finite numbers > 0, or none")

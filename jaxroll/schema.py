@@ -82,7 +82,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     try:
         return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"],
                                    probability_shares=shares, logit_gains=gains,
-                                   stream_norms=_stream_norms_from_config(config.get("stream_norms")))
+                                   stream_norms=config.get("stream_norms"))
     except ConfigError as error:
         if error.field in _MODEL_PATHS:
             raise error.renamed(_MODEL_PATHS[error.field]) from None
@@ -100,16 +100,6 @@ def _shares_from_config(value, num_layers: int):
     if shares.shape[0] not in (1, num_layers):
         raise ConfigError.of(field, value, f"a list of 1 or num_layers ({num_layers}) numbers, each in [0, 1)")
     return np.broadcast_to(shares, (num_layers,)).copy()
-
-
-def _stream_norms_from_config(value):
-    """``stream_norms``: absent or null (none), or a list of numbers (`jaxroll.model.checked_stream_norms`
-    checks their number and range)."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in value):
-        raise ConfigError.of("stream_norms", value, "a list of num_layers numbers > 0, or none")
-    return value
 
 
 def _kernel_type(config) -> type:

@@ -85,10 +85,7 @@ class BranchScale(AbstractIntervention):
     def mixed_lambdas(cls, value, lambdas, stream_norms=None):
         """``gamma lambda / (gamma lambda + rho (1 - lambda))`` (``rho = 1`` without `stream_norms`), a removed
         branch (lambda = 1, gamma = 0) mixing nothing."""
-        growth = 1.0 if stream_norms is None else stream_growth(value, lambdas, stream_norms)
-        moved = value * lambdas
-        denominator = moved + growth * (1.0 - lambdas)
-        return moved / (denominator + (denominator == 0))
+        return _shares(value, lambdas, 1.0 if stream_norms is None else stream_growth(value, lambdas, stream_norms))
 
     gamma: Float[Array, "..."]
 
@@ -98,8 +95,16 @@ class BranchScale(AbstractIntervention):
     def apply(self, model: RolloutModel) -> RolloutModel:
         model = check_model(model)
         gamma = per_layer("gamma", self.gamma, model.num_layers)
-        lambdas = self.mixed_lambdas(gamma, model.lambdas, model.stream_norms)
         if model.stream_norms is None:
-            return dataclasses.replace(model, lambdas=lambdas)
-        norms = stream_growth(gamma, model.lambdas, model.stream_norms) * model.stream_norms
-        return dataclasses.replace(model, lambdas=lambdas, stream_norms=norms)
+            return dataclasses.replace(model, lambdas=_shares(gamma, model.lambdas, 1.0))
+        growth = stream_growth(gamma, model.lambdas, model.stream_norms)
+        return dataclasses.replace(model, lambdas=_shares(gamma, model.lambdas, growth),
+                                   stream_norms=growth * model.stream_norms)
+
+
+def _shares(gamma, lambdas, growth):
+    """``gamma lambda / (gamma lambda + rho (1 - lambda))``; lambda = 1 with gamma = 0 is 0 / 0: a removed branch
+    mixes nothing."""
+    moved = gamma * lambdas
+    denominator = moved + growth * (1.0 - lambdas)
+    return moved / (denominator + (denominator == 0))
