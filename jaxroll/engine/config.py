@@ -16,7 +16,7 @@ from .._checks import as_float_array
 from .._readers import read_npz
 from ..errors import ConfigError
 
-__all__ = ["check_keys", "compact", "nested_array", "read_kernel_file"]
+__all__ = ["check_keys", "compact", "nested_array", "read_kernel_arrays", "read_kernel_file"]
 
 
 def check_keys(where: str, mapping, allowed, required=()) -> None:
@@ -57,16 +57,31 @@ def compact(array) -> list[list[float]]:
 
 def read_kernel_file(name, key: str, directory) -> np.ndarray:
     """The float64 array `key` of the npz `name` (relative to the configuration's `directory`)."""
+    return read_kernel_arrays(name, directory, (key,))[key]
+
+
+def read_kernel_arrays(name, directory, keys, optional=(), names=()) -> dict:
+    """The float64 arrays `keys` of the npz `name` (relative to `directory`), read once, with those of `optional`
+    that it holds; a key of `names` (among `optional`) is read as a tuple of strings."""
     field = "kernel_config.file"
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{field}: got {name!r:.60}; allowed: an .npz path relative to the config")
     path = Path(directory or ".") / name
     if not path.is_file():
         raise ConfigError(f"{field}: {path}: no such file")
-    data = read_npz(path, f"an .npz with a float array {key!r} (what save_config writes)", label=f"{field}: {path}")
-    if key not in data:
-        raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data) or 'nothing'}")
-    try:
-        return np.asarray(data[key], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; allowed: numbers") from None
+    data = read_npz(path, f"an .npz with a float array {keys[0]!r} (what save_config writes)",
+                    label=f"{field}: {path}")
+    arrays = {}
+    for key in tuple(keys) + tuple(key for key in optional if key in data):
+        if key not in data:
+            raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data) or 'nothing'}")
+        if key in names:
+            if data[key].dtype.kind != "U" or data[key].ndim != 1:
+                raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; allowed: a list of names")
+            arrays[key] = tuple(str(value) for value in data[key])
+            continue
+        try:
+            arrays[key] = np.asarray(data[key], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; allowed: numbers") from None
+    return arrays

@@ -17,7 +17,10 @@ A row i at gain g (per layer; 1 as measured, ``1 / tau`` under a temperature, ``
 the tables linearly in ``ln g`` between neighbouring grid gains; below the grid linearly in g toward g = 0,
 where every row is uniform over its keys; above it, the last gain's rows. Rows are independent, so the
 table is exact at grid gains for SSMax's row-dependent gains too. With ``d_t(i - j)`` added logits (a
-distance score, `add_distance_score`) every row is reweighted by ``e^{d_t(i - j)}`` and renormalised. Then,
+distance score, `add_distance_score`) every row is reweighted by ``e^{d_t(i - j)}`` and renormalised; where
+the measurement also tabulated the rows under that score's form (``distance_rows``,
+`jaxroll.engine.distance_tables`), every gain's rows are multiplied instead by the tables' ratio
+``T_f(kappa) / K1`` (`distance_ratio`; exact at gain 1 and a grid kappa). Then,
 with the probability path's share ``rho_t`` (the measured ``r_t / (1 + r_t)``), layer t is the closed-ratio
 layer of `jaxroll.engine.probability.with_path_shape`:
 
@@ -45,8 +48,9 @@ from jaxtyping import Array, Float
 
 from .._checks import as_float_array, check_range, is_concrete
 from ..errors import ConfigError
-from .config import check_keys, read_kernel_file
+from .config import check_keys, read_kernel_arrays
 from .dense import ROW_SUM_TOLERANCE, _row_renormalised, head_averaged_values
+from .distance_tables import distance_key, distance_ratio
 from .kernel import register_kernel
 from .plan import Path
 from .probability import ProbabilityPath, _checked_shares, formed_rows, formed_step
@@ -82,13 +86,52 @@ def _at_gains(table, at_zero, grid, gains):
                      inside)
 
 
+_DISTANCE_PARTS = ("rows", "scores", "kappas", "grid", "keys")
+
+
+def _checked_distances(distances, layers: int, n: int, field: str) -> tuple:
+    """``(distance_rows, distance_scores, distance_kappas, distance_grid, distance_keys)`` of the mapping
+    `distances` (`GainTableKernel.create`), checked in one line each; ``(None, None, None, (), ())`` for None."""
+    if distances is None:
+        return None, None, None, (), ()
+    where = f"{field}.distances"
+    check_keys(where, distances, _DISTANCE_PARTS, required=("rows", "scores", "grid", "keys"))
+    keys = distances["keys"]
+    if (isinstance(keys, str) or not all(isinstance(key, str) for key in keys) or not keys
+            or len(set(keys)) != len(keys)):
+        raise ConfigError.of(f"{where}.keys", keys, "distinct form names, at least one")
+    grid = tuple(float(g) for g in as_float_array(f"{where}.grid", distances["grid"]).reshape(-1))
+    if not grid or 0.0 in grid or any(b <= a for a, b in zip(grid, grid[1:])):
+        raise ConfigError.of(f"{where}.grid", list(grid), "increasing nonzero kappas, at least one")
+    shape = (layers, len(keys), len(grid), n, n)
+    rows = as_float_array(f"{where}.rows", distances["rows"])
+    if rows.shape != shape:
+        raise ConfigError.of(f"{where}.rows", f"shape {rows.shape}", f"{shape} (layers, forms, kappas, N, N)")
+    check_range(f"{where}.rows", rows, 0.0, None)
+    sums = rows.sum(axis=-1)
+    if np.any(np.abs(sums - 1.0) > ROW_SUM_TOLERANCE) or np.triu(rows, k=1).any():
+        raise ConfigError.of(f"{where}.rows", "a row off 1 or weight above the diagonal", "causal row-stochastic tables")
+    scores = as_float_array(f"{where}.scores", distances["scores"])
+    scores = np.broadcast_to(scores, (layers,) + scores.shape) if scores.ndim == 2 else scores
+    if scores.shape != (layers, len(keys), n):
+        raise ConfigError.of(f"{where}.scores", f"shape {scores.shape}", f"({len(keys)} forms, {n})")
+    check_range(f"{where}.scores", scores, None, None)
+    kappas = np.zeros((layers, len(keys))) if distances.get("kappas") is None else as_float_array(
+        f"{where}.kappas", distances["kappas"])
+    return rows, np.array(scores), kappas, grid, tuple(keys)
+
+
 class GainTableKernel(ProbabilityPath):
     """Measured mean rows at a grid of logit gains, read at each row's gain (module docstring).
 
     Fields (T layers, G gains, N tokens): ``rows (T, G, N, N)`` row-stochastic, ``weights (T, G, N, N)`` >= 0,
     ``row_gains (T, N)`` >= 0 (1 as measured), ``distance_bias (T, N)`` (added logits by offset i - j, 0 as
     measured), ``probability_shares (T,)`` in [0, 1) and the static ``grid`` (G,) increasing, 1 among them.
-    Lengths as a `DenseKernel`'s (n <= N, causal). Build with `create` (checks).
+    Optional distance tables (F forms, K kappas; `jaxroll.engine.distance_tables`): ``distance_rows
+    (T, F, K, N, N)`` row-stochastic, ``distance_scores (T, F, N)`` each form's ``g_f(m)`` (the same in every
+    layer), ``distance_kappas (T, F)`` (0 as measured), the static ``distance_grid`` (K,) increasing, nonzero,
+    and ``distance_keys`` (F,) (`distance_key`). Lengths as a `DenseKernel`'s (n <= N, causal). Build with
+    `create` (checks).
     """
 
     rows: Float[Array, "layers gains n n"]
@@ -97,14 +140,22 @@ class GainTableKernel(ProbabilityPath):
     distance_bias: Float[Array, "layers n"]
     probability_shares: Float[Array, " layers"]
     grid: tuple[float, ...] = eqx.field(static=True)
+    distance_rows: Float[Array, "layers forms kappas n n"] | None = None
+    distance_scores: Float[Array, "layers forms n"] | None = None
+    distance_kappas: Float[Array, "layers forms"] | None = None
+    distance_grid: tuple[float, ...] = eqx.field(static=True, default=())
+    distance_keys: tuple[str, ...] = eqx.field(static=True, default=())
 
     extension: ClassVar[bool] = False
     config_kind = "gain_table"
 
     @classmethod
     def create(cls, rows, weights, grid, *, row_gains=None, distance_bias=None, probability_shares=0.0,
-               field: str = "rows") -> "GainTableKernel":
+               distances=None, field: str = "rows") -> "GainTableKernel":
         """Check and build (module docstring for the fields; `row_gains` default 1, `distance_bias` 0).
+
+        `distances`: None, or a mapping with ``rows`` ``(T, F, K, N, N)``, ``scores`` ``(F, N)`` or
+        ``(T, F, N)``, ``grid`` (K,), ``keys`` (F,) and optionally ``kappas`` ``(T, F)`` (default 0).
 
         Raises:
             ConfigError: one line naming the field, the value and what is allowed.
@@ -129,13 +180,15 @@ class GainTableKernel(ProbabilityPath):
         n = rows.shape[-1]
         gains = np.ones((layers, n)) if row_gains is None else as_float_array("row_gains", row_gains)
         bias = np.zeros((layers, n)) if distance_bias is None else as_float_array("distance_bias", distance_bias)
-        kernel = cls(rows, weights, gains, bias, _checked_shares(probability_shares, layers), grid)
+        kernel = cls(rows, weights, gains, bias, _checked_shares(probability_shares, layers), grid,
+                     *_checked_distances(distances, layers, n, field))
         kernel.check()
         return kernel
 
     def check(self) -> None:
         layers, n = self.num_layers, self.size
-        for name, shape in (("row_gains", (layers, n)), ("distance_bias", (layers, n))):
+        tabulated = (("distance_kappas", (layers, len(self.distance_keys))),) if self.distance_keys else ()
+        for name, shape in (("row_gains", (layers, n)), ("distance_bias", (layers, n))) + tabulated:
             value = getattr(self, name)
             if tuple(np.shape(value)) != shape:
                 raise ConfigError.of(name, f"shape {tuple(np.shape(value))}", f"{shape}")
@@ -169,15 +222,22 @@ class GainTableKernel(ProbabilityPath):
 
     def influence_bytes(self, n: int, method: str, itemsize: int) -> int:
         del method
-        return int((2 * self.num_layers * len(self.grid) * self.size ** 2 + 8 * n * n) * itemsize)
+        tables = 2 * len(self.grid) + len(self.distance_keys) * len(self.distance_grid)
+        return int((tables * self.num_layers * self.size ** 2 + 8 * n * n) * itemsize)
 
     def _layer_arrays(self, n: int):
         """One layer's ``(attention, gained)`` at length n: ``K`` and ``g(i) P(i, :)`` (module docstring)."""
         gains, one = self.row_gains[:n], self.grid.index(1.0)
         offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
         tilt = jnp.exp(self.distance_bias[:n][offsets])
+        at_zero = uniform_rows(n, self.rows.dtype) * tilt  # every sequence's row is uniform there: exact
+        if self.distance_keys:
+            at_zero = at_zero * jnp.exp(jnp.einsum("f,fij->ij", self.distance_kappas,
+                                                   self.distance_scores[:, offsets]))
+            tilt = tilt * distance_ratio(self.rows[one, :n, :n], self.distance_rows[:, :, :n, :n],
+                                         self.distance_grid, self.distance_scores, self.distance_kappas)
         rows, weights = self.rows[:, :n, :n] * tilt, self.weights[:, :n, :n]
-        kernel = _row_renormalised(_at_gains(rows, uniform_rows(n, rows.dtype) * tilt, self.grid, gains))
+        kernel = _row_renormalised(_at_gains(rows, at_zero, self.grid, gains))
         weight = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, gains)
         measured = weights[one]  # a grid gain reads its own table (weight 0 on the neighbour)
         ratio = jnp.where(measured > 0, weight / jnp.where(measured > 0, measured, 1.0), 1.0)
@@ -215,14 +275,22 @@ class GainTableKernel(ProbabilityPath):
     def scaled_rows(self, scale, row_factor, n: int, field: str = "ssmax_scale") -> "GainTableKernel":
         """SSMax: row i's gain multiplied by ``s_t row_factor[i]`` (``ln n_i``), at length n."""
         scale = self._per_layer(field, scale)
+        tables = {} if not self.distance_keys else {"distance_rows": self.distance_rows[..., :n, :n],
+                                                    "distance_scores": self.distance_scores[..., :n]}
         return dataclasses.replace(self, rows=self.rows[:, :, :n, :n], weights=self.weights[:, :, :n, :n],
                                    row_gains=self.row_gains[:, :n] * scale[:, None] * row_factor[None, :n],
-                                   distance_bias=self.distance_bias[:, :n])
+                                   distance_bias=self.distance_bias[:, :n], **tables)
 
     def add_distance_score(self, kappa, score, n: int, field: str = "kappa") -> "GainTableKernel":
-        """``kappa_t g(i - j)`` added to every logit (per layer): the rows reweighted by ``e^{kappa g}``."""
+        """``kappa_t g(i - j)`` added to every logit (per layer): read from the distance tables where they hold
+        g's form (`score.form`, `score.k`: `jaxroll.interventions.DistanceScore`), else the rows reweighted by
+        ``e^{kappa g}``."""
         del n
         kappa = self._per_layer(field, kappa)
+        key = distance_key(score.form, score.k) if hasattr(score, "form") else None
+        if key in self.distance_keys:
+            column = self.distance_keys.index(key)
+            return dataclasses.replace(self, distance_kappas=jnp.asarray(self.distance_kappas).at[:, column].add(kappa))
         return dataclasses.replace(self, distance_bias=self.distance_bias
                                    + kappa[:, None] * score(jnp.arange(self.size))[None, :])
 
@@ -244,18 +312,33 @@ class GainTableKernel(ProbabilityPath):
         return {"kernel_config": {"kernel_type": "gain_table", "file": kernel_file}}
 
     def file_arrays(self) -> dict:
-        return {name: np.asarray(getattr(self, name), dtype=np.float64)
-                for name in ("rows", "weights", "row_gains", "distance_bias")} | {"grid": np.asarray(self.grid)}
+        arrays = {name: np.asarray(getattr(self, name), dtype=np.float64)
+                  for name in ("rows", "weights", "row_gains", "distance_bias")} | {"grid": np.asarray(self.grid)}
+        if self.distance_keys:
+            arrays |= {"distance_rows": np.asarray(self.distance_rows, dtype=np.float64),
+                       "distance_scores": np.asarray(self.distance_scores[0], dtype=np.float64),
+                       "distance_kappas": np.asarray(self.distance_kappas, dtype=np.float64),
+                       "distance_grid": np.asarray(self.distance_grid), "distance_keys": np.asarray(self.distance_keys)}
+        return arrays
 
     @classmethod
     def from_config(cls, config, *, num_layers: int, directory=None) -> "GainTableKernel":
         section = config["kernel_config"]
         check_keys("kernel_config", section, {"kernel_type", "file"}, required={"file"})
         name = section["file"]
-        arrays = {key: read_kernel_file(name, key, directory)
-                  for key in ("rows", "weights", "grid", "row_gains", "distance_bias")}
+        tables = tuple(f"distance_{key}" for key in _DISTANCE_PARTS)
+        arrays = read_kernel_arrays(name, directory, ("rows", "weights", "grid", "row_gains", "distance_bias"),
+                                    optional=tables, names=("distance_keys",))
+        distances = None
+        if any(key in arrays for key in tables):
+            missing = [key for key in tables if key not in arrays]
+            if missing:
+                raise ConfigError(f"kernel_config.file ({name}): has distance tables without {missing[0]!r}; "
+                                  f"allowed: all of {', '.join(tables)} or none")
+            distances = {key: arrays[f"distance_{key}"] for key in _DISTANCE_PARTS}
         kernel = cls.create(arrays["rows"], arrays["weights"], arrays["grid"], row_gains=arrays["row_gains"],
-                            distance_bias=arrays["distance_bias"], field=f"kernel_config.file ({name})")
+                            distance_bias=arrays["distance_bias"], distances=distances,
+                            field=f"kernel_config.file ({name})")
         if kernel.num_layers != num_layers:
             raise ConfigError(f"kernel_config.file: holds {kernel.num_layers} layers; allowed: num_layers ({num_layers})")
         return kernel

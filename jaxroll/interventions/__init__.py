@@ -38,14 +38,14 @@ torch patch read:
 """
 
 from ._base import SHAPES, AbstractIntervention, apply_all, length_change
-from .kernels import DistanceBias, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
+from .kernels import DistanceBias, DistanceScore, LengthScaledLogits, SlopeScale, Temperature, log1p_distance, unsquash_distance
 from .mixing import BranchScale
 from .positions import RotaryRescale, SinkTokens, ms_poe_order, ms_poe_ratios, table_at_distances
 from .registry import (designable, intervention_type, intervention_types, register_intervention, sweep_axes,
                        text_names, unregister_intervention)
 from .spec import describe, from_mapping, parse
 
-__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "LengthScaledLogits", "NAMES", "RotaryRescale",
+__all__ = ["AbstractIntervention", "BranchScale", "DistanceBias", "DistanceScore", "LengthScaledLogits", "NAMES", "RotaryRescale",
            "SHAPES", "SinkTokens", "SlopeScale", "Temperature", "apply_all", "describe", "designable", "from_mapping",
            "intervention_type", "intervention_types", "length_change", "log1p_distance", "ms_poe_order", "ms_poe_ratios",
            "parse",

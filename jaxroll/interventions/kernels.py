@@ -27,7 +27,8 @@ from ..model import RolloutModel, check_model
 from ._base import AbstractIntervention, checked_parameter, per_layer_head, plain_value
 from .registry import register_intervention
 
-__all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "log1p_distance", "unsquash_distance"]
+__all__ = ["Temperature", "LengthScaledLogits", "SlopeScale", "DistanceBias", "DistanceScore", "log1p_distance",
+           "unsquash_distance"]
 
 
 def _replace_kernel(model: RolloutModel, kernel) -> RolloutModel:
@@ -160,6 +161,22 @@ def unsquash_distance(distance, k: float = 2.0):
 _DISTANCE_FORMS = {"log1p": log1p_distance, "unsquash": unsquash_distance}
 
 
+@dataclasses.dataclass(frozen=True)
+class DistanceScore:
+    """``g(m)`` of a named distance form, ``log1p`` or ``unsquash`` with its k: a callable a kernel evaluates at
+    the distances it needs, and whose name (`form`, `k`) lets a measured kernel read its tables of rows under
+    that form (`jaxroll.kernel_types.GainTableKernel`)."""
+
+    form: str
+    k: float = 2.0
+
+    def __call__(self, distance):
+        distance = jnp.asarray(distance, dtype=jnp.result_type(float))
+        if self.form == "unsquash":
+            return unsquash_distance(distance, self.k)
+        return log1p_distance(distance)
+
+
 @register_intervention
 class DistanceBias(AbstractIntervention):
     """``kappa_{t,h} g(i - j)`` added to the logits of every causal pair: ``s' = s + kappa g(i - j)``.
@@ -216,13 +233,11 @@ class DistanceBias(AbstractIntervention):
 
     def bias(self, distance):
         """``g(m)`` at the distances `distance` (an array of integers >= 0)."""
-        distance = jnp.asarray(distance, dtype=jnp.result_type(float))
-        if self.form == "unsquash":
-            return unsquash_distance(distance, self.k)
-        return log1p_distance(distance)
+        return DistanceScore(self.form, self.k)(distance)
 
     def apply(self, model: RolloutModel) -> RolloutModel:
         kernel = check_model(model).kernel
         if kernel.mask != "causal":
             raise ConfigError(f"kappa: a distance bias on a {kernel.mask!r} mask; allowed: causal kernels")
-        return _replace_kernel(model, kernel.add_distance_score(self.kappa, self.bias, model.sequence_length, "kappa"))
+        score = DistanceScore(self.form, self.k)
+        return _replace_kernel(model, kernel.add_distance_score(self.kappa, score, model.sequence_length, "kappa"))

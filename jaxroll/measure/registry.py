@@ -18,7 +18,8 @@ from typing import Callable
 from ..errors import ConfigError
 
 STATISTIC_MODULES = ("jaxroll.measure.sinks", "jaxroll.measure.refinements", "jaxroll.measure.offsets",
-                     "jaxroll.measure.sequence_rollout", "jaxroll.measure.path_stats", "jaxroll.measure.gain_rows")
+                     "jaxroll.measure.sequence_rollout", "jaxroll.measure.path_stats", "jaxroll.measure.gain_rows",
+                     "jaxroll.measure.distance_rows")
 """Modules whose import registers statistics (loaded on the first query)."""
 
 BUILTIN_STATS = ("lambda", "content", "influence", "attention", "qk")
@@ -176,6 +177,21 @@ def gain_table_bytes(layers: int, length: int) -> int:
     return 2 * int(layers) * len(GAIN_GRID) * int(length) ** 2 * 8
 
 
+DISTANCE_GRID = (-2.0, -1.0, -0.5, -0.25, 0.25, 0.5, 1.0, 2.0)
+"""The kappas ``attention_distances`` tabulates (`jaxroll.measure.distance_rows`; 0 is the mean attention
+itself), spanning `jaxroll.interventions.DistanceBias`'s design box [-2, 2], denser near 0 where designs move."""
+
+DISTANCE_FORMS = (("log1p", 2.0), ("unsquash", 2.0))
+"""The distance forms ``(form, k)`` ``attention_distances`` tabulates: ``ln(1 + m)`` and Attributor's
+unsquash coefficients at its default k = 2 (`jaxroll.interventions.DistanceScore`)."""
+
+
+def distance_table_bytes(layers: int, length: int) -> int:
+    """The bytes of ``attention_distances``' float64 tables, ``L F K N^2 8`` (F forms, K kappas): as many
+    ``L N^2`` tables as ``attention_gains`` holds (16), so the same lengths fit."""
+    return int(layers) * len(DISTANCE_FORMS) * len(DISTANCE_GRID) * int(length) ** 2 * 8
+
+
 def gain_default(length: int | None, layers: int | None) -> bool:
     """Whether a rotary or learned-position model measures ``attention_gains`` by default: its tables fit in
     `DENSE_DEFAULT_BYTES` (N <= 362 at 4 layers, 209 at 12, 128 at 32); False when either is unknown."""
@@ -196,8 +212,9 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     context can afford. Without `length` or `layers`: the offsets (the
     default at any N). Rotary models drop content, whose raw ``q.k`` the
     rotation changes. Where its tables are small (`gain_default`) such a model also
-    measures ``attention_gains``, the mean rows at a grid of logit gains, and its config.yaml is a
-    `GainTableKernel` (a temperature or SSMax then moves the rows as each sequence's rows move).
+    measures ``attention_gains``, the mean rows at a grid of logit gains, and ``attention_distances``, the
+    mean rows under distance scores at a grid of kappa, and its config.yaml is a `GainTableKernel` (a
+    temperature, SSMax or distance score then moves the rows as each sequence's rows move).
     Every family ends with ``paths``
     (`jaxroll.measure.path_stats`): the probability path's share of each
     layer's branch, which config.yaml carries so that a temperature or SSMax
@@ -209,7 +226,7 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
     if position != "alibi":
         names += ("attention" if dense_default(length, layers) else "attention_offsets",)
-        names += ("attention_gains",) if gain_default(length, layers) else ()
+        names += ("attention_gains", "attention_distances") if gain_default(length, layers) else ()
     return names + ("paths",)
 
 

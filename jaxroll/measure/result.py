@@ -97,7 +97,8 @@ class Measurement:
         Measured with ``attention_gains`` as well (`jaxroll.measure.gain_rows`, the default for such a model
         where its tables are small), the kernel is a `GainTableKernel` of the mean rows at a grid of logit
         gains: the same rollout as the `DenseKernel` (its table at gain 1 is ``attention_mean``), and a
-        temperature or SSMax reads the rows at the changed gains.
+        temperature or SSMax reads the rows at the changed gains; with ``attention_distances`` (the default
+        beside it) a distance score reads the mean rows under the score's form (`jaxroll.measure.distance_rows`).
 
         Such a model measured with ``attention_offsets`` and without
         ``attention`` (the default above `registry.DENSE_DEFAULT_BYTES`) gets
@@ -150,8 +151,14 @@ class Measurement:
                 return rows / sums if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE else rows
 
             if "gain_rows" in self.extra:
+                distances = None
+                if "distance_rows" in self.extra:
+                    distances = {"rows": stochastic(np.asarray(self.extra["distance_rows"], dtype=np.float64)),
+                                 "scores": self.extra["distance_scores"], "grid": self.extra["distance_grid"],
+                                 "keys": tuple(str(key) for key in np.asarray(self.extra["distance_keys"]))}
                 kernel = GainTableKernel.create(stochastic(np.asarray(self.extra["gain_rows"], dtype=np.float64)),
-                                                self.extra["gain_weights"], self.extra["gain_grid"], field="gain_rows")
+                                                self.extra["gain_weights"], self.extra["gain_grid"],
+                                                distances=distances, field="gain_rows")
             else:
                 kernel = DenseKernel.create(stochastic(self.attention_mean), field="attention_mean")
             return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
