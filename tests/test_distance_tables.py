@@ -149,7 +149,8 @@ def test_the_yaml_form_round_trips_with_the_tables(logits, tmp_path):
     arrays = dict(np.load(tmp_path / "config.kernels.npz"))
     del arrays["distance_grid"]
     np.savez(tmp_path / "config.kernels.npz", **arrays)
-    with pytest.raises(ConfigError, match=r"config.yaml: kernel_config.file .*without 'distance_grid'; allowed: all of"):
+    refusal = r"config.yaml: kernel_config.file .*without 'distance_grid'; allowed: all of"
+    with pytest.raises(ConfigError, match=refusal):
         jaxroll.load_config(path)
 
 

@@ -310,7 +310,7 @@ def test_default_stats_fit_the_architecture_and_progress_goes_to_stderr(saved, t
     import json
 
     assert json.loads((out / "metadata.json").read_text())["stats"] == ["lambda", "influence", "attention",
-                                                                         "attention_gains", "paths"]
+                                                                         "attention_gains", "attention_distances", "paths"]
     # A rotary model's default config is its measured kernel, not a flat ALiBi kernel (issue 46): at this size the
     # mean rows tabulated over the logit gain (issue 53), whose rows at gain 1 are the measured mean attention.
     config = (out / "config.yaml").read_text()

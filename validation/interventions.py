@@ -69,10 +69,12 @@ INTERVENTIONS = {
 """Each entry an ``--intervene`` value, or a name of `yaml_interventions`."""
 
 STATS = {"bloom": "lambda,content,influence,attention_offsets", "llama": "lambda,influence,attention,attention_offsets"}
-BASE_STATS = {"bloom": STATS["bloom"] + ",paths", "llama": STATS["llama"] + ",attention_gains,paths"}
+BASE_STATS = {"bloom": STATS["bloom"] + ",paths",
+              "llama": STATS["llama"] + ",attention_gains,attention_distances,paths"}
 """The baseline also measures ``paths`` (issue 53): its config.yaml then carries the probability shares, the
 default route's extended layer; and the Llama ``attention_gains`` (the mean rows at a grid of logit gains), as
-the default does at these sizes, so its config.yaml is a `GainTableKernel`. Intervened measurements need only
+the default does at these sizes, so its config.yaml is a `GainTableKernel`, with ``attention_distances`` (the
+mean rows under distance scores), as the default also does. Intervened measurements need only
 their influence, as before."""
 
 

@@ -44,12 +44,13 @@ def add_parser(commands) -> None:
     measure.add_argument("--out", type=Path, required=True, help="output directory")
     measure.add_argument("--stats", default=None,
                          help="comma-separated subset of lambda,content,influence,attention,qk,sinks,"
-                              "attention_offsets,attention_gains,paths,sequence_rollout,"
+                              "attention_offsets,attention_gains,attention_distances,paths,sequence_rollout,"
                               f"{','.join(_names.REFINEMENT_STATS)} "
                               "(default: lambda,content,influence for ALiBi models; lambda,influence (rotary) or "
                               "lambda,content,influence (learned positions) plus the measured kernel otherwise: "
                               "attention while 8 L N^2 bytes fit 64 MiB, else attention_offsets, and "
-                              "attention_gains while its tables (16 L N^2 floats) fit 64 MiB; every default ends "
+                              "attention_gains and attention_distances while each one's tables (16 L N^2 floats) fit "
+                              "64 MiB; every default ends "
                               "with paths; docs/measuring.md)")
     measure.add_argument("--refine", default=None, metavar="SWITCHES",
                          help="also write refined.csv, the refined rollout's profile with these switches on "

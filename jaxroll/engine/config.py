@@ -77,7 +77,8 @@ def read_kernel_arrays(name, directory, keys, optional=(), names=()) -> dict:
             raise ConfigError(f"{field}: {path} has no array {key!r}; it holds {', '.join(data) or 'nothing'}")
         if key in names:
             if data[key].dtype.kind != "U" or data[key].ndim != 1:
-                raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; allowed: a list of names")
+                raise ConfigError(f"{field}: {path}: array {key!r} of dtype {data[key].dtype}; "
+                                  "allowed: a list of names")
             arrays[key] = tuple(str(value) for value in data[key])
             continue
         try:

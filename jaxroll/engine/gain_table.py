@@ -110,7 +110,8 @@ def _checked_distances(distances, layers: int, n: int, field: str) -> tuple:
     check_range(f"{where}.rows", rows, 0.0, None)
     sums = rows.sum(axis=-1)
     if np.any(np.abs(sums - 1.0) > ROW_SUM_TOLERANCE) or np.triu(rows, k=1).any():
-        raise ConfigError.of(f"{where}.rows", "a row off 1 or weight above the diagonal", "causal row-stochastic tables")
+        raise ConfigError.of(f"{where}.rows", "a row off 1 or weight above the diagonal",
+                             "causal row-stochastic tables")
     scores = as_float_array(f"{where}.scores", distances["scores"])
     scores = np.broadcast_to(scores, (layers,) + scores.shape) if scores.ndim == 2 else scores
     if scores.shape != (layers, len(keys), n):
