@@ -1,8 +1,8 @@
 """The stream rule's run against the run before it: the middle-mass change of each branch, slope and distance row.
 
-    PYTHONPATH=. python3 validation/stream_compare.py OLD.json:FAMILY NEW.json:FAMILY ... > table.md
+    PYTHONPATH=. python3 validation/stream_compare.py [--label NAME] OLD.json:FAMILY NEW.json:FAMILY ... > table.md
 
-Arguments in pairs, the run before (its ``results.json`` of `validation/interventions.py` and a family) then the
+Arguments in pairs (``--label`` names the re-run's column, default "stream rule"), the run before (its ``results.json`` of `validation/interventions.py` and a family) then the
 re-run; prints a Markdown table of the default route's predicted middle-mass change (``middle_extended``) in both,
 the measured change, each size ratio and the 1.25x target (c), for the rows that target names, and the anchored
 W1 / noise (target (a)) before and after.
@@ -23,7 +23,10 @@ def rows(path: str, family: str) -> dict:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    print("| model | change | measured [95 %] | before: predicted (ratio) | stream rule: predicted (ratio) | "
+    label = "stream rule"
+    if args[:1] == ["--label"]:
+        label, args = args[1], args[2:]
+    print(f"| model | change | measured [95 %] | before: predicted (ratio) | {label}: predicted (ratio) | "
           "anchored W1/noise: before / now |")
     print("|---|---|---:|---:|---:|---:|")
     for old_arg, new_arg in zip(args[::2], args[1::2]):

@@ -35,12 +35,14 @@ def distance_scores(length: int) -> np.ndarray:
     return np.stack([_DISTANCES[form](k)(distance).numpy() for form, k in DISTANCE_FORMS])
 
 
-def distance_sums(rows, start: int, scores, grid=DISTANCE_GRID):
+def distance_sums(rows, start: int, scores, grid=None):
     """``(F, K, c, N)``: rows ``(B, H, c, N)`` (probabilities of query rows ``start .. start + c - 1``, float64)
     reweighted by ``e^{kappa g_f(i - j)}`` for every form and kappa, renormalised, summed over the batch and
-    averaged over heads. `scores` ``(F, N)`` are the forms' ``g_f(m)`` (`distance_scores`)."""
+    averaged over heads. `scores` ``(F, N)`` are the forms' ``g_f(m)`` (`distance_scores`); `grid` the kappas
+    (default `DISTANCE_GRID`)."""
     import torch
 
+    grid = DISTANCE_GRID if grid is None else grid
     heads, count, n = rows.shape[1], rows.shape[2], rows.shape[3]
     query = torch.arange(start, start + count, device=rows.device)[:, None]
     offsets = (query - torch.arange(n, device=rows.device)[None, :]).clamp_(min=0)
