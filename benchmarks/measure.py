@@ -349,7 +349,7 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
     """Issue 55, time: measure with its default statistics / the bare batched forward+backward, same batches.
 
     ``no_gains``: the default without ``attention_gains`` (the same where the default has none: N > 362 at
-    4 layers). ``before``: the default as it ran before the forward route, reproduced in
+    4 layers); ``no_distances`` likewise without ``attention_distances``. ``before``: the default as it ran before the forward route, reproduced in
     the same run: the pass checkpointed, then ``paths`` by the backward route
     (`path_stats.measure_paths` on the first 4 sequences, 8 projections),
     as `additions.add_paths` called it.
@@ -380,6 +380,8 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
             "no_kernel": lambda: measure(model, ids, stats=("lambda", "influence"), batch_size=batch),
             "no_gains": lambda: measure(model, ids, stats=tuple(n for n in default if n != "attention_gains"),
                                         batch_size=batch),
+            "no_distances": lambda: measure(model, ids, batch_size=batch,
+                                            stats=tuple(n for n in default if n != "attention_distances")),
             "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets", "paths"),
                                        batch_size=batch)}
     median = rotated_medians(runs, repeats)
@@ -390,7 +392,7 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
              "bare_s": bare, "default_s": median["default"], "ratio_default": median["default"] / bare,
              "ratio_before": median["before"] / bare, "ratio_checkpointed": median["checkpointed"] / bare,
              "ratio_no_paths": median["no_paths"] / bare, "ratio_no_kernel": median["no_kernel"] / bare,
-             "ratio_no_gains": median["no_gains"] / bare,
+             "ratio_no_gains": median["no_gains"] / bare, "ratio_no_distances": median["no_distances"] / bare,
              "ratio_offsets": median["offsets"] / bare}]
 
 
