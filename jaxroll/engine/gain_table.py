@@ -317,7 +317,7 @@ class GainTableKernel(ProbabilityPath):
                   for name in ("rows", "weights", "row_gains", "distance_bias")} | {"grid": np.asarray(self.grid)}
         if self.distance_keys:
             arrays |= {"distance_rows": np.asarray(self.distance_rows, dtype=np.float64),
-                       "distance_scores": np.asarray(self.distance_scores[0], dtype=np.float64),
+                       "distance_scores": np.asarray(self.distance_scores, dtype=np.float64),
                        "distance_kappas": np.asarray(self.distance_kappas, dtype=np.float64),
                        "distance_grid": np.asarray(self.distance_grid), "distance_keys": np.asarray(self.distance_keys)}
         return arrays
