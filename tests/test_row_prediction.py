@@ -390,6 +390,7 @@ def test_command_with_paths_runs_the_closed_ratio_form(measured, tmp_path, capsy
     assert record["form"] == "closed ratio" and "closed ratio" in record["method"]
     np.testing.assert_allclose(record["probability_shares"], ratio / (1 + ratio), rtol=0, atol=1e-15)
     np.testing.assert_allclose(record["logit_gains_last_row"], np.full(ratio.size, 1 / 1.5), rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(record["stream_norms"], arrays["stream_norms"])  # what a branch scale would read
     np.testing.assert_allclose(io.read_profile(out / "profile.csv"), direct.profile, rtol=0, atol=1e-12)
     np.testing.assert_allclose(io.read_profile(out / "baseline_profile.csv"), _roll(arrays["lambdas"],
                                arrays["attention_mean"]), rtol=0, atol=1e-10)

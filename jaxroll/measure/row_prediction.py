@@ -467,6 +467,8 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
                               "predicted_baseline": float(middle_mass(prediction.baseline)),
                               "predicted_rows_only": float(middle_mass(prediction.rows_profile))},
               "form": prediction.form, "method": _METHODS[prediction.form]}
+    if norms is not None:  # what the branch-scale rule read (docs/interventions.md, "The stream under a branch scale")
+        record["stream_norms"] = np.asarray(norms, dtype=np.float64).tolist()
     if shares is not None:
         record |= {"probability_shares": shares.tolist(),
                    "logit_gains_last_row": prediction.gains[:, -1].tolist()}
