@@ -35,6 +35,8 @@
 # which we compare with the measured one.
 
 # %%
+import os
+
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -56,7 +58,9 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 config = transformers.BloomConfig(n_layer=8, n_head=4, hidden_size=64, vocab_size=256, initializer_range=0.1)
 model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
-token_ids = np.random.default_rng(0).integers(0, config.vocab_size, (16, 128))
+# tests/test_notebooks.py sets JAXROLL_NOTEBOOK_SMOKE=1: 8 sequences of 64 tokens, the same checks.
+SEQUENCES, LENGTH = (8, 64) if os.environ.get("JAXROLL_NOTEBOOK_SMOKE") == "1" else (16, 128)
+token_ids = np.random.default_rng(0).integers(0, config.vocab_size, (SEQUENCES, LENGTH))
 
 measurement = measure(model, token_ids)     # lambda, content, influence
 rollout_model = measurement.to_rollout_model()
@@ -100,7 +104,7 @@ right.set_yscale("log")
 right.set_ylabel("influence (log scale)")
 right.set_title("against the attention-only rollout", fontsize=10)
 right.legend(fontsize=8, loc="lower left")
-fig.suptitle("Measured on a tiny random BLOOM (8 layers, 4 heads, 16 sequences), then predicted by jaxroll");
+fig.suptitle(f"Measured on a tiny random BLOOM (8 layers, 4 heads, {SEQUENCES} sequences), then predicted by jaxroll");
 
 # %% [markdown]
 # **Checked.** The measured lambdas lie in (0, 1), both profiles sum to 1

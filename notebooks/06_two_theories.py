@@ -24,6 +24,8 @@
 # $t_{\mathrm{crit}}$, and both theories fitted to the five published models' profiles.
 
 # %%
+import os
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -115,12 +117,14 @@ plt.tight_layout()
 # table of docs/kinetic.md (two kinetic head counts, 300 steps).
 
 # %%
+# tests/test_notebooks.py sets JAXROLL_NOTEBOOK_SMOKE=1: 20 steps, the same checks.
+STEPS = 20 if os.environ.get("JAXROLL_NOTEBOOK_SMOKE") == "1" else 100
 rows = []
 figure, axes = plt.subplots(1, 5, figsize=(18, 3.3))
 for ax, name in zip(axes, jaxroll.published.names()):
     model = jaxroll.published.load(name)
     q = np.asarray(jaxroll.influence(model))
-    fits = two_theories.compare_theories(q, model, heads=(1,), steps=100)
+    fits = two_theories.compare_theories(q, model, heads=(1,), steps=STEPS)
     ax.plot(q, color="k", lw=2, label="published rollout")
     for label, fit in fits.items():
         ax.plot(fit.profile, "--", label=f"{label}: W1 {fit.wasserstein:.4f}")

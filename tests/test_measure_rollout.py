@@ -117,6 +117,8 @@ def test_measure_rollout_compare_fit_kernel_on_a_saved_model(family, saved, tmp_
     assert code == 2 and stderr.count("\n") == 1 and "at most the dense kernels' N = 16" in stderr
     assert not (tmp_path / "no").exists()
     # fit-kernel takes any kernel model since wave 3: its kernels are made dense at the config's length.
-    code, _, stderr = _run(["fit-kernel", tmp_path / "fit" / "fitted.yaml", "--out", tmp_path / "again"], capsys)
+    # The options of the first fit: its compiled program again (float32's is test_cli_fit's), not a second compile.
+    code, _, stderr = _run(["fit-kernel", tmp_path / "fit" / "fitted.yaml", "--steps", 300, "--out", tmp_path / "again",
+                            "--float64"], capsys)
     assert code == 0, stderr
     assert (tmp_path / "again" / "fitted.yaml").is_file()
