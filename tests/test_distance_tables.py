@@ -168,3 +168,5 @@ def test_refusals_name_the_field(logits):
     for change, message in cases:
         with pytest.raises(ConfigError, match=message):
             GainTableKernel.create(kernel.rows, kernel.weights, GRID, distances=base | change)
+    with pytest.raises(ConfigError, match=r"^kappa_form: got 'cubic'; allowed: log1p or unsquash$"):
+        interventions.DistanceScore("cubic")

@@ -163,12 +163,17 @@ _DISTANCE_FORMS = {"log1p": log1p_distance, "unsquash": unsquash_distance}
 
 @dataclasses.dataclass(frozen=True)
 class DistanceScore:
-    """``g(m)`` of a named distance form, ``log1p`` or ``unsquash`` with its k: a callable a kernel evaluates at
-    the distances it needs, and whose name (`form`, `k`) lets a measured kernel read its tables of rows under
-    that form (`jaxroll.kernel_types.GainTableKernel`)."""
+    """``g(m)`` of a named distance form: ``log1p``, ``g(m) = ln(1 + m)``, or ``unsquash``, ``g(m) = ln c_m``
+    (`unsquash_distance` with its k). A callable a kernel evaluates at the distances it needs, and whose name
+    (`form`, `k`) lets a measured kernel read its tables of rows under that form
+    (`jaxroll.kernel_types.GainTableKernel`)."""
 
     form: str
     k: float = 2.0
+
+    def __post_init__(self):
+        if self.form not in _DISTANCE_FORMS:
+            raise ConfigError(f"kappa_form: got {self.form!r:.60}; allowed: log1p or unsquash")
 
     def __call__(self, distance):
         distance = jnp.asarray(distance, dtype=jnp.result_type(float))
