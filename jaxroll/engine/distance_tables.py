@@ -50,9 +50,9 @@ def rows_at_kappa(tables: Float[Array, "k n n"], grid: Float[Array, " k"], score
     grid = jnp.asarray(grid, dtype=tables.dtype)
     index = jnp.clip(jnp.searchsorted(grid, kappa, side="right") - 1, 0, grid.shape[0] - 2)
     low, high = grid[index], grid[index + 1]
-    weight = jnp.clip((kappa - low) / (high - low), 0.0, 1.0)
-    return ((1.0 - weight) * _carried(tables[index], kappa - low, score)
-            + weight * _carried(tables[index + 1], kappa - high, score))
+    above = jnp.clip((kappa - low) / (high - low), 0.0, 1.0)  # w of the module docstring
+    return ((1.0 - above) * _carried(tables[index], kappa - low, score)
+            + above * _carried(tables[index + 1], kappa - high, score))
 
 
 def distance_ratio(base: Float[Array, "n n"], tables: Float[Array, "f k n n"], grid, scores: Float[Array, "f n"],
