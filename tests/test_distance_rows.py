@@ -83,8 +83,9 @@ def test_the_default_beside_the_gain_tables():
 
 def _read_at(tables, base, score, kappa):
     """The blend of two neighbouring grid tables, each carried to kappa by reweighting (docs/design.md)."""
-    grid = np.concatenate([[k for k in DISTANCE_GRID if k < 0], [0.0], [k for k in DISTANCE_GRID if k > 0]])
-    stack = np.concatenate([tables[:4], base[None], tables[4:]])
+    below = sum(k < 0 for k in DISTANCE_GRID)
+    grid = np.concatenate([DISTANCE_GRID[:below], [0.0], DISTANCE_GRID[below:]])
+    stack = np.concatenate([tables[:below], base[None], tables[below:]])
     k = int(np.clip(np.searchsorted(grid, kappa, side="right") - 1, 0, len(grid) - 2))
     w = float(np.clip((kappa - grid[k]) / (grid[k + 1] - grid[k]), 0.0, 1.0))
     n = base.shape[-1]

@@ -43,38 +43,37 @@ def _carried(table, delta, score):
     return weighted / jnp.sum(weighted, axis=-1, keepdims=True)
 
 
-def rows_at_kappa(tables: Float[Array, "k n n"], grid: Float[Array, " k"], score: Float[Array, "n n"],
+def rows_at_kappa(tables: Float[Array, "k n n"], base: Float[Array, "n n"], grid, score: Float[Array, "n n"],
                   kappa) -> Float[Array, "n n"]:
-    """``T(kappa)`` of the module docstring: `tables` at the increasing `grid` (0 among them), read at `kappa`
-    (a scalar, traced or not; differentiable in it)."""
-    grid = jnp.asarray(grid, dtype=tables.dtype)
-    index = jnp.clip(jnp.searchsorted(grid, kappa, side="right") - 1, 0, grid.shape[0] - 2)
-    low, high = grid[index], grid[index + 1]
+    """``T(kappa)`` of the module docstring: `tables` at the increasing nonzero kappas `grid` (static), `base` the
+    table at kappa = 0, read at `kappa` (a scalar, traced or not; differentiable in it). Only the two
+    neighbouring tables are read."""
+    grid = np.asarray(grid, dtype=np.float64)
+    below = int(np.sum(grid < 0))
+    full = jnp.asarray(np.concatenate([grid[:below], [0.0], grid[below:]]), dtype=base.dtype)
+    index = jnp.clip(jnp.searchsorted(full, kappa, side="right") - 1, 0, full.shape[0] - 2)
+
+    def table(k):  # the full grid's k-th table: `base` at kappa = 0, else a measured one
+        return jnp.where(k == below, base, tables[k - (k > below)])
+
+    low, high = full[index], full[index + 1]
     above = jnp.clip((kappa - low) / (high - low), 0.0, 1.0)  # w of the module docstring
-    return ((1.0 - above) * _carried(tables[index], kappa - low, score)
-            + above * _carried(tables[index + 1], kappa - high, score))
+    return ((1.0 - above) * _carried(table(index), kappa - low, score)
+            + above * _carried(table(index + 1), kappa - high, score))
 
 
-def distance_ratio(base: Float[Array, "n n"], tables: Float[Array, "f k n n"], grid, scores: Float[Array, "f n"],
-                   kappas: Float[Array, " f"]) -> Float[Array, "n n"]:
+def distance_ratio(base: Float[Array, "n n"], tables: Float[Array, "f k n n"], grid,
+                   scores: Float[Array, "f n n"], kappas: Float[Array, " f"]) -> Float[Array, "n n"]:
     """The factor that carries the unchanged mean rows `base` to the mean rows under ``sum_f kappa_f g_f``:
     ``prod_f T_f(kappa_f) / base`` (``e^{kappa_f g_f}`` where `base` is 0). One form is exact at its grid
     points; several multiply (an approximation: each table holds one form's change alone).
 
-    `tables` ``(F, K, n, n)`` at the K nonzero kappas of `grid`; `scores` ``(F, N)`` the forms' ``g_f(m)``,
-    ``N >= n``."""
-    n = base.shape[-1]
-    offsets = jnp.maximum(jnp.arange(n)[:, None] - jnp.arange(n)[None, :], 0)
-    causal = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]
-    grid = np.asarray(grid, dtype=np.float64)  # static: the tables' own grid
-    below = int(np.sum(grid < 0))
-    full_grid = np.concatenate([grid[:below], [0.0], grid[below:]])
+    `tables` ``(F, K, n, n)`` at the K nonzero kappas of `grid`; `scores` ``(F, n, n)`` the forms'
+    ``g_f(i - j)`` on the causal triangle (0 above it)."""
+    positive = base > 0
+    safe = jnp.where(positive, base, 1.0)
     ratio = jnp.ones_like(base)
-    for form in range(tables.shape[0]):
-        score = jnp.where(causal, scores[form][offsets], 0.0)
-        stacked = jnp.concatenate([tables[form, :below], base[None], tables[form, below:]])
-        read = rows_at_kappa(stacked, full_grid, score, kappas[form])
-        positive = base > 0
-        ratio = ratio * jnp.where(positive, read / jnp.where(positive, base, 1.0),
-                                  jnp.where(causal, jnp.exp(kappas[form] * score), 0.0))
+    for form in range(tables.shape[0]):  # F static forms (two by default), each its own table
+        read = rows_at_kappa(tables[form], base, grid, scores[form], kappas[form])
+        ratio = ratio * jnp.where(positive, read / safe, jnp.exp(kappas[form] * scores[form]))
     return ratio

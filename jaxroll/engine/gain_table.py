@@ -233,10 +233,11 @@ class GainTableKernel(ProbabilityPath):
         tilt = jnp.exp(self.distance_bias[:n][offsets])
         at_zero = uniform_rows(n, self.rows.dtype) * tilt  # every sequence's row is uniform there: exact
         if self.distance_keys:
-            at_zero = at_zero * jnp.exp(jnp.einsum("f,fij->ij", self.distance_kappas,
-                                                   self.distance_scores[:, offsets]))
+            causal = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]
+            scores = jnp.where(causal, self.distance_scores[:, offsets], 0.0)  # g_f(i - j), (F, n, n)
+            at_zero = at_zero * jnp.exp(jnp.einsum("f,fij->ij", self.distance_kappas, scores))
             tilt = tilt * distance_ratio(self.rows[one, :n, :n], self.distance_rows[:, :, :n, :n],
-                                         self.distance_grid, self.distance_scores, self.distance_kappas)
+                                         self.distance_grid, scores, self.distance_kappas)
         rows, weights = self.rows[:, :n, :n] * tilt, self.weights[:, :n, :n]
         kernel = _row_renormalised(_at_gains(rows, at_zero, self.grid, gains))
         weight = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, gains)

@@ -236,13 +236,14 @@ class DistanceBias(AbstractIntervention):
         self.form = form
         self.k = float(k)
 
-    def bias(self, distance):
-        """``g(m)`` at the distances `distance` (an array of integers >= 0)."""
-        return DistanceScore(self.form, self.k)(distance)
+    @property
+    def score(self) -> DistanceScore:
+        """``g``, named by its form: ``score(m)`` at distances m >= 0."""
+        return DistanceScore(self.form, self.k)
 
     def apply(self, model: RolloutModel) -> RolloutModel:
         kernel = check_model(model).kernel
         if kernel.mask != "causal":
             raise ConfigError(f"kappa: a distance bias on a {kernel.mask!r} mask; allowed: causal kernels")
-        score = DistanceScore(self.form, self.k)
-        return _replace_kernel(model, kernel.add_distance_score(self.kappa, score, model.sequence_length, "kappa"))
+        return _replace_kernel(model, kernel.add_distance_score(self.kappa, self.score, model.sequence_length,
+                                                                "kappa"))

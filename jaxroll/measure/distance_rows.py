@@ -35,18 +35,17 @@ def distance_scores(length: int) -> np.ndarray:
     return np.stack([_DISTANCES[form](k)(distance).numpy() for form, k in DISTANCE_FORMS])
 
 
-def distance_sums(rows, start: int, scores, grid=None):
+def distance_sums(rows, start: int, grid=None):
     """``(F, K, c, N)``: rows ``(B, H, c, N)`` (probabilities of query rows ``start .. start + c - 1``, float64)
-    reweighted by ``e^{kappa g_f(i - j)}`` for every form and kappa, renormalised, summed over the batch and
-    averaged over heads. `scores` ``(F, N)`` are the forms' ``g_f(m)`` (`distance_scores`); `grid` the kappas
-    (default `DISTANCE_GRID`)."""
+    reweighted by ``e^{kappa g_f(i - j)}`` for every form (`distance_scores`) and kappa, renormalised, summed
+    over the batch and averaged over heads; `grid` the kappas (default `DISTANCE_GRID`)."""
     import torch
 
     grid = DISTANCE_GRID if grid is None else grid
     heads, count, n = rows.shape[1], rows.shape[2], rows.shape[3]
     query = torch.arange(start, start + count, device=rows.device)[:, None]
     offsets = (query - torch.arange(n, device=rows.device)[None, :]).clamp_(min=0)
-    scores = torch.as_tensor(scores, dtype=rows.dtype, device=rows.device)
+    scores = torch.as_tensor(distance_scores(n), dtype=rows.dtype, device=rows.device)  # N lgammas: negligible
     kappas = torch.as_tensor(grid, dtype=rows.dtype, device=rows.device)[:, None, None]
     out = rows.new_empty((scores.shape[0], len(grid), count, n))
     for form in range(scores.shape[0]):
@@ -66,9 +65,7 @@ def _allocate(shape: Shapes) -> dict:
 
 def _observe_rows(state, layer, start, rows):
     n = rows.shape[-1]
-    if "scores" not in state:
-        state["scores"] = distance_scores(n)
-    sums = distance_sums(rows, start, state["scores"])
+    sums = distance_sums(rows, start)
     if layer not in state:
         state[layer] = sums.new_zeros((len(DISTANCE_FORMS), len(DISTANCE_GRID), n, n))
     state[layer][:, :, start:start + rows.shape[2]] += sums
@@ -80,7 +77,7 @@ def _observe(state, kind, layer, p):
 
 def _accumulate(sums, state, index):
     del index
-    for layer in sorted(key for key in state if key != "scores"):
+    for layer in sorted(state):
         sums["distance_rows_sum"][layer] += state[layer].cpu().numpy()
 
 
