@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "AlibiKernel",
+    "AnchoredTableKernel",
     "ConfigError",
     "DenseKernel",
     "DesignResult",
@@ -68,6 +69,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "AlibiKernel": (".kernel_types", "AlibiKernel"),
     "DenseKernel": (".kernel_types", "DenseKernel"),
     "GainTableKernel": (".kernel_types", "GainTableKernel"),
+    "AnchoredTableKernel": (".kernel_types", "AnchoredTableKernel"),
     "PowerKernel": (".kernel_types", "PowerKernel"),
     "TableKernel": (".kernel_types", "TableKernel"),
     "KernelRolloutModel": (".model", "KernelRolloutModel"),
@@ -149,6 +151,7 @@ if TYPE_CHECKING:  # what static checkers see: the names as plain imports
     )
     from .kernel_types import (
         AlibiKernel as AlibiKernel,
+        AnchoredTableKernel as AnchoredTableKernel,
         DenseKernel as DenseKernel,
         GainTableKernel as GainTableKernel,
         PowerKernel as PowerKernel,

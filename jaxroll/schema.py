@@ -114,7 +114,8 @@ def _kernel_type(config) -> type:
     kind = kernel_config.get("kernel_type")
     if not isinstance(kind, str) or kind not in kinds:
         raise ConfigError(f"{section}.kernel_type: got {kind!r}; allowed: one of {', '.join(kinds)}")
-    for other in sorted({key for name in KERNEL_TYPES.values() for key in name.config_keys} - {section}):
+    others = {key for name in KERNEL_TYPES.values() for key in name.config_keys} - KERNEL_TYPES[kind].config_keys
+    for other in sorted(others):
         if other in config:
             raise ConfigError(f"{other}: not allowed with kernel_config; allowed: the kernel in kernel_config")
     return KERNEL_TYPES[kind]

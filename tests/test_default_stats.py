@@ -43,8 +43,9 @@ def test_the_line_between_the_dense_and_the_offset_default():
         assert registry.default_stats(position, 512, 32) == base + ("attention", "paths")
         assert registry.default_stats(position, 513, 32) == base + ("attention_offsets", "paths")
         assert registry.default_stats(position) == base + ("attention_offsets", "paths")  # N unknown: the one that scales
-    for length in (None, 64, 10**6):
-        assert registry.default_stats("alibi", length, 4) == ("lambda", "content", "influence", "paths")
+    tables = ("attention_gains", "attention_distances")  # N <= 362 at L = 4 (16 L N^2 floats in 64 MiB)
+    for length, expected in ((None, ()), (64, tables), (362, tables), (363, ()), (10**6, ())):
+        assert registry.default_stats("alibi", length, 4) == ("lambda", "content", "influence", *expected, "paths")
 
 
 def _llama():

@@ -78,7 +78,8 @@ def test_the_default_beside_the_gain_tables():
         stats = default_stats(position, length, layers)
         assert ("attention_distances" in stats) == ("attention_gains" in stats), (position, length, layers)
     assert "attention_distances" in default_stats("rope", 128, 6)
-    assert "attention_distances" not in default_stats("alibi", 64, 2)
+    assert "attention_distances" in default_stats("alibi", 64, 2)  # the tables an AnchoredTableKernel reads
+    assert "attention_distances" not in default_stats("alibi", 363, 4)
 
 
 def _read_at(tables, base, score, kappa):

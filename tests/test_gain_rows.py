@@ -71,11 +71,12 @@ def test_the_batch_size_does_not_change_the_tables():
         np.testing.assert_allclose(one.extra[name], three.extra[name], rtol=0, atol=1e-13)
 
 
-def test_the_default_for_rotary_models_where_the_tables_are_small():
+def test_the_default_for_every_family_where_the_tables_are_small():
     assert "attention_gains" in default_stats("rope", 128, 6)
     assert "attention_gains" in default_stats("learned", 362, 4)
     assert "attention_gains" not in default_stats("rope", 363, 4)  # 2 L G N^2 8 bytes over 64 MiB
-    assert "attention_gains" not in default_stats("alibi", 64, 2)  # its config has logits already
+    assert "attention_gains" in default_stats("alibi", 64, 2)  # they move its ALiBi kernel (AnchoredTableKernel)
+    assert "attention_gains" not in default_stats("alibi", 363, 4)
 
 
 def _closed_ratio_oracle(rows, weights, lambdas, shares, gain):

@@ -317,8 +317,8 @@ def test_lengths_beyond_a_kernel_are_refused(tmp_path, capsys):
     ({"exponents": [[0.0]]}, "kernel_config.exponents: value 0.0 at index [0, 0] is outside the allowed range (0, inf)"),
     ({"exponents": None}, "kernel_config.exponents: missing"),
     ({"offset_scores": [[[1.0]]]}, "kernel_config.offset_scores: not used by the power family"),
-    ({"kernel_type": "sparse"}, "kernel_config.kernel_type: got 'sparse'; allowed: one of dense, gain_table, relative"),
-    ({"kernel_type": ["relative"]}, "kernel_config.kernel_type: got ['relative']; allowed: one of dense, gain_table, relative"),
+    ({"kernel_type": "sparse"}, "kernel_config.kernel_type: got 'sparse'; allowed: one of anchored_gain_table, dense, gain_table, relative"),
+    ({"kernel_type": ["relative"]}, "kernel_config.kernel_type: got ['relative']; allowed: one of anchored_gain_table, dense, gain_table, relative"),
     ({"family": {"power": 1}}, "kernel_config.family: got {'power': 1}; allowed: one of alibi, power, table"),
 ])
 def test_bad_relative_configs_name_the_field(change, message, tmp_path):

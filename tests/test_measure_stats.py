@@ -387,3 +387,26 @@ def test_statistics_that_read_probabilities_refuse_a_non_eager_model_before_meas
     monkeypatch.setitem(registry.registered(), "raw_p", statistic)
     with pytest.raises(ConfigError, match="raw_p read the attention probabilities"):
         measure(model, token_ids(1, 4), stats=("lambda", "sinks", "norm_kernels", "raw_p"))
+
+
+def test_an_alibi_models_default_config_moves_its_analytic_kernel_by_its_tables(saved, tmp_path):
+    """Issue 53: an ALiBi model measures the gain and distance tables by default (where small), and its config
+    is an `AnchoredTableKernel`: unchanged, the ALiBi + content model's rollout; its tables at gain 1 are the
+    mean attention the ``attention`` statistic measures (the ALiBi bias inside the rows)."""
+    out = tmp_path / "bloom"
+    argv = ["measure", saved["bloom"], "--texts", saved["texts"], "--length", "8", "--samples", "2", "--quiet"]
+    assert main([str(item) for item in [*argv, "--out", out]]) == 0
+    import json
+
+    stats = json.loads((out / "metadata.json").read_text())["stats"]
+    assert stats == ["lambda", "content", "influence", "attention_gains", "attention_distances", "paths"]
+    model = jaxroll.load_config(out / "config.yaml")
+    assert isinstance(model.kernel, jaxroll.AnchoredTableKernel)
+    analytic = jaxroll.RolloutModel.create(kernel=model.kernel.anchor, lambdas=model.lambdas, sequence_length=8,
+                                          probability_shares=model.kernel.probability_shares)
+    np.testing.assert_allclose(jaxroll.influence(model), jaxroll.influence(analytic), rtol=0, atol=1e-12)
+    both = tmp_path / "both"
+    assert main([str(item) for item in [*argv, "--stats", "lambda,attention,attention_gains", "--out", both]]) == 0
+    with np.load(both / "measurement.npz") as data:
+        one = list(data["gain_grid"]).index(1.0)
+        np.testing.assert_allclose(data["gain_rows"][:, one], data["attention_mean"], rtol=0, atol=1e-12)

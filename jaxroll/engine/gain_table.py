@@ -239,11 +239,19 @@ class GainTableKernel(ProbabilityPath):
             tilt = tilt * distance_ratio(self.rows[one, :n, :n], self.distance_rows[:, :, :n, :n],
                                          self.distance_grid, scores, self.distance_kappas)
         rows, weights = self.rows[:, :n, :n] * tilt, self.weights[:, :n, :n]
+        anchor = self.anchor_factor(n)
+        rows = rows if anchor is None else rows * anchor
         kernel = _row_renormalised(_at_gains(rows, at_zero, self.grid, gains))
         weight = _at_gains(weights, uniform_weights(n, rows.dtype), self.grid, gains)
         measured = weights[one]  # a grid gain reads its own table (weight 0 on the neighbour)
         ratio = jnp.where(measured > 0, weight / jnp.where(measured > 0, measured, 1.0), 1.0)
         return kernel, gains[:, None] * _row_renormalised(rows[one] * ratio)
+
+    def anchor_factor(self, n: int):
+        """A factor ``(n, n)`` on every table's rows of one layer before they are renormalised, or None (here:
+        the measured rows as they are; `jaxroll.engine.anchored_table` moves an analytic kernel by them)."""
+        del n
+        return None
 
     def step(self, row, weight, product, left: bool = False):
         """Row i mixed with ``lambda_i = lambda W(i) / (1 - lambda + lambda W(i))`` (`formed_step`)."""

@@ -1,5 +1,5 @@
 """The mean attention rows under distance scores at a grid of kappa, registered as ``"attention_distances"``: the
-distance tables of a `jaxroll.kernel_types.GainTableKernel`.
+distance tables of a `jaxroll.kernel_types.GainTableKernel` (and of an ALiBi model's `AnchoredTableKernel`).
 
 For every layer t, each tabulated form ``g_f`` (`jaxroll.measure.registry.DISTANCE_FORMS`), each kappa
 ``kappa_k`` of `jaxroll.measure.registry.DISTANCE_GRID` and the attention probabilities ``alpha^s_{t,h}`` of
@@ -96,5 +96,5 @@ def _summary(outputs: dict) -> str:
 register_statistic(Statistic(
     name="attention_distances", hooks=("probabilities",), allocate=_allocate, observe=_observe,
     accumulate=_accumulate, finish=_finish, needs_eager=True, observe_rows=_observe_rows, batch_rows=True,
-    positions=("rope", "learned"), memory=lambda shape: 2 * distance_table_bytes(shape.layers, shape.length),
+    positions=("alibi", "rope", "learned"), memory=lambda shape: 2 * distance_table_bytes(shape.layers, shape.length),
     summary=_summary))

@@ -11,7 +11,8 @@ attention probabilities ``alpha^s_{t,h}`` of sequence s, head h (N x N, causal):
     gain_grid                  = (g_1, ..., g_G)
 
 ``gain_rows`` at g = 1 is the mean attention (the ``attention`` statistic's). A rotary or learned-position
-model's config.yaml is then a `GainTableKernel` over these tables (`jaxroll.measure.result`), so that a
+model's config.yaml is then a `GainTableKernel` over these tables (`jaxroll.measure.result`), an ALiBi model's
+an `AnchoredTableKernel` (the tables moving its ALiBi + content kernel), so that a
 temperature or SSMax changes the rows as each sequence's rows change (docs/design.md, "Rows at every logit
 gain"). Float64 throughout; the rows are recomputed from q and k in row chunks wherever `attention` is
 (`jaxroll.measure.attention_rows`), else read from the hooked eager probabilities; one state per batch
@@ -119,5 +120,5 @@ def _summary(outputs: dict) -> str:
 register_statistic(Statistic(
     name="attention_gains", hooks=("probabilities",), allocate=_allocate, observe=_observe, accumulate=_accumulate,
     finish=_finish, needs_eager=True, observe_rows=_observe_rows, batch_rows=True,
-    positions=("rope", "learned"), memory=lambda shape: 2 * gain_table_bytes(shape.layers, shape.length),
+    positions=("alibi", "rope", "learned"), memory=lambda shape: 2 * gain_table_bytes(shape.layers, shape.length),
     summary=_summary))

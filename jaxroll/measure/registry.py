@@ -193,7 +193,7 @@ def distance_table_bytes(layers: int, length: int) -> int:
 
 
 def gain_default(length: int | None, layers: int | None) -> bool:
-    """Whether a rotary or learned-position model measures ``attention_gains`` by default: its tables fit in
+    """Whether a model measures ``attention_gains`` (and ``attention_distances``) by default: its tables fit in
     `DENSE_DEFAULT_BYTES` (N <= 362 at 4 layers, 209 at 12, 128 at 32); False when either is unknown."""
     return length is not None and layers is not None and gain_table_bytes(layers, length) <= DENSE_DEFAULT_BYTES
 
@@ -211,10 +211,11 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     config, `jaxroll.measure.offsets.offset_rollout_model`), which a long
     context can afford. Without `length` or `layers`: the offsets (the
     default at any N). Rotary models drop content, whose raw ``q.k`` the
-    rotation changes. Where its tables are small (`gain_default`) such a model also
+    rotation changes. Where its tables are small (`gain_default`) every model also
     measures ``attention_gains``, the mean rows at a grid of logit gains, and ``attention_distances``, the
     mean rows under distance scores at a grid of kappa, and its config.yaml is a `GainTableKernel` (a
-    temperature, SSMax or distance score then moves the rows as each sequence's rows move).
+    temperature, SSMax or distance score then moves the rows as each sequence's rows move); an ALiBi
+    model's an `AnchoredTableKernel`, the tables moving its ALiBi + content kernel.
     Every family ends with ``paths``
     (`jaxroll.measure.path_stats`): the probability path's share of each
     layer's branch, which config.yaml carries so that a temperature or SSMax
@@ -226,7 +227,7 @@ def default_stats(position: str, length: int | None = None, layers: int | None =
     names = tuple(name for name in DEFAULT_STATS if not (position == "rope" and name in _NEEDS_RAW_QK))
     if position != "alibi":
         names += ("attention" if dense_default(length, layers) else "attention_offsets",)
-        names += ("attention_gains", "attention_distances") if gain_default(length, layers) else ()
+    names += ("attention_gains", "attention_distances") if gain_default(length, layers) else ()
     return names + ("paths",)
 
 

@@ -136,42 +136,48 @@ class Measurement:
 
     def _kernel_model(self, sequence_length):
         """The plain rollout model of the measured lambdas and kernel (`to_rollout_model` without the paths)."""
-        from ..kernel_types import ROW_SUM_TOLERANCE, DenseKernel, GainTableKernel
+        from ..kernel_types import AlibiKernel, AnchoredTableKernel, DenseKernel, GainTableKernel
         from ..model import RolloutModel
 
+        length = sequence_length or self.sequence_length
+        lambdas = np.clip(self.lambdas, 0.0, 1.0)
+        alibi = self.metadata.get("position_encoding") == "alibi"
         offsets = self.extra.get("attention_offsets")
-        if (self.attention_mean is None and offsets is not None
-                and self.metadata.get("position_encoding") != "alibi"):
+        if self.attention_mean is None and offsets is not None and not alibi:
             from .offsets import offset_rollout_model
 
-            return offset_rollout_model(offsets, self.lambdas, sequence_length or self.sequence_length)
-        if self.attention_mean is not None and self.metadata.get("position_encoding") != "alibi":
-            def stochastic(rows):  # divided by their sums only where a row misses 1 by more than the tolerance
-                sums = rows.sum(axis=-1, keepdims=True)
-                return rows / sums if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE else rows
-
-            if "gain_rows" in self.extra:
-                distances = None
-                if "distance_rows" in self.extra:
-                    distances = {"rows": stochastic(np.asarray(self.extra["distance_rows"], dtype=np.float64)),
-                                 "scores": self.extra["distance_scores"], "grid": self.extra["distance_grid"],
-                                 "keys": tuple(str(key) for key in np.asarray(self.extra["distance_keys"]))}
-                kernel = GainTableKernel.create(stochastic(np.asarray(self.extra["gain_rows"], dtype=np.float64)),
-                                                self.extra["gain_weights"], self.extra["gain_grid"],
-                                                distances=distances, field="gain_rows")
-            else:
-                kernel = DenseKernel.create(stochastic(self.attention_mean), field="attention_mean")
-            return RolloutModel.create(kernel=kernel, lambdas=np.clip(self.lambdas, 0.0, 1.0),
-                                       sequence_length=sequence_length or self.sequence_length)
+            return offset_rollout_model(offsets, self.lambdas, length)
+        if self.attention_mean is not None and not alibi:
+            kernel = (GainTableKernel.create(**self._tables(), field="gain_rows") if "gain_rows" in self.extra
+                      else DenseKernel.create(_stochastic(self.attention_mean), field="attention_mean"))
+            return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=length)
         scale = float(self.logit_scale)
         diagonal = 0.0 if self.content_diagonal is None else scale * self.content_diagonal
         base = 0.0 if self.content_base is None else scale * self.content_base
-        return RolloutModel.create(
-            num_layers=self.num_layers, num_heads=self.num_heads,
-            lambdas=np.clip(self.lambdas, 0.0, 1.0), alibi_slopes=self.alibi_slopes_logit,
-            diagonal_scores=diagonal, base_scores=base,
-            sequence_length=sequence_length or self.sequence_length,
-        )
+        anchor = AlibiKernel.create(num_layers=self.num_layers, num_heads=self.num_heads,
+                                    alibi_slopes=self.alibi_slopes_logit, diagonal_scores=diagonal, base_scores=base)
+        kernel = (AnchoredTableKernel.create(**self._tables(), anchor=anchor, field="gain_rows")
+                  if "gain_rows" in self.extra else anchor)
+        return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=length)
+
+    def _tables(self) -> dict:
+        """`GainTableKernel.create`'s ``rows``, ``weights`` and ``grid`` from ``attention_gains``, and its
+        ``distances`` from ``attention_distances`` where measured (else None)."""
+        distances = None
+        if "distance_rows" in self.extra:
+            distances = {"rows": _stochastic(np.asarray(self.extra["distance_rows"], dtype=np.float64)),
+                         "scores": self.extra["distance_scores"], "grid": self.extra["distance_grid"],
+                         "keys": tuple(str(key) for key in np.asarray(self.extra["distance_keys"]))}
+        return {"rows": _stochastic(np.asarray(self.extra["gain_rows"], dtype=np.float64)),
+                "weights": self.extra["gain_weights"], "grid": self.extra["gain_grid"], "distances": distances}
+
+
+def _stochastic(rows):
+    """`rows` divided by their sums only where a row misses 1 by more than `ROW_SUM_TOLERANCE` (bfloat16)."""
+    from ..kernel_types import ROW_SUM_TOLERANCE
+
+    sums = rows.sum(axis=-1, keepdims=True)
+    return rows / sums if np.max(np.abs(sums - 1.0)) > ROW_SUM_TOLERANCE else rows
 
 
 def measurement_from_sums(sums, stats, token_ids, document_indices, slopes, bias_scale, logit_scale, grid, metadata,
