@@ -345,8 +345,10 @@ def peak_table(length):
     return rows
 
 
-def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
+def defaults_time_table(length, samples, repeats, layers=4, hidden=128, family="llama"):
     """Issue 55, time: measure with its default statistics / the bare batched forward+backward, same batches.
+    `family` ``llama`` (rotary, sdpa, hidden `hidden`) or ``bloom`` (ALiBi, eager, `tiny`'s hidden size), whose
+    default since issue 53 also measures the tables of its `AnchoredTableKernel`.
 
     ``no_gains``: the default without ``attention_gains`` (the same where the default has none: N > 362 at
     4 layers); ``no_distances`` likewise without ``attention_distances``. ``before``: the default as it ran before the forward route, reproduced in
@@ -361,7 +363,7 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
 
     torch.set_num_threads(1)
     ids = np.random.default_rng(0).integers(0, VOCAB, (samples, length))
-    model = llama(layers, hidden)
+    model = llama(layers, hidden) if family == "llama" else tiny(family, layers)
     first = measure(model, ids)  # warm-up; the default at this N and depth, the batch and checkpointing it chooses
     default, batch = first.metadata["stats"], min(samples, first.metadata["batch_size"])
     without_paths = tuple(name for name in default if name != "paths")
@@ -386,7 +388,9 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128):
                                        batch_size=batch)}
     median = rotated_medians(runs, repeats)
     bare = median["bare"]
-    return [{"model": f"llama L={layers} D={hidden} H={HEADS} sdpa", "length": length, "samples": samples,
+    name = (f"llama L={layers} D={hidden} H={HEADS} sdpa" if family == "llama"
+            else f"{family} L={layers} D={HIDDEN} H={HEADS} eager")
+    return [{"model": name, "length": length, "samples": samples,
              "batch": batch, "repeats": repeats, "default": "+".join(default),
              "checkpointing": first.metadata["activation_checkpointing"], "default_kernel": "+".join(kernel),
              "bare_s": bare, "default_s": median["default"], "ratio_default": median["default"] / bare,
@@ -523,6 +527,8 @@ def main():
     parser.add_argument("--parallel-repeats", type=int, default=3)
     parser.add_argument("--defaults-length", type=int, default=512)
     parser.add_argument("--defaults-samples", type=int, default=16)
+    parser.add_argument("--defaults-family", choices=("llama", "bloom"), default="llama",
+                        help="the model of the defaults time table (the peak tables stay on the Llama)")
     parser.add_argument("--long-length", type=int, default=32768)
     parser.add_argument("--tables", default="cost,memory,falcon,targets,parallel,defaults,long")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -550,10 +556,12 @@ def main():
              peak_table(arguments.peak_length), arguments.out / "measure_peak.csv")
     if "defaults" in tables:
         show(f"issue 55, time: measure with its default statistics against the bare batched forward + backward "
-             f"(tiny Llama, N = {arguments.defaults_length}, S = {arguments.defaults_samples}, float32, 1 thread, "
-             f"median of {arguments.repeats})",
-             defaults_time_table(arguments.defaults_length, arguments.defaults_samples, arguments.repeats),
-             arguments.out / "measure_defaults_time.csv")
+             f"(tiny {arguments.defaults_family}, N = {arguments.defaults_length}, S = {arguments.defaults_samples}, "
+             f"float32, 1 thread, median of {arguments.repeats})",
+             defaults_time_table(arguments.defaults_length, arguments.defaults_samples, arguments.repeats,
+                                 family=arguments.defaults_family),
+             arguments.out / f"measure_defaults_time{'' if arguments.defaults_family == 'llama' else '_bloom'}.csv")
+    if "defaults" in tables and arguments.defaults_family == "llama":
         show(f"issue 55, memory: peak RSS of a fresh process, default statistics (and the dense mean, the old "
              f"default) against the bare forward + backward (tiny Llama, N = {arguments.peak_length}, one sequence)",
              defaults_peak_table(arguments.peak_length, 4, 128), arguments.out / "measure_defaults_peak.csv")

@@ -185,3 +185,13 @@ def test_bad_anchors_are_refused_in_one_line(measured_logits):
     with pytest.raises(ConfigError, match="rows"):
         AnchoredTableKernel.create(rows[:, :, :, :-1], weights, GRID, anchor=_anchor())
     assert not isinstance(GainTableKernel.create(rows, weights, GRID), AnchoredTableKernel)
+
+
+def test_a_sweep_over_the_slope_scale_and_tau_is_each_points_rollout(measured_logits):
+    model = _model(_tables(measured_logits))
+    result = jaxroll.sweep(model, slope_scale=[0.5, 2.0], tau=[0.7, 1.0], progress=False)
+    for a, scale in enumerate((0.5, 2.0)):
+        for b, tau in enumerate((0.7, 1.0)):
+            point = interventions.Temperature(tau).apply(interventions.SlopeScale(scale).apply(model))
+            np.testing.assert_allclose(np.asarray(result.profiles)[a, b], jaxroll.influence(point),
+                                       rtol=0, atol=1e-12)

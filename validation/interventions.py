@@ -69,7 +69,7 @@ INTERVENTIONS = {
 """Each entry an ``--intervene`` value, or a name of `yaml_interventions`."""
 
 STATS = {"bloom": "lambda,content,influence,attention_offsets", "llama": "lambda,influence,attention,attention_offsets"}
-BASE_STATS = {"bloom": STATS["bloom"] + ",paths",
+BASE_STATS = {"bloom": STATS["bloom"] + ",attention_gains,attention_distances,paths",
               "llama": STATS["llama"] + ",attention_gains,attention_distances,paths"}
 """The baseline also measures ``paths`` (issue 53): its config.yaml then carries the probability shares, the
 default route's extended layer; and the Llama ``attention_gains`` (the mean rows at a grid of logit gains), as
@@ -145,11 +145,14 @@ def today_models(models: dict) -> dict:
     """The same rollout models without the probability path (`plain_kernel`): today's layer ``(1 - lambda) I + lambda A``.
 
     A `GainTableKernel` (the Llama's default since the gain tables) becomes the `DenseKernel` of its rows at gain
-    1, the mean attention: today's layer as it was, a change of logits applied to the mean kernel."""
+    1, the mean attention: today's layer as it was, a change of logits applied to the mean kernel; an
+    `AnchoredTableKernel` (an ALiBi model's, since) its ALiBi + content kernel."""
     return {name: dataclasses.replace(model, kernel=_plain(model.kernel)) for name, model in models.items()}
 
 
 def _plain(kernel):
+    if isinstance(kernel, jaxroll.AnchoredTableKernel):  # an ALiBi model's: its analytic kernel, as it was
+        return kernel.anchor
     if isinstance(kernel, jaxroll.GainTableKernel):
         return jaxroll.DenseKernel.create(np.asarray(kernel.rows)[:, list(kernel.grid).index(1.0)])
     return plain_kernel(kernel)

@@ -43,6 +43,8 @@ class AnchoredTableKernel(GainTableKernel):
 
     config_kind = "anchored_gain_table"
     config_keys = frozenset({"kernel_config"}) | AlibiKernel.config_keys
+    sweep_fields = ("slope_scale",)
+    slope_field = "anchor.alibi_slopes"
 
     @classmethod
     def create(cls, rows, weights, grid, *, anchor: AlibiKernel | None = None, field: str = "rows",

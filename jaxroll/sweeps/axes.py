@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import equinox as eqx
 import numpy as np
 
 from .. import schedules
@@ -164,9 +165,25 @@ def _schedule(model: RolloutModel, value) -> np.ndarray:
 
 
 def _kernel_fields(kernel) -> dict[str, np.ndarray]:
-    """A kernel's array fields (the PyTree leaves), as float64 NumPy."""
-    return {field.name: np.asarray(getattr(kernel, field.name), np.float64) for field in dataclasses.fields(kernel)
-            if not field.metadata.get("static", False)}
+    """A kernel's array fields (the PyTree leaves), as float64 NumPy; a kernel inside it (an
+    `AnchoredTableKernel`'s ``anchor``) by dotted names, ``anchor.alibi_slopes``."""
+    fields = {}
+    for field in dataclasses.fields(kernel):
+        value = getattr(kernel, field.name)
+        if isinstance(value, eqx.Module):
+            fields |= {f"{field.name}.{name}": inner for name, inner in _kernel_fields(value).items()}
+        elif value is not None and not field.metadata.get("static", False):
+            fields[field.name] = np.asarray(value, np.float64)
+    return fields
+
+
+def with_fields(module, fields: dict):
+    """`module` with `fields` (names as `_kernel_fields` gives them, dotted into inner kernels) put in."""
+    outer = {name: value for name, value in fields.items() if "." not in name}
+    for inner in {name.split(".", 1)[0] for name in fields if "." in name}:
+        values = {name.split(".", 1)[1]: value for name, value in fields.items() if name.startswith(f"{inner}.")}
+        outer[inner] = with_fields(getattr(module, inner), values)
+    return dataclasses.replace(module, **outer)
 
 
 def slope_field(kernel) -> str:

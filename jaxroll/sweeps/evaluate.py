@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..interventions import apply_all, intervention_types
 from ..model import RolloutModel
 from ..rollout import rollout_row
+from .axes import with_fields
 from .plan import _groups, _mesh_context, _Plan
 from .statistics import shape_statistics
 
@@ -26,7 +27,7 @@ def _point_model(base, leaves: dict, n: int):
     of `jaxroll.interventions.from_mapping`; a mixing axis such as gamma is applied to ``lambdas``
     by `Plan.chunk_leaves`), traced, so the vmap runs through them."""
     fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name.startswith("kernel.")}
-    model = RolloutModel(lambdas=leaves["lambdas"], kernel=dataclasses.replace(base.kernel, **fields),
+    model = RolloutModel(lambdas=leaves["lambdas"], kernel=with_fields(base.kernel, fields),
                          sequence_length=n)
     changes = [kind.from_record({kind.name: leaves[f"intervention.{kind.name}"]}, "axis")
                for kind in intervention_types() if f"intervention.{kind.name}" in leaves]
