@@ -83,7 +83,10 @@ def test_the_series_of_two_checkpoints_equals_two_separate_measure_runs(run, tex
         got = _arrays(series_out / f"checkpoint-{step}" / "measurement.npz")
         assert sorted(got) == sorted(expected)
         for name, value in expected.items():
-            np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-12, err_msg=name)
+            if value.dtype.kind == "U":  # the names of the distance tables' forms
+                assert np.array_equal(got[name], value), name
+            else:
+                np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-12, err_msg=name)
         assert (series_out / f"checkpoint-{step}" / "config.yaml").read_text() == (alone / "config.yaml").read_text()
     # The two checkpoints differ (different weights), so the comparison above can fail.
     first, last = (_arrays(series_out / f"checkpoint-{step}" / "measurement.npz") for step in STEPS)
