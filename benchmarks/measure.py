@@ -351,7 +351,8 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128, family="
     default since issue 53 also measures the tables of its `AnchoredTableKernel`.
 
     ``no_gains``: the default without ``attention_gains`` (the same where the default has none: N > 362 at
-    4 layers); ``no_distances`` likewise without ``attention_distances``. ``before``: the default as it ran before the forward route, reproduced in
+    4 layers); ``no_distances`` likewise without ``attention_distances``; ``no_tables`` without either (an ALiBi
+    model's default before issue 53's anchored tables). ``before``: the default as it ran before the forward route, reproduced in
     the same run: the pass checkpointed, then ``paths`` by the backward route
     (`path_stats.measure_paths` on the first 4 sequences, 8 projections),
     as `additions.add_paths` called it.
@@ -384,6 +385,8 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128, family="
                                         batch_size=batch),
             "no_distances": lambda: measure(model, ids, batch_size=batch,
                                             stats=tuple(n for n in default if n != "attention_distances")),
+            "no_tables": lambda: measure(model, ids, batch_size=batch, stats=tuple(
+                n for n in default if n not in ("attention_gains", "attention_distances"))),
             "offsets": lambda: measure(model, ids, stats=("lambda", "influence", "attention_offsets", "paths"),
                                        batch_size=batch)}
     median = rotated_medians(runs, repeats)
@@ -397,6 +400,7 @@ def defaults_time_table(length, samples, repeats, layers=4, hidden=128, family="
              "ratio_before": median["before"] / bare, "ratio_checkpointed": median["checkpointed"] / bare,
              "ratio_no_paths": median["no_paths"] / bare, "ratio_no_kernel": median["no_kernel"] / bare,
              "ratio_no_gains": median["no_gains"] / bare, "ratio_no_distances": median["no_distances"] / bare,
+             "ratio_no_tables": median["no_tables"] / bare,
              "ratio_offsets": median["offsets"] / bare}]
 
 

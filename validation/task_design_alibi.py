@@ -95,6 +95,11 @@ on the selection cases (sink tokens cost 0.03-0.3 nats on bloom-step9000), so th
 NEUTRAL = {"slope_scale": 1.0, "gamma": 1.0, "tau": 1.0, "kappa": 0.0}
 BOXES = {"slope_scale": (0.0, 4.0), "gamma": (0.0, 4.0), "tau": (0.25, 4.0), "kappa": (-2.0, 2.0)}
 RESAMPLES = 2000
+DOSE_RULE = ("of the designed change's doses whose answer-loss change on the selection cases is <= 0 at every "
+             "length, the one with the largest mean selection middle gain, on the held-out cases beside 1 sink token")
+"""Added 2026-12-07 after the doses had been scored on the selection cases (the x0.1 dose of the tau, kappa,
+gamma design raised the selection middle at a lower answer loss): a rule fixed before any held-out case was scored
+under a dose, so the held-out result tests it."""
 POST_HOC = {"layer 1 slopes x 0.364": [[0.364], [1.0]], "layer 2 slopes x 0.364": [[1.0], [0.364]],
             "layer 2, heads 3-4 slopes x 0.364": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.364, 0.364]]}
 """A diagnostic added after the loop had run (not candidates, not designed through the rollout): the designed global
@@ -322,6 +327,28 @@ def apply_held_out(work: Path, files: dict, designs: dict, chosen: str, base: li
     return changes
 
 
+def dose_held_out(work: Path, files: dict, found: dict, chosen: str, base: list[dict], log) -> dict | None:
+    """`DOSE_RULE`'s dose of the designed change, and 1 sink token (the literature's cheapest dose), on the held-out
+    cases: middle and answer loss before -> after (paired intervals); None when no dose meets the rule."""
+    family = f"designed ({chosen})"
+    free = {name: d for name, d in found.items() if d["family"] == family
+            and all(d[str(n)]["answer_loss"]["change"] <= 0 for n in LENGTHS)}
+    if not free:
+        return None
+    name = max(free, key=lambda k: np.mean([free[k][str(n)]["middle"]["change"] for n in LENGTHS]))
+    result = {}
+    for label, spec in ((name, free[name]["spec"]), ("sinks=1", "sinks=1")):
+        rows = score(files["held"], work / f"held-{slug_of(label)}", spec)
+        result[label] = {"spec": spec, "record": free[name]["record"] if label == name else spec,
+                         "held_out": compare(base, rows), "curves": curves(rows)}
+        log(f"  {label:30s} held out: " + "; ".join(
+            f"N={n}: middle {c['middle']['before']:.3f} -> {c['middle']['after']:.3f} "
+            f"[{c['middle']['change_interval'][0]:+.3f}, {c['middle']['change_interval'][1]:+.3f}], "
+            f"loss {c['answer_loss']['before']:.3f} -> {c['answer_loss']['after']:.3f}"
+            for n, c in result[label]["held_out"].items()))
+    return {"dose": name, "changes": result}
+
+
 def curves(rows: list[dict], seed: int = 0) -> dict:
     """``{N: [accuracy, low, high]}`` over `DEPTHS`: exact match with a 95 % bootstrap interval over cases."""
     rng = np.random.default_rng(seed)
@@ -429,7 +456,24 @@ def markdown(results: dict) -> str:
                        + ("-" if eq is None else "outside the sinks' range" if eq["sink_gain_at_equal_cost"] is None
                           else f"{eq['sink_gain_at_equal_cost']:+.3f} (margin {eq['margin']:+.3f})"))
         out.append(f"| {name} | " + " | ".join(row) + " |")
-    return "\n".join(out + markdown_post_hoc(results.get("post_hoc", {}))) + "\n"
+    return "\n".join(out + markdown_dose(results.get("dose_held_out"))
+                     + markdown_post_hoc(results.get("post_hoc", {}))) + "\n"
+
+
+def markdown_dose(found: dict | None) -> list[str]:
+    """`DOSE_RULE`'s table (held-out cases): the dose and 1 sink token, middle and answer loss per length."""
+    if not found:
+        return []
+    ns = [str(n) for n in LENGTHS]
+    out = ["", f"## The dose on the held-out cases ({DOSE_RULE})", "",
+           "| change | values | " + " | ".join(f"middle N={n} (gain [95 %]) | answer loss N={n}" for n in ns) + " |",
+           "|---|---|" + "---|---|" * len(ns)]
+    for name, d in found["changes"].items():
+        cells_ = [_interval(d["held_out"][n]["middle"]) + (" **beyond**" if d["held_out"][n]["middle"]["beyond"] else "")
+                  + " | " + _interval(d["held_out"][n]["answer_loss"]) for n in ns]
+        out.append(f"| {name} | {record_text(d['record']) if isinstance(d['record'], dict) else d['record']} | "
+                   + " | ".join(cells_) + " |")
+    return out
 
 
 def markdown_post_hoc(found: dict) -> list[str]:
@@ -492,6 +536,10 @@ def main(argv=None) -> int:
     results["equal_cost"] = equal_cost(results["doses"])
     plot_doses(results["doses"], arguments.selection, arguments.out / "doses.png")
     results["post_hoc"] = post_hoc(arguments.work, files, base_selection, log)
+    results["dose_held_out"] = dose_held_out(arguments.work, files, results["doses"], chosen, base, log)
+    if results["dose_held_out"]:
+        plot_accuracy({"baseline": results["changes"]["baseline"], **results["dose_held_out"]["changes"]},
+                      arguments.out / "dose-accuracy.png")
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     results["wall_seconds"] = time.time() - started
     (arguments.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
