@@ -177,7 +177,7 @@ def test_bad_anchors_are_refused_in_one_line(measured_logits):
     rows, weights = _tables(measured_logits)
     sliding = AlibiKernel.create(num_layers=T, num_heads=H, mask="sliding", window=3)
     wrong = AlibiKernel.create(num_layers=T + 1, num_heads=H)
-    for anchor, message in ((None, "anchor: got 'NoneType'"), (sliding, "an AlibiKernel with a causal mask"),
+    for anchor, message in ((None, "anchor: got 'NoneType'"), (sliding, "anchor: got 'sliding'"),
                             (wrong, "the tables' 2")):
         with pytest.raises(ConfigError) as error:
             AnchoredTableKernel.create(rows, weights, GRID, anchor=anchor)
@@ -195,3 +195,13 @@ def test_a_sweep_over_the_slope_scale_and_tau_is_each_points_rollout(measured_lo
             point = interventions.Temperature(tau).apply(interventions.SlopeScale(scale).apply(model))
             np.testing.assert_allclose(np.asarray(result.profiles)[a, b], jaxroll.influence(point),
                                        rtol=0, atol=1e-12)
+
+
+def test_a_config_with_a_mask_other_than_causal_is_refused_in_one_line(measured_logits, tmp_path):
+    jaxroll.save_config(_model(_tables(measured_logits)), tmp_path / "config.yaml")
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["mask_config"] = {"mask_type": "full", "window_size": None}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as error:
+        jaxroll.load_config(tmp_path / "config.yaml")
+    assert "mask_config.mask_type: got 'full'" in str(error.value) and "\n" not in str(error.value)

@@ -54,12 +54,17 @@ class AnchoredTableKernel(GainTableKernel):
         Raises:
             ConfigError: one line naming the field, the value and what is allowed.
         """
-        measured = GainTableKernel.create(rows, weights, grid, field=field, **tables)
+        return cls._around(GainTableKernel.create(rows, weights, grid, field=field, **tables), anchor, "anchor")
+
+    @classmethod
+    def _around(cls, tables: GainTableKernel, anchor, field: str) -> "AnchoredTableKernel":
+        """`tables` moving `anchor` (checked: an `AlibiKernel`, causal, the tables' layers; `field` names it)."""
         if not isinstance(anchor, AlibiKernel) or anchor.mask != "causal":
-            raise ConfigError.of("anchor", type(anchor).__name__, "an AlibiKernel with a causal mask")
-        if anchor.num_layers != measured.num_layers:
-            raise ConfigError.of("anchor", f"{anchor.num_layers} layers", f"the tables' {measured.num_layers}")
-        values = {item.name: getattr(measured, item.name) for item in dataclasses.fields(measured)}
+            raise ConfigError.of(field, type(anchor).__name__ if not isinstance(anchor, AlibiKernel) else anchor.mask,
+                                 "an AlibiKernel with a causal mask (the tables are causal rows)")
+        if anchor.num_layers != tables.num_layers:
+            raise ConfigError.of(field, f"{anchor.num_layers} layers", f"the tables' {tables.num_layers}")
+        values = {item.name: getattr(tables, item.name) for item in dataclasses.fields(tables)}
         kernel = cls(**values, anchor=anchor)
         kernel.check()
         return kernel
@@ -101,10 +106,6 @@ class AnchoredTableKernel(GainTableKernel):
         anchor = AlibiKernel.from_config({key: value for key, value in config.items() if key != "kernel_config"},
                                          num_layers=num_layers)
         tables = GainTableKernel.from_config(config, num_layers=num_layers, directory=directory)
-        if anchor.mask != "causal":
-            raise ConfigError.of("mask_config.mask_type", anchor.mask, "causal (the tables are causal rows)")
-        values = {item.name: getattr(tables, item.name) for item in dataclasses.fields(tables)}
-        return cls(**values, anchor=anchor)
-
+        return cls._around(tables, anchor, "mask_config.mask_type")
 
 register_kernel(AnchoredTableKernel)
