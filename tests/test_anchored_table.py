@@ -205,3 +205,13 @@ def test_a_config_with_a_mask_other_than_causal_is_refused_in_one_line(measured_
     with pytest.raises(ConfigError) as error:
         jaxroll.load_config(tmp_path / "config.yaml")
     assert "mask_config.mask_type: got 'full'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_forces_read_a_measured_alibi_configs_analytic_kernel(measured_logits, tmp_path):
+    from jaxroll.cli import main
+
+    jaxroll.save_config(_model(_tables(measured_logits)), tmp_path / "config.yaml")
+    assert main(["forces", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "forces")]) == 0
+    analytic = jaxroll.RolloutModel.create(kernel=_anchor(), lambdas=LAMBDAS, sequence_length=N)
+    full = np.loadtxt(tmp_path / "forces" / "forces.csv", delimiter=",", skiprows=1)[:, -1]  # every force on
+    np.testing.assert_allclose(full, jaxroll.influence(analytic), rtol=0, atol=1e-6)  # float32 by default

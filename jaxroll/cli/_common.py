@@ -331,11 +331,19 @@ def check_kernel_length(model) -> None:
                           value=model.sequence_length, allowed=error.allowed) from None
 
 
-def require_alibi_model(model, command: str) -> None:
+def alibi_model(model, command: str):
+    """`model` over the paper's ALiBi + content kernel, which `command` reads: as it is, or a measured ALiBi
+    config's (`AnchoredTableKernel`) unchanged kernel, its anchor; else a one-line refusal."""
+    import dataclasses
+
+    anchor = getattr(model.kernel, "anchor", None)
+    if anchor is not None:
+        model = dataclasses.replace(model, kernel=anchor)
     if type(model.kernel).config_kind != "alibi":  # the commands over the paper's ALiBi + content sections
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (
                               "; fit a kernel with jaxroll fit-kernel" if command == "fit" else ""))
+    return model
 
 
 def free_output_path(path: Path, force: bool) -> Path:

@@ -29,7 +29,7 @@ def _run_forces(arguments) -> None:
     from .. import io, plot, theory
 
     model, source = _common.model_from_arguments(arguments)
-    _common.require_alibi_model(model, "forces")
+    model = _common.alibi_model(model, "forces")
     out = io.prepare_output_dir(arguments.out, force=arguments.force)
 
     result = theory.forces(model)
