@@ -497,12 +497,18 @@ def markdown_post_hoc(found: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
+    global MODEL  # --model: the checkpoint every step reads
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the small outputs (validation/task-u-run/loop/...)")
     parser.add_argument("--work", type=Path, required=True, help="measurements, designs and scored cases")
     parser.add_argument("--samples-per-depth", type=int, default=10, help="measured prompts per depth and length")
     parser.add_argument("--selection", type=int, default=500, help="selection cases per depth and length")
+    parser.add_argument("--model", default=MODEL.name,
+                        help=f"a checkpoint in {MODELS.relative_to(ROOT)} (default {MODEL.name})")
     arguments = parser.parse_args(argv)
+    MODEL = MODELS / arguments.model
+    if not (MODEL / "config.json").is_file():
+        parser.error(f"--model {arguments.model}: no config.json in {MODEL}")
     import torch
 
     torch.set_num_threads(1)
