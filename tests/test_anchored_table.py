@@ -215,3 +215,21 @@ def test_forces_read_a_measured_alibi_configs_analytic_kernel(measured_logits, t
     analytic = jaxroll.RolloutModel.create(kernel=_anchor(), lambdas=LAMBDAS, sequence_length=N)
     full = np.loadtxt(tmp_path / "forces" / "forces.csv", delimiter=",", skiprows=1)[:, -1]  # every force on
     np.testing.assert_allclose(full, jaxroll.influence(analytic), rtol=0, atol=1e-6)  # float32 by default
+
+
+def test_the_models_alibi_fields_read_its_analytic_kernel(measured_logits):
+    model = _model(_tables(measured_logits))
+    np.testing.assert_array_equal(model.alibi_slopes, SLOPES)
+    np.testing.assert_array_equal(model.diagonal_scores, CONTENT)
+
+
+def test_per_head_values_the_tables_cannot_hold_are_refused_in_one_line(measured_logits):
+    model = _model(_tables(measured_logits))
+    assert model.num_heads == H
+    same = interventions.DistanceBias(np.full((T, H), -0.3)).apply(model)  # a per-layer value at full shape
+    np.testing.assert_allclose(jaxroll.influence(same), jaxroll.influence(interventions.DistanceBias(-0.3).apply(model)),
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ConfigError) as error:
+        interventions.DistanceBias(np.array([[-0.3, 0.0, 0.3]] * T)).apply(model)
+    assert "kappa: got" in str(error.value) and "heads' mean rows" in str(error.value)
+    assert "\n" not in str(error.value)

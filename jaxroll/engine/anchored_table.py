@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import is_concrete
 from ..errors import ConfigError
 from .alibi import AlibiKernel
 from .gain_table import GainTableKernel
-from .kernel import layer_head_values, register_kernel
+from .kernel import AbstractKernel, layer_head_values, register_kernel
 
 __all__ = ["AnchoredTableKernel"]
 
@@ -59,8 +61,11 @@ class AnchoredTableKernel(GainTableKernel):
     @classmethod
     def _around(cls, tables: GainTableKernel, anchor, field: str) -> "AnchoredTableKernel":
         """`tables` moving `anchor` (checked: an `AlibiKernel`, causal, the tables' layers; `field` names it)."""
-        if not isinstance(anchor, AlibiKernel) or anchor.mask != "causal":
-            raise ConfigError.of(field, type(anchor).__name__ if not isinstance(anchor, AlibiKernel) else anchor.mask,
+        # The anchor is read and written as the paper's ALiBi sections (to_config, from_config): its kind is asked.
+        alibi = (isinstance(anchor, AbstractKernel) and anchor.config_kind == AlibiKernel.config_kind
+                 and not anchor.extension)
+        if not alibi or anchor.mask != "causal":
+            raise ConfigError.of(field, anchor.mask if alibi else type(anchor).__name__,
                                  "an AlibiKernel with a causal mask (the tables are causal rows)")
         if anchor.num_layers != tables.num_layers:
             raise ConfigError.of(field, f"{anchor.num_layers} layers", f"the tables' {tables.num_layers}")
@@ -68,6 +73,28 @@ class AnchoredTableKernel(GainTableKernel):
         kernel = cls(**values, anchor=anchor)
         kernel.check()
         return kernel
+
+    @property
+    def num_heads(self) -> int:
+        """The anchor's H: a slope scale or temperature may be per head (the tables hold the heads' mean)."""
+        return self.anchor.num_heads
+
+    def _per_layer(self, field: str, value):
+        """One value per layer for what the tables read (a distance score, SSMax's scale, the path's gains): a
+        number, ``(T,)``, ``(T, 1)``, or ``(T, H)`` with the same value in every head (a per-layer value at full
+        shape, as sweeps and designs hand it; traced, the heads' mean). Heads that differ are refused in one line:
+        the tables hold the heads' mean rows."""
+        if jnp.ndim(value) == 2 and jnp.shape(value)[1] == self.num_heads > 1:
+            if is_concrete(value) and np.ptp(np.asarray(value, dtype=np.float64), axis=1).max() > 0:
+                raise ConfigError.of(field, np.asarray(value).tolist(), "one value per layer on a measured ALiBi "
+                                     "config (its tables hold the heads' mean rows); per head: a temperature or "
+                                     "a slope scale")
+            value = jnp.mean(jnp.asarray(value), axis=1)
+        return super()._per_layer(field, value)
+
+    def with_path(self, shares, gains):
+        """The probability path's shares replaced and the row gains multiplied by `gains` (one per layer)."""
+        return super().with_path(shares, self._per_layer("logit_gains", gains))
 
     def anchor_factor(self, n: int) -> Float[Array, "n n"]:
         """``K_an / K1`` of one layer at length n (0 where the measured rows are 0)."""
