@@ -9,6 +9,8 @@ exact), and central differences for gradients. Tolerances: 1e-12 for float64 rol
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -233,3 +235,19 @@ def test_per_head_values_the_tables_cannot_hold_are_refused_in_one_line(measured
         interventions.DistanceBias(np.array([[-0.3, 0.0, 0.3]] * T)).apply(model)
     assert "kappa: got" in str(error.value) and "heads' mean rows" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_sinks_beyond_the_tables_read_the_analytic_kernel_while_the_tables_move_nothing(measured_logits):
+    model = _model(_tables(measured_logits))
+    analytic = jaxroll.RolloutModel.create(kernel=_anchor(), lambdas=LAMBDAS, probability_shares=SHARES,
+                                          sequence_length=N)
+    sinks = interventions.SinkTokens(3)
+    np.testing.assert_allclose(jaxroll.influence(sinks.apply(model)), jaxroll.influence(sinks.apply(analytic)),
+                               rtol=0, atol=1e-12)
+    shorter = interventions.SinkTokens(3).apply(dataclasses.replace(model, sequence_length=N - 3))  # within N
+    np.testing.assert_allclose(jaxroll.influence(shorter), jaxroll.influence(
+        sinks.apply(dataclasses.replace(analytic, sequence_length=N - 3))), rtol=0, atol=1e-12)
+    tempered = interventions.Temperature(0.7).apply(model)
+    with pytest.raises(ConfigError) as error:  # the tables moved: they hold N positions only
+        sinks.apply(tempered)
+    assert "sinks" in str(error.value) and "\n" not in str(error.value)

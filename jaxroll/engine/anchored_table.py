@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .alibi import AlibiKernel
 from .gain_table import GainTableKernel
 from .kernel import AbstractKernel, layer_head_values, register_kernel
+from .probability import with_probability_path
 
 __all__ = ["AnchoredTableKernel"]
 
@@ -122,6 +123,18 @@ class AnchoredTableKernel(GainTableKernel):
         anchor = self.anchor.temper(1.0 / relative, field)
         anchor = dataclasses.replace(anchor, head_weights=anchor.head_weights * (1.0 - shares + shares * relative))
         return dataclasses.replace(self, row_gains=self.row_gains * gain[:, None], anchor=anchor)
+
+    def prepend_sinks(self, num_sinks: int, n: int):
+        """The kernel at ``n + k`` tokens: itself within the tables' N; beyond it, while the tables move nothing
+        (every row at gain 1, no score: sinks come first), the anchor with the same probability shares, which is
+        this kernel's layer there and is defined at any length (later changes then act on it analytically)."""
+        if n + num_sinks > self.size and self._unmoved():
+            return with_probability_path(self.anchor, self.probability_shares)
+        return super().prepend_sinks(num_sinks, n)
+
+    def _unmoved(self) -> bool:
+        arrays = [self.row_gains - 1.0, self.distance_bias] + ([self.distance_kappas] if self.distance_keys else [])
+        return all(is_concrete(array) and not np.any(np.asarray(array)) for array in arrays)
 
     def to_config(self, kernel_file: str | None = None) -> dict:
         """``kernel_type: anchored_gain_table`` with the npz `kernel_file` of the tables, beside the anchor's
