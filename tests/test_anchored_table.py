@@ -251,3 +251,10 @@ def test_sinks_beyond_the_tables_read_the_analytic_kernel_while_the_tables_move_
     with pytest.raises(ConfigError) as error:  # the tables moved: they hold N positions only
         sinks.apply(tempered)
     assert "sinks" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_length_beyond_the_tables_is_refused_in_one_line_naming_the_way_out(measured_logits):
+    with pytest.raises(ConfigError) as error:
+        dataclasses.replace(_model(_tables(measured_logits)), sequence_length=N + 1).kernel.check_length(N + 1)
+    assert f"n: got {N + 1}" in str(error.value) and "--stats lambda,content,influence,paths" in str(error.value)
+    assert "\n" not in str(error.value)

@@ -124,6 +124,11 @@ class AnchoredTableKernel(GainTableKernel):
         anchor = dataclasses.replace(anchor, head_weights=anchor.head_weights * (1.0 - shares + shares * relative))
         return dataclasses.replace(self, row_gains=self.row_gains * gain[:, None], anchor=anchor)
 
+    def check_length(self, n: int) -> None:
+        if n > self.size:
+            raise ConfigError.of("n", n, f"at most the tables' N = {self.size} (the ALiBi + content kernel alone "
+                                 "serves any length: measure with --stats lambda,content,influence,paths)")
+
     def prepend_sinks(self, num_sinks: int, n: int):
         """The kernel at ``n + k`` tokens: itself within the tables' N; beyond it, while the tables move nothing
         (every row at gain 1, no score: sinks come first), the anchor with the same probability shares, which is
