@@ -86,10 +86,9 @@ class RolloutModel(eqx.Module):
         return self.kernel.window
 
     def _alibi_field(self, name: str):
-        # The ALiBi + content fields read through the model (a measured ALiBi config's: its analytic kernel, the
-        # `AnchoredTableKernel`'s anchor); a kernel without the field has none to read.
-        anchor = getattr(self.kernel, "anchor", None)
-        kernel = self.kernel if anchor is None else anchor
+        # The ALiBi + content fields read through the model, on the kernel's analytic kernel (a measured ALiBi
+        # config's anchor); a kernel without the field has none to read.
+        kernel = self.kernel.analytic_kernel()
         if name not in {field.name for field in dataclasses.fields(kernel)}:
             raise AttributeError(f"{name}: a field of the ALiBi + content kernel; this model's kernel is a "
                                  f"{type(self.kernel).__name__} (read model.kernel)")

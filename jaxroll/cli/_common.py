@@ -332,13 +332,11 @@ def check_kernel_length(model) -> None:
 
 
 def alibi_model(model, command: str):
-    """`model` over the paper's ALiBi + content kernel, which `command` reads: as it is, or a measured ALiBi
-    config's (`AnchoredTableKernel`) unchanged kernel, its anchor; else a one-line refusal."""
+    """`model` over the paper's ALiBi + content kernel, which `command` reads: its kernel's analytic kernel (a
+    measured ALiBi config's anchor, `AbstractKernel.analytic_kernel`); else a one-line refusal."""
     import dataclasses
 
-    anchor = getattr(model.kernel, "anchor", None)
-    if anchor is not None:
-        model = dataclasses.replace(model, kernel=anchor)
+    model = dataclasses.replace(model, kernel=model.kernel.analytic_kernel())
     if type(model.kernel).config_kind != "alibi":  # the commands over the paper's ALiBi + content sections
         raise ConfigError(f"{command}: CONFIG has a kernel_config ({type(model.kernel).__name__}); allowed: an "
                           "ALiBi configuration (attention_config)" + (

@@ -97,6 +97,10 @@ class AnchoredTableKernel(GainTableKernel):
         """The probability path's shares replaced and the row gains multiplied by `gains` (one per layer)."""
         return super().with_path(shares, self._per_layer("logit_gains", gains))
 
+    def analytic_kernel(self) -> AlibiKernel:
+        """The anchor: the ALiBi + content kernel the tables move."""
+        return self.anchor
+
     def anchor_factor(self, n: int) -> Float[Array, "n n"]:
         """``K_an / K1`` of one layer at length n (0 where the measured rows are 0)."""
         measured = self.rows[self.grid.index(1.0), :n, :n]
@@ -115,7 +119,7 @@ class AnchoredTableKernel(GainTableKernel):
         multiplied by it, and the relative gains ``sigma_{t,h} = 1 / (tau_{t,h} g_t)`` on the anchor: its logits
         multiplied by them, and its head weights by ``1 - rho_t + rho_t sigma_{t,h}`` (the probability path's
         rule for an extended kernel, `jaxroll.engine.probability`; their weighted mean is 1)."""
-        tau = layer_head_values(field, tau, self.num_layers, self.anchor.num_heads)
+        tau = layer_head_values(field, tau, self.num_layers, self.num_heads)
         weights = self.anchor.head_weights / jnp.sum(self.anchor.head_weights, axis=-1, keepdims=True)
         gain = jnp.sum(weights / tau, axis=-1)
         relative = 1.0 / (tau * gain[:, None])
@@ -152,5 +156,6 @@ class AnchoredTableKernel(GainTableKernel):
                                          num_layers=num_layers)
         tables = GainTableKernel.from_config(config, num_layers=num_layers, directory=directory)
         return cls._around(tables, anchor, "mask_config.mask_type")
+
 
 register_kernel(AnchoredTableKernel)

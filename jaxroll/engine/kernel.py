@@ -36,6 +36,8 @@ the types that can); callers ask the kernel, never test its type:
 - the layer step, `step` (default ``(1 - lambda) v + lambda v^T A``; a kernel extended by the
   probability path mixes with its own lambda, `mixes_rows`), `reweighted_heads` (head weights
   scaled, what that path reads) and `scaled_rows` (a kernel that forms SSMax's rows itself);
+- `analytic_kernel` (the kernel whose analytic fields a model reads: itself, or the one a measured
+  kernel moves);
 - `sweep_fields` (the fields a sweep axis may vary, set through `replaced`)
   and `fittable_fields` (the fields `jaxroll.fit` may free, each with its
   parametrisation).
@@ -344,6 +346,11 @@ class AbstractKernel(eqx.Module):
         None for a kernel that is not one (the default)."""
         del n
         return None
+
+    def analytic_kernel(self) -> "AbstractKernel":
+        """The kernel whose analytic fields (ALiBi slopes, content scores) a model exposes and the commands over
+        the paper's sections read: this one, or the analytic kernel a measured one moves (`AnchoredTableKernel`)."""
+        return self
 
     def prepend_sinks(self, num_sinks: int, n: int) -> "AbstractKernel":
         """The kernel of n tokens with `num_sinks` tokens in front, run at length ``n + k``.
