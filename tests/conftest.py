@@ -45,10 +45,14 @@ def pytest_handlecrashitem(crashitem, report, sched):
     traceback is still printed and the summary counts the test as a rerun. A
     test that fails (an exception) is never rerun: this hook sees crashes only.
     """
-    if crashitem not in _crashed:
-        _crashed.add(crashitem)
+    if crashitem in _crashed:
+        return
+    _crashed.add(crashitem)
+    try:
         sched.mark_test_pending(crashitem)
-        report.outcome = "rerun"
+    except NotImplementedError:  # --dist loadscope and loadfile cannot reschedule one test: it fails
+        return
+    report.outcome = "rerun"
 
 
 def pytest_report_teststatus(report):
