@@ -25,7 +25,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 
