@@ -22,7 +22,8 @@ from .errors import ConfigError
 from .engine import probability
 from .kernel_types import AbstractKernel, AlibiKernel, DenseKernel
 
-__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "checked_stream_norms", "is_model",
+__all__ = ["RolloutModel", "KernelRolloutModel", "as_dense_model", "check_model", "checked_stream_norms", "checked_composition",
+           "is_model",
            "layer_kernels", "with_probability_path"]
 
 class RolloutModel(eqx.Module):
@@ -45,6 +46,12 @@ class RolloutModel(eqx.Module):
             (measured with lambda). Only a change of the branches' strength reads it
             (`jaxroll.interventions.BranchScale`: a scaled branch grows the stream that later
             layers' lambdas are shares of); the rollout does not.
+        composition: ``()`` or None, the exponent ``q`` in [1, 2] with which paths compose:
+            ``p(j) ∝ (e_{N-1}^T |R_T|^{∘q} ... |R_1|^{∘q})_j^{1/q}`` (`jaxroll.rollout.influence`).
+            None is ``q = 1``, the paper's rollout, on the kernel's fastest path; a number takes the
+            dense path. A measured influence is a gradient norm, whose paths add as vectors: ``q = 1``
+            if they are aligned, ``q = 2`` if they are orthogonal (docs/design.md, "How paths compose");
+            `jaxroll measure` fits it to the measured influence.
 
     Build one with `create` (keywords, broadcasting, checks); files in the
     YAML schema are read by `jaxroll.load_config`. Direct construction skips
@@ -55,14 +62,16 @@ class RolloutModel(eqx.Module):
     kernel: AbstractKernel
     sequence_length: int = eqx.field(static=True, default=256)
     stream_norms: Float[Array, " layers"] | None = None
+    composition: Float[Array, ""] | None = None
 
     def __init__(self, lambdas, kernel: AbstractKernel | None = None, sequence_length: int = 256,
-                 stream_norms=None, **kernel_fields):
+                 stream_norms=None, composition=None, **kernel_fields):
         """Unchecked construction (see `create`). `kernel_fields` replace fields of the kernel, so
         ``dataclasses.replace(model, temperature=t)`` changes the kernel's temperature; without a
         kernel they are an `AlibiKernel`'s fields."""
         self.lambdas = lambdas
         self.stream_norms = stream_norms
+        self.composition = composition
         if kernel is None:
             self.kernel = AlibiKernel(**kernel_fields)
         else:
@@ -152,6 +161,7 @@ class RolloutModel(eqx.Module):
         probability_shares=None,
         logit_gains=None,
         stream_norms=None,
+        composition=None,
     ) -> "RolloutModel":
         """Build a checked model, broadcasting per-layer and per-head values.
 
@@ -170,7 +180,9 @@ class RolloutModel(eqx.Module):
         (`jaxroll.engine.probability.with_probability_path`); both None keep
         the kernel as it is. `stream_norms` (``(T,)``, finite, > 0, or None)
         are the residual stream's norms at each layer's input, which a
-        branch scale reads (`jaxroll.interventions.BranchScale`).
+        branch scale reads (`jaxroll.interventions.BranchScale`). `composition`
+        (a number in [1, 2], or None for 1 on the fastest path) is the
+        exponent q with which paths compose (`RolloutModel.composition`).
 
         Raises:
             ConfigError: a one-line message naming the field, the value and
@@ -200,7 +212,27 @@ class RolloutModel(eqx.Module):
             "sequence_length", kernel.default_length() if sequence_length is None else sequence_length)
         kernel.check_length(sequence_length)
         return cls(lambdas=lambdas, kernel=kernel, sequence_length=sequence_length,
-                   stream_norms=checked_stream_norms(stream_norms, kernel.num_layers))
+                   stream_norms=checked_stream_norms(stream_norms, kernel.num_layers),
+                   composition=checked_composition(composition))
+
+
+COMPOSITION_RANGE = (1.0, 2.0)
+"""The exponents q a model may compose with: aligned paths (1) to orthogonal ones (2)."""
+
+
+def checked_composition(value):
+    """`value` as a float ``()`` array in `COMPOSITION_RANGE`; None stays None.
+
+    Raises:
+        ConfigError: one line naming ``composition``, the value and what is allowed.
+    """
+    if value is None:
+        return None
+    q = as_float_array("composition", value)
+    low, high = COMPOSITION_RANGE
+    if q.ndim != 0 or not np.isfinite(q) or not low <= q <= high:
+        raise ConfigError.of("composition", np.asarray(value).tolist(), f"a number in [{low:g}, {high:g}], or none")
+    return q
 
 
 def checked_stream_norms(values, num_layers: int):
@@ -270,4 +302,4 @@ def as_dense_model(model: RolloutModel, n: int | None = None) -> RolloutModel:
     kernels = np.array(layer_kernels(model, n), dtype=np.float64)
     kernels /= kernels.sum(axis=-1, keepdims=True)
     return RolloutModel.create(kernel=DenseKernel.create(kernels), lambdas=np.asarray(model.lambdas),
-                               sequence_length=n)
+                               sequence_length=n, composition=model.composition)

@@ -6,6 +6,12 @@ last row, ``p_T(j) = P_T[N-1, j]``: how much input position j contributes to
 the last position after T layers (arXiv 2602.16837; the ``lambda = 1`` case is
 the attention rollout of Abnar & Zuidema 2020).
 
+A model with a composition exponent q (`RolloutModel.composition`) composes
+path magnitudes instead: ``p(j) ∝ (e_{N-1}^T |R_T|^{∘q} ... |R_1|^{∘q})_j^{1/q}``,
+each transition raised elementwise to q and the row to 1/q at the end; q = 1
+is the product above. It takes the dense path (the powered transitions are
+no structured kernel).
+
 The profile needs one row, not the matrix: ``p^T = e_{N-1}^T R_T ... R_1`` is
 T vector-times-kernel products, applied from layer T down to layer 1 in one
 `jax.lax.scan`. `P_T` is never formed for it. Which product each layer uses
@@ -27,7 +33,7 @@ from .engine.plan import METHODS, Path, check_length, plan, resolve_method
 from .errors import ConfigError
 from .model import RolloutModel
 
-__all__ = ["METHODS", "attention_kernel", "transition", "influence",
+__all__ = ["METHODS", "attention_kernel", "transition", "influence", "model_method",
            "influence_with_mass", "influence_on_path", "rollout_matrix", "rollout_row"]
 
 
@@ -78,8 +84,45 @@ def _row_times_kernel(path: Path):
     return lambda vector, kernel: kernel.row_times_kernel(vector, path)
 
 
+def _magnitude_power(x, q):
+    """``|x|^q`` elementwise, 0 where x = 0 with a finite gradient there (masked entries stay masked under grad)."""
+    magnitude = jnp.abs(x)
+    positive = magnitude > 0
+    return jnp.where(positive, jnp.exp(q * jnp.log(jnp.where(positive, magnitude, 1.0))), 0.0)
+
+
+def _powered_transitions(model: RolloutModel, n: int, dtype):
+    """``(stacked, shared, layer_power)``: `layer_power(kernel, weight)` is ``|R_t|^{∘q}`` dense, ``(n, n)``."""
+    stacked, shared = model.kernel.scan_parts(Path(method="dense"))
+    identity = jnp.eye(n, dtype=dtype)
+
+    def layer_power(part, weight):
+        kernel = eqx.combine(part, shared)
+        dense = kernel.dense(n)  # A @ I = A: the step on the identity is the transition (`transition`)
+        return _magnitude_power(kernel.step(identity, weight, lambda *_: dense, left=True), model.composition)
+
+    return stacked, layer_power
+
+
+def _composed_row(model: RolloutModel, row):
+    """``(|row|^{∘q} |R_T|^{∘q} ... |R_1|^{∘q})^{∘1/q}`` with ``q = model.composition``: one dense scan."""
+    stacked, layer_power = _powered_transitions(model, row.shape[-1], row.dtype)
+
+    @jax.checkpoint  # reverse mode keeps one row per layer, not its (n, n) power
+    def apply_layer(vector, layer):
+        weight, part = layer
+        return vector @ layer_power(part, weight), None
+
+    powered = jax.lax.scan(apply_layer, _magnitude_power(row, model.composition), (model.lambdas, stacked),
+                           reverse=True)[0]
+    return _magnitude_power(powered, 1.0 / model.composition)
+
+
 def _rollout_row(model: RolloutModel, row, path: Path):
-    """``row^T R_T ... R_1`` along `path`: the shared kernel, one run-time switch, or the plain scan."""
+    """``row^T R_T ... R_1`` along `path`: the shared kernel, one run-time switch, or the plain scan (a model
+    with a composition exponent: its dense powered scan, whatever the path)."""
+    if model.composition is not None:
+        return _composed_row(model, row)
     if path.shared_kernel:
         return model.kernel.shared_rollout_row(row, model.lambdas)
     if path.settled is None:  # traced arrays: one switch around the whole rollout
@@ -104,6 +147,17 @@ def influence_on_path(model: RolloutModel, n: int, path: Path):
     return row / mass, mass
 
 
+def model_method(model: RolloutModel, method: str) -> str:
+    """`method` resolved for `model`: ``"dense"`` for a model with a composition exponent (refusing
+    ``"structured"`` in one line), else `resolve_method`'s."""
+    if model.composition is None:
+        return resolve_method(method)
+    if resolve_method(method) == "structured" and method != "auto":
+        raise ConfigError.of("method", method, "'dense' or 'auto' for a model with a composition exponent q "
+                             "(its powered transitions |R_t|^q are dense)")
+    return "dense"
+
+
 def influence_with_mass(
     model: RolloutModel, n: int | None = None, method: str = "auto"
 ) -> tuple[Float[Array, " n"], Float[Array, ""]]:
@@ -111,9 +165,11 @@ def influence_with_mass(
 
     Returns ``(p, mass)`` with ``mass = sum_j (e_{n-1}^T R_T ... R_1)_j`` and
     ``p`` that row divided by `mass`. Every ``R_t`` is row-stochastic, so
-    `mass` is 1 up to rounding; it is reported to make rounding visible.
+    `mass` is 1 up to rounding; it is reported to make rounding visible. With
+    a composition exponent q the row is ``(e_{n-1}^T |R_T|^{∘q} ... |R_1|^{∘q})^{1/q}``,
+    whose mass is not 1: ``p`` is still normalised to sum 1.
     """
-    n, method = check_length(model, n), resolve_method(method)
+    n, method = check_length(model, n), model_method(model, method)
     # XLA aborts the process on a failed allocation: refuse first, in one line.
     memory.check_fits(memory.model_influence_bytes(model, n, method, jnp.dtype(jnp.result_type(float)).itemsize),
                       f"influence: n = {n}", allowed="a shorter n")
@@ -160,7 +216,7 @@ def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "aut
     around the scan (a switch on batched arrays under `vmap` would run every
     rung). Pure: jit, vmap and grad apply.
     """
-    path = plan(model, row.shape[-1], method)
+    path = plan(model, row.shape[-1], model_method(model, method))
     if path.settled is None:
         path = dataclasses.replace(path, settled=False, rungs=())
     return _rollout_row(model, row, path)
@@ -169,12 +225,18 @@ def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "aut
 @functools.partial(jax.jit, static_argnames=("n",))
 def _rollout_matrix(model: RolloutModel, n: int) -> Float[Array, "n n"]:
     identity = jnp.eye(n, dtype=jnp.result_type(float))
+    if model.composition is not None:
+        stacked, layer_power = _powered_transitions(model, n, identity.dtype)
+        powered = jax.lax.scan(lambda product, layer: (layer_power(layer[1], layer[0]) @ product, None), identity,
+                               (model.lambdas, stacked))[0]
+        return _magnitude_power(powered, 1.0 / model.composition)
     return _scan_layers(model, identity, Path(method="dense"), lambda product, kernel: kernel.dense(n) @ product,
                         reverse=False)
 
 
 def rollout_matrix(model: RolloutModel, n: int | None = None) -> Float[Array, "n n"]:
-    """The full rollout ``P_T = R_T ... R_1``, shape ``(n, n)``.
+    """The full rollout ``P_T = R_T ... R_1``, shape ``(n, n)`` (with a composition exponent q,
+    ``(|R_T|^{∘q} ... |R_1|^{∘q})^{∘1/q}``, whose rows need not sum to 1).
 
     Under causal masking ``P_T`` is lower triangular and row-stochastic, and
     its top-left ``m x m`` block is the rollout at length m. Costs O(T n^3);

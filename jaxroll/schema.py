@@ -26,7 +26,7 @@ PAPER_KIND = "alibi"
 """The kernel of a configuration without ``kernel_config``: the paper's schema (ALiBi + content)."""
 
 _MODEL_KEYS = {"sequence_length", "num_layers", "lambda_schedule_config", "save_dir"}
-_OPTIONAL_KEYS = {"save_dir", "probability_shares", "logit_gains", "stream_norms"}
+_OPTIONAL_KEYS = {"save_dir", "probability_shares", "logit_gains", "stream_norms", "composition"}
 _SCHEDULE_KEYS = {
     "constant": {"schedule_type", "lambda_const"},
     "power_decay": {"schedule_type", "lambda_0", "beta"},
@@ -58,7 +58,9 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     probability path (`jaxroll.engine.probability`); absent, the layers are
     today's. Optional ``stream_norms`` (a list of ``num_layers`` numbers >
     0): the residual stream's norm at each layer's input, which a branch
-    scale reads (`jaxroll.interventions.BranchScale`).
+    scale reads (`jaxroll.interventions.BranchScale`). Optional
+    ``composition`` (a number in [1, 2]): the exponent q with which paths
+    compose (`RolloutModel.composition`; absent or null: q = 1).
 
     Raises:
         ConfigError: unknown keys, missing keys, wrong lengths, values out
@@ -82,7 +84,7 @@ def model_from_config(config: dict[str, Any], directory=None) -> RolloutModel:
     try:
         return RolloutModel.create(kernel=kernel, lambdas=lambdas, sequence_length=config["sequence_length"],
                                    probability_shares=shares, logit_gains=gains,
-                                   stream_norms=config.get("stream_norms"))
+                                   stream_norms=config.get("stream_norms"), composition=config.get("composition"))
     except ConfigError as error:
         if error.field in _MODEL_PATHS:
             raise error.renamed(_MODEL_PATHS[error.field]) from None
@@ -144,6 +146,8 @@ def config_from_model(model: RolloutModel, kernel_file: str | None = None) -> di
             config["logit_gains"] = compact(gains)
     if model.stream_norms is not None:
         config["stream_norms"] = [float(x) for x in np.asarray(model.stream_norms, dtype=np.float64)]
+    if model.composition is not None:
+        config["composition"] = float(model.composition)
     return config
 
 

@@ -1,132 +1,199 @@
-"""validation/composition.py (the composition test of issue 53): its composition, normalisation and Jacobians.
+"""The composition exponent q (`RolloutModel.composition`, `jaxroll.fitting.fit_composition`).
 
-Oracles written here: NumPy float64 matrix products (``numpy.linalg.multi_dot``) for the rolled-out local
-influence; the row sums for the normalisation; ``torch.autograd.functional.jacobian`` of the blocks called
-one by one (their arguments captured from a plain forward) for the local and end-to-end Jacobian norms, in
-float64, on tiny BLOOM and Llama models built from configurations.
+Oracles: a NumPy float64 rollout written here (ALiBi + content softmax rows,
+each transition raised elementwise to q, the last row's q-th root at the end),
+the plain rollout (q = 1 is the paper's product, exactly), a property of the
+form (one layer: the profile is the transition's last row whatever q), central
+differences, and a W1 written here for the fit's minimality.
 """
 
+import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-import validation_scripts  # tests/validation_scripts.py
+
+import jaxroll
+from jaxroll import ConfigError
+from jaxroll.fitting import fit_composition
+from jaxroll.model import checked_composition
+
+N = 24
+SLOPES = np.array([[0.5, 0.05], [0.25, 0.1], [0.8, 0.02]])
+DIAGONAL = np.array([[1.0, -0.5], [0.3, 0.0], [-1.0, 2.0]])
+LAMBDAS = np.array([0.3, 0.55, 0.2])
 
 
-composition = validation_scripts.load("composition")
+def model(q=None, lambdas=LAMBDAS, n=N):
+    return jaxroll.RolloutModel.create(num_layers=len(lambdas), num_heads=2, lambdas=lambdas,
+                                       alibi_slopes=SLOPES[:len(lambdas)], diagonal_scores=DIAGONAL[:len(lambdas)],
+                                       sequence_length=n, composition=q)
 
 
-def _causal_matrices(rng, shape):
-    n = shape[-1]
-    return rng.random(shape) * np.tril(np.ones((n, n))) + np.eye(n) * 0.1
+def oracle_transitions(lambdas=LAMBDAS, n=N):
+    """``R_t = (1 - lambda_t) I + lambda_t A_t``, ``A_t`` the head mean of causal softmax rows of
+    ``-m (i - j) + d [i == j]``, in NumPy float64."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    out = []
+    for t, lam in enumerate(lambdas):
+        heads = []
+        for m, d in zip(SLOPES[t], DIAGONAL[t]):
+            scores = np.where(j <= i, -m * (i - j) + d * (i == j), -np.inf)
+            rows = np.exp(scores - scores.max(axis=1, keepdims=True))
+            heads.append(rows / rows.sum(axis=1, keepdims=True))
+        out.append((1 - lam) * np.eye(n) + lam * np.mean(heads, axis=0))
+    return out
 
 
-def test_composition_is_the_last_row_of_the_numpy_product_layer_one_first():
+def oracle_profile(q, lambdas=LAMBDAS, n=N):
+    row = np.zeros(n)
+    row[-1] = 1.0
+    for transition in oracle_transitions(lambdas, n)[::-1]:
+        row = row @ np.abs(transition) ** q
+    profile = row ** (1.0 / q)
+    return profile / profile.sum()
+
+
+def w1(p, q):
+    """W1 over positions / (N - 1), as `jaxroll.metrics.wasserstein` defines it, in NumPy."""
+    return float(np.abs(np.cumsum(p - q)[:-1]).sum() / (len(p) - 1))
+
+
+@pytest.mark.parametrize("q", [1.0, 1.15, 1.5, 2.0])
+def test_the_powered_rollout_matches_the_numpy_oracle(q):
+    profile = np.asarray(jaxroll.influence(model(q)))
+    # float64 on both sides, T = 3 products of 24 x 24 and one root: 1e-12.
+    np.testing.assert_allclose(profile, oracle_profile(q), atol=1e-12)
+    assert abs(profile.sum() - 1.0) < 1e-12
+
+
+def test_q_one_is_the_plain_rollout_on_every_kernel_kind():
+    plain = model()
+    extended = jaxroll.model.with_probability_path(plain, [0.2, 0.4, 0.1])
+    dense = jaxroll.model.as_dense_model(plain)
+    for base in (plain, extended, dense):
+        composed = dataclasses.replace(base, composition=checked_composition(1.0))
+        np.testing.assert_allclose(np.asarray(jaxroll.influence(composed)), np.asarray(jaxroll.influence(base)),
+                                   atol=1e-12)
+    # and q moves the profile: the test above cannot pass by ignoring it
+    assert np.abs(np.asarray(jaxroll.influence(model(1.5))) - np.asarray(jaxroll.influence(plain))).max() > 1e-3
+
+
+def test_one_layer_is_its_transitions_last_row_whatever_q():
+    """A single layer's path from j to the output is one entry of R: (R_ij^q)^(1/q) = R_ij."""
+    one = np.array([0.4])
+    expected = oracle_transitions(one)[0][-1]
+    for q in (1.0, 1.3, 2.0):
+        np.testing.assert_allclose(np.asarray(jaxroll.influence(model(q, lambdas=one))), expected, atol=1e-12)
+
+
+def test_the_rollout_matrix_and_rows_compose_the_same_way():
+    q = 1.4
+    matrix = np.asarray(jaxroll.rollout_matrix(model(q)))
+    powered = np.eye(N)
+    for transition in oracle_transitions():
+        powered = np.abs(transition) ** q @ powered
+    np.testing.assert_allclose(matrix, powered ** (1 / q), atol=1e-12)
+    start = np.zeros(N)
+    start[10] = 1.0
+    np.testing.assert_allclose(np.asarray(jaxroll.rollout_row(model(q), jnp.asarray(start))), matrix[10],
+                               atol=1e-12)
+
+
+def test_gradients_in_q_and_lambda_match_central_differences():
+    def middle(q, lambdas):
+        composed = dataclasses.replace(model(1.0), composition=q, lambdas=lambdas)
+        return jaxroll.metrics.middle_mass(jaxroll.influence(composed))
+
+    q, lambdas = jnp.asarray(1.3), jnp.asarray(LAMBDAS)
+    grad_q, grad_lambdas = jax.grad(middle, argnums=(0, 1))(q, lambdas)
+    h = 1e-6
+    # central differences of a smooth float64 function: error O(h^2) plus rounding ~1e-10.
+    assert abs(float(grad_q) - (middle(q + h, lambdas) - middle(q - h, lambdas)) / (2 * h)) < 1e-7
+    for t in range(len(LAMBDAS)):
+        step = jnp.zeros(len(LAMBDAS)).at[t].set(h)
+        expected = (middle(q, lambdas + step) - middle(q, lambdas - step)) / (2 * h)
+        assert abs(float(grad_lambdas[t]) - float(expected)) < 1e-7
+    assert np.all(np.isfinite(np.asarray(grad_lambdas)))  # the masked (zero) entries give no NaN
+
+
+def test_a_sweep_of_a_composed_model_equals_its_points():
+    base = model(1.3)
+    result = jaxroll.sweep(base, lambdas=[[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], progress=False)
+    for row, lambdas in zip(np.asarray(result.profiles), ([0.1, 0.2, 0.3], [0.5, 0.5, 0.5])):
+        np.testing.assert_allclose(row.reshape(-1), oracle_profile(1.3, np.array(lambdas)), atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [0.5, 2.5, float("nan"), float("inf"), [1.2, 1.3], True, "1.5"])
+def test_bad_exponents_are_refused_in_one_line(value):
+    with pytest.raises(ConfigError) as caught:
+        model(value)
+    message = str(caught.value)
+    assert message.startswith("composition: ") and "\n" not in message
+
+
+def test_the_structured_method_is_refused_and_auto_takes_the_dense_path():
+    with pytest.raises(ConfigError, match=r"^method: got 'structured'; allowed: 'dense' or 'auto'"):
+        jaxroll.influence(model(1.2), method="structured")
+    np.testing.assert_allclose(np.asarray(jaxroll.influence(model(1.2), method="dense")),
+                               np.asarray(jaxroll.influence(model(1.2))), atol=1e-15)
+
+
+def test_the_yaml_round_trip_keeps_the_exponent(tmp_path):
+    jaxroll.save_config(model(1.25), tmp_path / "c.yaml")
+    text = (tmp_path / "c.yaml").read_text()
+    assert "composition: 1.25" in text
+    assert float(jaxroll.load_config(tmp_path / "c.yaml").composition) == 1.25
+    jaxroll.save_config(model(), tmp_path / "plain.yaml")
+    assert "composition" not in (tmp_path / "plain.yaml").read_text()
+    (tmp_path / "bad.yaml").write_text(text.replace("composition: 1.25", "composition: 3"))
+    with pytest.raises(ConfigError, match=r"bad.yaml: composition: got 3; allowed: a number in \[1, 2\]"):
+        jaxroll.load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("truth", [1.0, 1.37, 1.9])
+def test_the_fit_recovers_the_exponent_of_a_rollout_profile(truth):
+    target = oracle_profile(truth)
+    q, distance = fit_composition(model(), target)
+    # Brent's tolerance is 1e-3 in q; the profile moves smoothly with q, so its error is of that order.
+    assert abs(q - truth) < 3e-3
+    assert distance < 1e-4
+    if truth == 1.0:
+        assert q == 1.0  # the plain rollout, exactly, so a measured config keeps the fast path
+
+
+def test_the_fitted_exponent_is_no_worse_than_any_grid_point():
     rng = np.random.default_rng(0)
-    layers = _causal_matrices(rng, (3, 4, 7, 7))  # (S, L, N, N)
-    got = composition.compose_last_row(layers)
-    for s in range(3):
-        product = np.linalg.multi_dot([layers[s, t] for t in reversed(range(4))])  # M_4 M_3 M_2 M_1
-        np.testing.assert_allclose(got[s], product[-1], rtol=1e-12, atol=0)
-    single = composition.compose_last_row(layers[0], row=2)  # no leading axis, another row
-    np.testing.assert_allclose(single, np.linalg.multi_dot(list(layers[0, ::-1]))[2], rtol=1e-12, atol=0)
+    target = oracle_profile(1.2) * rng.uniform(0.8, 1.2, N)  # a profile no q reproduces
+    target /= target.sum()
+    q, distance = fit_composition(model(), target)
+    assert abs(distance - w1(oracle_profile(q), target)) < 1e-12
+    assert all(distance <= w1(oracle_profile(grid), target) + 1e-12 for grid in np.linspace(1, 2, 41))
 
 
-def test_row_normalisation_makes_rows_sum_to_one_and_keeps_their_shape():
-    rng = np.random.default_rng(1)
-    matrices = _causal_matrices(rng, (2, 3, 6, 6)) * rng.uniform(0.1, 10.0, (2, 3, 6, 1))
-    normalised = composition.row_normalise(matrices)
-    np.testing.assert_allclose(normalised.sum(-1), 1.0, rtol=0, atol=1e-12)
-    # each row divided by its own sum: the row times that sum is the row given
-    np.testing.assert_allclose(normalised * matrices.sum(-1, keepdims=True), matrices, rtol=1e-12, atol=0)
-    # a product of row-stochastic matrices is row-stochastic: the composed row is a profile
-    np.testing.assert_allclose(composition.compose_last_row(normalised).sum(-1), 1.0, rtol=0, atol=1e-12)
-    for bad in (np.zeros((2, 2)), -np.eye(2), np.full((2, 2), np.nan)):
-        with pytest.raises(ValueError):
-            composition.row_normalise(bad)
+# ---------------------------------------------------------------- measured
 
 
-def test_product_of_means_equals_mean_of_products_when_every_sequence_is_the_same():
-    rng = np.random.default_rng(2)
-    one = _causal_matrices(rng, (1, 3, 5, 5))
-    profiles = composition.composed_profiles(np.repeat(one, 4, axis=0),
-                                             transitions=composition.row_normalise(one[0]))
-    np.testing.assert_allclose(profiles["rows, per sequence"], profiles["rows, product of means"], rtol=1e-12)
-    np.testing.assert_allclose(profiles["norms, per sequence"], profiles["norms, product of means"], rtol=1e-12)
-    for t in range(3):  # swapping a layer for itself changes nothing
-        np.testing.assert_allclose(profiles[f"R_t -> Mn_t at layer {t + 1}"], profiles["rows, product of means"],
-                                   rtol=1e-12)
-    # with magnitudes kept, the profile is the NumPy product's last row normalised once
-    product = np.linalg.multi_dot(list(one[0, ::-1]))[-1]
-    np.testing.assert_allclose(profiles["norms, product of means"], product / product.sum(), rtol=1e-12)
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 
 
-# ---------------------------------------------------------------- the Jacobians, against autograd
+def test_a_measured_config_composes_with_the_fitted_exponent():
+    from jaxroll.measure import measure
 
-VOCAB, HEADS, HIDDEN, LENGTH = 64, 4, 16, 6
-
-
-def _tiny(family):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    if family == "bloom":
-        config = transformers.BloomConfig(n_layer=2, n_head=HEADS, hidden_size=HIDDEN, vocab_size=VOCAB)
-    else:
-        config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=2,
-                                          hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, vocab_size=VOCAB)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # larger weights, so that attention and MLP are far from the identity
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.mul_(3.0)
-    return model.double().eval()
-
-
-def _block_jacobians(model, token_ids):
-    """Per block, ``(S, N, D, N, D)`` d h'/d h, and the stack's d h_L/d h_0, by calling the blocks one by one."""
-    import torch
-
-    from jaxroll.measure.layer_maps import resolve
-    from jaxroll.measure.precision import full_precision
-
-    blocks, calls = resolve(model).blocks, []
-    handles = [b.register_forward_pre_hook(lambda m, a, k: calls.append((a, k)), with_kwargs=True) for b in blocks]
-    with torch.no_grad(), full_precision(model):
-        model(input_ids=torch.as_tensor(token_ids), use_cache=False)
-    for handle in handles:
-        handle.remove()
-
-    def run(t, h):
-        args, kwargs = calls[t]
-        out = blocks[t](h, *args[1:], **kwargs) if args else blocks[t](**dict(kwargs, hidden_states=h))
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-    def stack(h):
-        for t in range(len(blocks)):
-            h = run(t, h)
-        return h
-
-    inputs = [(a[0] if a else k["hidden_states"]).detach() for a, k in calls]
-    with full_precision(model):
-        local = [torch.autograd.functional.jacobian(lambda h, t=t: run(t, h), inputs[t]) for t in range(len(blocks))]
-        whole = torch.autograd.functional.jacobian(stack, inputs[0])
-    diagonal = [torch.stack([j[s, :, :, s] for s in range(len(token_ids))]) for j in local + [whole]]
-    return diagonal[:-1], diagonal[-1]  # sequences do not mix: keep s -> s
-
-
-@pytest.mark.parametrize("family", ["bloom", "llama"])
-def test_local_and_end_to_end_norms_equal_autograd_and_obey_the_product_bound(family):
-    model = _tiny(family)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    token_ids = np.random.default_rng(0).integers(0, VOCAB, (2, LENGTH))
-    local, whole = _block_jacobians(model, token_ids)
-    got = composition.local_influence(model, token_ids, batch=1)  # (S, L, N, N)
-    for t, jacobian in enumerate(local):
-        expected = jacobian.pow(2).sum((2, 4)).sqrt().numpy()  # (S, N, N): ||J(i, j)||_F
-        assert expected[:, -1].min() > 1e-3  # every key reaches the last query
-        np.testing.assert_allclose(got[:, t], expected, rtol=1e-10, atol=1e-12)
-    stack = composition.end_to_end(model, token_ids, batch=1)
-    np.testing.assert_allclose(stack, whole[:, -1].pow(2).sum((1, 3)).sqrt().numpy(), rtol=1e-10, atol=1e-12)
-    # the norm of the product is at most the product of the norms, entry by entry (triangle, submultiplicative)
-    assert np.all(stack <= composition.compose_last_row(got) * (1 + 1e-12))
+    torch.manual_seed(1)  # a tiny BLOOM whose best exponent is inside (1, 2] (1.05); seeds 0 and 2 give q = 1
+    config = transformers.BloomConfig(n_layer=4, n_head=4, hidden_size=32, vocab_size=64)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+    ids = np.random.default_rng(1).integers(0, 64, (4, 16))
+    result = measure(hf, ids, stats=("lambda", "content", "influence"))
+    composed = result.to_rollout_model()
+    measured = np.asarray(result.influence, dtype=np.float64)
+    plain = dataclasses.replace(composed, composition=None)
+    assert composed.composition is not None
+    q = float(composed.composition)
+    assert 1.0 < q <= 2.0
+    profile = lambda exponent: np.asarray(jaxroll.influence(  # noqa: E731
+        dataclasses.replace(plain, composition=checked_composition(exponent))))
+    # the config's exponent is no farther from the measured profile than q = 1 or any grid point
+    assert all(w1(profile(q), measured) <= w1(profile(grid), measured) + 1e-12 for grid in np.linspace(1, 2, 11))

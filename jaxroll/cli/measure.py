@@ -509,7 +509,21 @@ def _print_measure_summary(result, out, written, as_json: bool = False) -> None:
               f"argmin = {int(np.argmin(result.influence))}")
     for line in summary_lines(result):
         print(f"  {line}")
+    composition = _written_composition(out, written)
+    if composition is not None:
+        print(f"  composition: q = {composition:.4g} (paths compose between linear, 1, and quadrature, 2; "
+              "fitted to the measured influence, in config.yaml)")
     print(f"  wrote {out}/" + ", ".join(path.name for path in written))
+
+
+def _written_composition(out, written) -> float | None:
+    """The ``composition`` exponent of the config.yaml just written (None: none written, or q = 1)."""
+    import yaml
+
+    config = Path(out) / "config.yaml"
+    if config not in [Path(path) for path in written]:
+        return None
+    return yaml.safe_load(config.read_text(encoding="utf-8")).get("composition")
 
 
 def _measure_series(arguments) -> None:

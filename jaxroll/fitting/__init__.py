@@ -53,6 +53,7 @@ fit_kernel``) fits a relative-position kernel to measured dense kernels with
 the same loop.
 """
 
+from .composition import fit_composition as fit_composition
 from .design import GLOBAL_DIMENSIONS as GLOBAL_DIMENSIONS, GLOBAL_POINTS as GLOBAL_POINTS, halton as halton
 from .identification import (
     DETERMINED_THRESHOLD as DETERMINED_THRESHOLD,
@@ -81,4 +82,4 @@ __all__ = ["FIELDS", "SCHEDULES", "CONTENTS", "LOSSES", "VARIANTS", "BOX", "GLOB
            "GLOBAL_POINTS", "DETERMINED_THRESHOLD", "IDENTIFIABILITY_MAX_PARAMETERS", "TARGET_SUM_TOLERANCE",
            "GRADIENT_TOLERANCE", "LOSS_TOLERANCE", "PATIENCE", "LBFGS_MAX_PARAMETERS", "LBFGS_RESTARTS",
            "FitResult", "Identifiability", "fit", "objective", "identifiability", "compare_variants",
-           "cosine_adam", "default_optimizer", "default_lbfgs", "halton"]
+           "cosine_adam", "default_optimizer", "default_lbfgs", "halton", "fit_composition"]

@@ -282,7 +282,7 @@ def fit_kernel(model: RolloutModel, *, family: str = "power", num_heads: int = 1
     divergence = np.asarray(kernel_divergence(target, fitted), dtype=np.float64)
     error = np.asarray(jnp.max(jnp.abs(fitted - target), axis=(-1, -2)), dtype=np.float64)
     fitted_model = RolloutModel(lambdas=model.lambdas, kernel=jax.tree.map(np.asarray, kernel),
-                                sequence_length=model.sequence_length)
+                                sequence_length=model.sequence_length, composition=model.composition)
     weights = np.asarray(kernel.head_weights, dtype=np.float64)
     dropped = [(int(t), int(h)) for t, h in zip(*np.nonzero(weights < DROPPED_WEIGHT))] if num_heads > 1 else []
     if dropped:  # the data preferred fewer heads: said, not hidden

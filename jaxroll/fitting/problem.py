@@ -87,7 +87,7 @@ def _as_numpy_model(model, n: int):
     kernel = jax.tree.map(lambda x: np.asarray(x, dtype=np.float64), model.kernel)
     try:
         return RolloutModel.create(kernel=kernel, lambdas=np.asarray(model.lambdas, dtype=np.float64),
-                                   sequence_length=n)
+                                   sequence_length=n, composition=model.composition)
     except ConfigError as error:
         raise ConfigError(f"fit: the optimisation left the valid range ({error}); "
                           "try fewer free arrays or a smaller learning rate") from None

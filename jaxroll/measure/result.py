@@ -117,6 +117,11 @@ class Measurement:
 
         With lambda come the residual stream's norms (``extra["stream_norms"]``), which the model carries
         for a branch scale (`jaxroll.interventions.BranchScale`).
+
+        With influence measured at the model's length, the model composes paths with the exponent q in
+        [1, 2] nearest the measured profile (`jaxroll.fitting.fit_composition`, ``composition`` in the
+        config; docs/design.md, "How paths compose"): one number fitted on this measurement, with which
+        every change is then predicted.
         """
         if self.lambdas is None:
             raise ConfigError("stats: a rollout config needs 'lambda'; allowed: stats that include lambda")
@@ -126,13 +131,24 @@ class Measurement:
 
             model = dataclasses.replace(model, stream_norms=checked_stream_norms(self.extra["stream_norms"],
                                                                                  model.num_layers))
-        if "probability_over_value" not in self.extra:
-            return model
-        from ..model import with_probability_path
+        if "probability_over_value" in self.extra:
+            from ..model import with_probability_path
 
-        # share_from_ratio's rho = r / (1 + r), in float64 here (the config keeps every digit).
-        ratio = np.nan_to_num(np.asarray(self.extra["probability_over_value"], dtype=np.float64), nan=0.0)
-        return with_probability_path(model, ratio / (1.0 + ratio))
+            # share_from_ratio's rho = r / (1 + r), in float64 here (the config keeps every digit).
+            ratio = np.nan_to_num(np.asarray(self.extra["probability_over_value"], dtype=np.float64), nan=0.0)
+            model = with_probability_path(model, ratio / (1.0 + ratio))
+        return self._composed(model)
+
+    def _composed(self, model):
+        """`model` with the composition exponent fitted to the measured influence (`jaxroll.fitting.fit_composition`),
+        where influence was measured at the model's length; q = 1 leaves the model as it is (the fast path)."""
+        if self.influence is None or self.influence.shape[-1] != model.sequence_length:
+            return model
+        from ..fitting.composition import fit_composition
+        from ..model import checked_composition
+
+        q, _ = fit_composition(model, np.asarray(self.influence, dtype=np.float64))
+        return model if q == 1.0 else dataclasses.replace(model, composition=checked_composition(q))
 
     def _kernel_model(self, sequence_length):
         """The plain rollout model of the measured lambdas and kernel (`to_rollout_model` without the paths)."""

@@ -28,7 +28,7 @@ def _point_model(base, leaves: dict, n: int):
     by `Plan.chunk_leaves`), traced, so the vmap runs through them."""
     fields = {name.removeprefix("kernel."): value for name, value in leaves.items() if name.startswith("kernel.")}
     model = RolloutModel(lambdas=leaves["lambdas"], kernel=with_fields(base.kernel, fields),
-                         sequence_length=n)
+                         sequence_length=n, composition=base.composition)
     changes = [kind.from_record({kind.name: leaves[f"intervention.{kind.name}"]}, "axis")
                for kind in intervention_types() if f"intervention.{kind.name}" in leaves]
     return apply_all(model, changes) if changes else model

@@ -281,7 +281,7 @@ def _plan(model, axes: dict, lengths, zipped: bool, batch_size, mesh, stream: bo
     mixing = set(mixing_axes())
     # A kernel that mixes each row with its own weight (the probability path) is no polynomial in A.
     method = ("krylov" if count > 1 and set(names) <= _LAMBDA_AXES | mixing and _equal_layers(model)
-              and not model.kernel.mixes_rows else "vmap")
+              and not model.kernel.mixes_rows and model.composition is None else "vmap")
     evaluated = lengths if lengths is not None else (model.sequence_length,)
     devices = mesh.devices.size
     if batch_size is None:
