@@ -6,8 +6,9 @@
 row (``q = 1``: today's rollout) brings the unchanged prediction 6-13x closer to the measured influence at
 ``q`` = 1.15-1.2, fitted on the unchanged model alone. This run asks what that does to the predicted changes
 of `validation/interventions.py`'s table: for each model (wave 5 at N = 64, S = 64; wave 6 at N = 128, S = 48),
-q is the point of the grid 1, 1.025, ..., 2 with the least W1 between the default route's unchanged rollout and
-the baseline's measured influence; every intervention is then predicted with q = 1 and with that q, applied,
+q is the exponent `jaxroll measure` fitted to the baseline's measured influence and wrote to its config.yaml
+(`jaxroll.fitting.fit_composition`: the default route; the log also prints the best point of the grid 1,
+1.025, ..., 2, the first run's choice); every intervention is then predicted with q = 1 and with that q, applied,
 measured (``jaxroll measure --intervene``, the table's command) and scored as the table scores it
 (`jaxroll.measure.effect.effect`, paired, 1000 resamples): the naive W1 / noise, the anchored one, the unchanged
 prediction's, and the middle-mass change. Writes ``RUN/composition-fit.md`` and ``.json``.
@@ -73,8 +74,14 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[dict]:
     hf_config = transformers.AutoConfig.from_pretrained(model_dir)
     layers, heads = hf_config.num_hidden_layers, hf_config.num_attention_heads
     models = runs.rollout_models(baseline, family, folder / "baseline" / "config.yaml")
-    q = fitted_q(models["config"], runs.profile_of(baseline["influence_per_sequence"]), n)
-    log(f"{wave} {family}: fitted q = {q:g}")
+    # The default route's q: the one `jaxroll measure` fitted and wrote to config.yaml (None: q = 1).
+    composed = models["config"]
+    q = 1.0 if composed.composition is None else float(composed.composition)
+    log(f"{wave} {family}: q = {q:.4g} (config.yaml); the grid's best {fitted_q(composed, runs.profile_of(baseline['influence_per_sequence']), n):g}")
+    # The probe's NumPy power rollout against the library's composed rollout of the same config.
+    assert np.allclose(power.power_profile(power.transitions(composed, n), q), np.asarray(jaxroll.influence(composed)),
+                       atol=1e-10)
+    models = {name: dataclasses.replace(model, composition=None) for name, model in models.items()}
     rows = []
     for entry in runs.INTERVENTIONS[family]:
         mapping = runs.yaml_interventions(entry, layers, heads)
