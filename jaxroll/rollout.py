@@ -172,7 +172,8 @@ def influence_with_mass(
     n, method = check_length(model, n), model_method(model, method)
     # XLA aborts the process on a failed allocation: refuse first, in one line.
     memory.check_fits(memory.model_influence_bytes(model, n, method, jnp.dtype(jnp.result_type(float)).itemsize),
-                      f"influence: n = {n}", allowed="a shorter n")
+                      f"influence: n = {n}", allowed="a shorter n" if model.composition is None else
+                      "a shorter n, or the model without its composition exponent (q = 1, linear in memory)")
     return influence_on_path(model, n, plan(model, n, method))
 
 

@@ -77,6 +77,10 @@ print("ALiBi slopes (logit units):", measurement.alibi_slopes_logit)
 print("mean |diagonal content| (logit units):",
       round(float(np.abs(np.asarray(rollout_model.diagonal_scores)).mean()), 3))
 comparison = metrics.compare(predicted, measured)
+# `measure` fits the exponent with which the rollout composes paths to this measured profile (docs/design.md,
+# "How paths compose"): 1 adds them linearly as the paper does, 2 in quadrature.
+q = 1.0 if rollout_model.composition is None else float(rollout_model.composition)
+print(f"paths composed with q = {q:.3f}")
 print(f"predicted vs measured: W1/(N-1) {comparison.wasserstein:.4f}, Spearman {comparison.spearman:.3f}")
 print(f"attention-only vs measured: W1/(N-1) {float(metrics.wasserstein(attention_only, measured)):.4f}")
 
@@ -91,7 +95,7 @@ left.set_title("tiny BLOOM: measured mixing lambda_t", fontsize=10)
 positions = np.arange(N)
 for ax in (middle, right):
     ax.plot(positions, measured, color="k", alpha=0.6, label="measured gradient influence")
-    ax.plot(positions, predicted, color="C0", label=f"rollout prediction (W1 {comparison.wasserstein:.3f})")
+    ax.plot(positions, predicted, color="C0", label=f"rollout prediction, q = {q:.2f} (W1 {comparison.wasserstein:.3f})")
     ax.set_xlabel("input position j (tokens)")
 # Linear axis for the shape; the last token (p[-1] ~ 0.3) is off this scale.
 middle.set_ylim(0, 3 * np.median(measured))

@@ -99,12 +99,13 @@ def _read_at(tables, base, score, kappa):
     return (1 - w) * carried(stack[k], kappa - grid[k]) + w * carried(stack[k + 1], kappa - grid[k + 1])
 
 
-def _plain_rollout(kernels, lambdas):
+def _plain_rollout(kernels, lambdas, q=1.0):
+    """``(e^T |R_T|^q ... |R_1|^q)^(1/q)``: the plain layers composed with the config's exponent q."""
     row = np.zeros(kernels.shape[-1])
     row[-1] = 1.0
     for t in reversed(range(len(lambdas))):
-        row = row @ ((1 - lambdas[t]) * np.eye(len(row)) + lambdas[t] * kernels[t])
-    return row
+        row = row @ ((1 - lambdas[t]) * np.eye(len(row)) + lambdas[t] * kernels[t]) ** q
+    return row ** (1 / q)
 
 
 @pytest.mark.parametrize("kappa,form", [(-0.5, "log1p"), (-0.35, "log1p"), (0.7, "unsquash"), (2.6, "log1p")])
@@ -120,8 +121,9 @@ def test_the_default_route_predicts_a_distance_score_from_the_tables(tmp_path, k
     tables, base = distance_tables(p)[:, column], p.mean(axis=(1, 2))
     kernels = np.stack([_read_at(tables[t], base[t], forms(N)[column], kappa) for t in range(len(base))])
     # At gain 1 the closed-ratio layer is the plain layer on the rows (the path's shape does not move).
-    expected = _plain_rollout(kernels, np.clip(arrays["lambdas"], 0, 1))
+    q = 1.0 if rollout.composition is None else float(rollout.composition)  # fitted by measure (test_composition)
+    expected = _plain_rollout(kernels, np.clip(arrays["lambdas"], 0, 1), q)
     changed = interventions.apply_all(rollout, interventions.parse(f"kappa={kappa},kappa_form={form}"))
     np.testing.assert_allclose(np.asarray(jaxroll.influence(changed)), expected / expected.sum(), rtol=0, atol=1e-10)
-    unchanged = _plain_rollout(base, np.clip(arrays["lambdas"], 0, 1))
+    unchanged = _plain_rollout(base, np.clip(arrays["lambdas"], 0, 1), q)
     assert np.abs(expected - unchanged).max() > 1e-3  # the score moved the prediction

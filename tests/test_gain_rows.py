@@ -79,8 +79,9 @@ def test_the_default_for_every_family_where_the_tables_are_small():
     assert "attention_gains" not in default_stats("alibi", 363, 4)
 
 
-def _closed_ratio_oracle(rows, weights, lambdas, shares, gain):
-    """The rollout at one gain inside the grid, read linearly in ln g, closed-ratio layers (docs/design.md)."""
+def _closed_ratio_oracle(rows, weights, lambdas, shares, gain, q=1.0):
+    """The rollout at one gain inside the grid, read linearly in ln g, closed-ratio layers (docs/design.md),
+    composed with the exponent q (``(e^T |R_T|^q ... |R_1|^q)^(1/q)``)."""
     logs = np.log(GAIN_GRID)
     k = np.searchsorted(logs, np.log(gain), side="right") - 1
     w = (np.log(gain) - logs[k]) / (logs[k + 1] - logs[k])
@@ -98,7 +99,8 @@ def _closed_ratio_oracle(rows, weights, lambdas, shares, gain):
         total = branch.sum(-1)
         n = len(total)
         layer = ((1 - lambdas[t]) * np.eye(n) + lambdas[t] * branch) / (1 - lambdas[t] + lambdas[t] * total)[:, None]
-        row = row @ layer
+        row = row @ layer ** q
+    row = row ** (1 / q)
     return row / row.sum()
 
 
@@ -114,7 +116,8 @@ def test_the_default_route_predicts_a_temperature_from_the_tables(tmp_path):
     rows, weights = gain_tables(dense_probabilities(tiny("llama"), ids()))
     tau = 0.75
     changed = interventions.apply_all(rollout, interventions.parse(f"tau={tau}"))
-    expected = _closed_ratio_oracle(rows, weights, np.clip(arrays["lambdas"], 0, 1), ratio / (1 + ratio), 1 / tau)
+    q = 1.0 if rollout.composition is None else float(rollout.composition)  # fitted by measure (test_composition)
+    expected = _closed_ratio_oracle(rows, weights, np.clip(arrays["lambdas"], 0, 1), ratio / (1 + ratio), 1 / tau, q)
     np.testing.assert_allclose(np.asarray(jaxroll.influence(changed)), expected, rtol=0, atol=1e-10)
-    unchanged = _closed_ratio_oracle(rows, weights, np.clip(arrays["lambdas"], 0, 1), ratio / (1 + ratio), 1.0)
+    unchanged = _closed_ratio_oracle(rows, weights, np.clip(arrays["lambdas"], 0, 1), ratio / (1 + ratio), 1.0, q)
     assert np.abs(expected - unchanged).max() > 1e-3  # the temperature moved the prediction

@@ -34,8 +34,9 @@ def _tiny_bloom():
     return model.double().eval()
 
 
-def _oracle(arrays, tau: float) -> np.ndarray:
-    """Last row of the extended rollout in NumPy float64, from the measured arrays alone."""
+def _oracle(arrays, tau: float, q: float = 1.0) -> np.ndarray:
+    """Last row of the extended rollout in NumPy float64, from the measured arrays alone, composed with the
+    exponent q (``(e^T |R_T|^q ... |R_1|^q)^(1/q)``, normalised)."""
     n = LENGTH
     slopes = np.asarray(arrays["alibi_slopes_logit"], dtype=np.float64)
     scale = float(arrays["logit_scale"])
@@ -56,8 +57,9 @@ def _oracle(arrays, tau: float) -> np.ndarray:
             kernel += a / a.sum(axis=1, keepdims=True) / HEADS
         weight = 1.0 - shares[t] + shares[t] / tau
         layer = ((1.0 - lam) * np.eye(n) + lam * weight * kernel) / (1.0 - lam + lam * weight)
-        row = row @ layer
-    return row
+        row = row @ layer ** q
+    row = row ** (1 / q)
+    return row / row.sum()
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +86,9 @@ def test_the_measured_config_predicts_as_the_share_form(measured, tau):
     model = jaxroll.load_config(out / "config.yaml")  # float64: tests/conftest.py enables x64
     changed = interventions.apply_all(model, [interventions.Temperature(tau)]) if tau != 1.0 else model
     predicted = np.asarray(jaxroll.influence(changed), dtype=np.float64)
+    q = 1.0 if model.composition is None else float(model.composition)  # fitted by measure (test_composition)
     # float64 end to end: the oracle and the engine differ by summation order only.
-    np.testing.assert_allclose(predicted, _oracle(arrays, tau), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(predicted, _oracle(arrays, tau, q), rtol=0, atol=1e-12)
 
 
 def test_a_temperature_moves_the_extended_prediction_differently_from_the_plain_one(measured):
