@@ -88,6 +88,7 @@ class SmallModel:
     mask: str = "causal"
     window: int | None = None
     kernels: np.ndarray | None = None
+    composition = None  # q = 1 only: a config with ``composition`` is not read here (`from_mapping`), JAX rolls it out
 
     @property
     def num_layers(self) -> int:

@@ -271,6 +271,7 @@ def _results(model, profile, mass, source, out, options: _Options, sink_mass, *,
              *([CHANGES_FILE] if options.changes else []), *(["sinks.yaml"] if sink_mass is not None else [])]
     return {"source": source, "interventions": options.changes, "N": n, "T": model.num_layers,
             "H": model.num_heads, "mask": model.mask, "lambda_sum": float(np.sum(model.lambdas)), "mass": mass,
+            "composition": None if model.composition is None else float(model.composition),
             "p_first": float(profile[0]), "p_last": float(profile[-1]), "argmin": int(np.argmin(profile)),
             "edge": k, "first_mass": float(profile[:k].sum()), "middle_mass": float(profile[k:max(k, n - k)].sum()),
             "last_mass": float(profile[-k:].sum()), "sinks": None if sink_mass is None else options.sinks.num_sinks,
@@ -289,6 +290,9 @@ def _print_summary(results: dict, changed: str) -> None:
               "renormalised")
     print(f"  N = {n}, T = {r['T']}, H = {r['H']}, mask = {r['mask']}")
     print(f"  sum of lambdas = {r['lambda_sum']:.6g}, mass before normalising = {r['mass']:.9g}")
+    if r["composition"] is not None:
+        print(f"  paths composed with q = {r['composition']:.6g} (1: linearly, the paper's rollout; 2: in quadrature; "
+              "the mass is 1 only at q = 1)")
     print(f"  p[0] = {r['p_first']:.6g}, p[-1] = {r['p_last']:.6g}, argmin = {r['argmin']}")
     print(f"  first_mass / middle_mass / last_mass = {r['first_mass']:.6g} / {r['middle_mass']:.6g} / "
           f"{r['last_mass']:.6g} (positions: first {k}, middle {max(n - 2 * k, 0)}, last {k})")
