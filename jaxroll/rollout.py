@@ -55,9 +55,13 @@ def transition(model: RolloutModel, layer: int, n: int | None = None) -> Float[A
     n = check_length(model, n)
     if not 0 <= layer < model.num_layers:
         raise ConfigError(f"layer: got {layer}; allowed: 0 to {model.num_layers - 1}")
-    kernel = model.kernel.layer(layer)
+    return _layer_transition(model.kernel.layer(layer), model.lambdas[layer], n)
+
+
+def _layer_transition(kernel, weight, n: int):
+    """One layer's dense ``R_t``, ``(n, n)``, as the kernel steps it (its own `step`, lambda per layer or row)."""
     dense = kernel.dense(n)  # A @ I = A: the product on the identity is the kernel itself
-    return kernel.step(jnp.eye(n, dtype=dense.dtype), model.lambdas[layer], lambda *_: dense, left=True)
+    return kernel.step(jnp.eye(n, dtype=dense.dtype), weight, lambda *_: dense, left=True)
 
 
 def _scan_layers(model: RolloutModel, row, path: Path, product, reverse: bool = True):
@@ -91,22 +95,20 @@ def _magnitude_power(x, q):
     return jnp.where(positive, jnp.exp(q * jnp.log(jnp.where(positive, magnitude, 1.0))), 0.0)
 
 
-def _powered_transitions(model: RolloutModel, n: int, dtype):
-    """``(stacked, shared, layer_power)``: `layer_power(kernel, weight)` is ``|R_t|^{∘q}`` dense, ``(n, n)``."""
+def _powered_transitions(model: RolloutModel, n: int):
+    """``(stacked, layer_power)``: the per-layer leaves a scan slices, and `layer_power(part, weight)`, that
+    layer's ``|R_t|^{∘q}`` dense, ``(n, n)``."""
     stacked, shared = model.kernel.scan_parts(Path(method="dense"))
-    identity = jnp.eye(n, dtype=dtype)
 
     def layer_power(part, weight):
-        kernel = eqx.combine(part, shared)
-        dense = kernel.dense(n)  # A @ I = A: the step on the identity is the transition (`transition`)
-        return _magnitude_power(kernel.step(identity, weight, lambda *_: dense, left=True), model.composition)
+        return _magnitude_power(_layer_transition(eqx.combine(part, shared), weight, n), model.composition)
 
     return stacked, layer_power
 
 
 def _composed_row(model: RolloutModel, row):
     """``(|row|^{∘q} |R_T|^{∘q} ... |R_1|^{∘q})^{∘1/q}`` with ``q = model.composition``: one dense scan."""
-    stacked, layer_power = _powered_transitions(model, row.shape[-1], row.dtype)
+    stacked, layer_power = _powered_transitions(model, row.shape[-1])
 
     @jax.checkpoint  # reverse mode keeps one row per layer, not its (n, n) power
     def apply_layer(vector, layer):
@@ -227,7 +229,7 @@ def rollout_row(model: RolloutModel, row: Float[Array, " n"], method: str = "aut
 def _rollout_matrix(model: RolloutModel, n: int) -> Float[Array, "n n"]:
     identity = jnp.eye(n, dtype=jnp.result_type(float))
     if model.composition is not None:
-        stacked, layer_power = _powered_transitions(model, n, identity.dtype)
+        stacked, layer_power = _powered_transitions(model, n)
         powered = jax.lax.scan(lambda product, layer: (layer_power(layer[1], layer[0]) @ product, None), identity,
                                (model.lambdas, stacked))[0]
         return _magnitude_power(powered, 1.0 / model.composition)
