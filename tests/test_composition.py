@@ -197,3 +197,18 @@ def test_a_measured_config_composes_with_the_fitted_exponent():
         dataclasses.replace(plain, composition=checked_composition(exponent))))
     # the config's exponent is no farther from the measured profile than q = 1 or any grid point
     assert all(w1(profile(q), measured) <= w1(profile(grid), measured) + 1e-12 for grid in np.linspace(1, 2, 11))
+
+
+@pytest.mark.parametrize("q", [1.0, 1.5, 2.0])
+def test_the_composition_test_adds_paths_in_the_same_q_norm(q):
+    """validation/composition.py composes measured local norms with `compose_in_power`; on row-stochastic
+    transitions its normalised row is this file's oracle (float64, three 24 x 24 products: 1e-12), and q = 1 is
+    its plain product of norms."""
+    from validation_scripts import load
+
+    composition = load("composition")
+    layers = np.stack(oracle_transitions())
+    row = composition.compose_in_power(layers, q)
+    np.testing.assert_allclose(row / row.sum(), oracle_profile(q), atol=1e-12)
+    np.testing.assert_allclose(composition.compose_in_power(layers, 1.0), composition.compose_last_row(layers),
+                               atol=1e-15)

@@ -25,7 +25,9 @@ The local influence is rolled out like the rollout: the last row of ``M_L ... M_
 - ``norms``: ``M_t`` as measured (magnitudes kept), the last row normalised once at the end (a factor per
   layer cancels there): ``(M_L ... M_1)(N-1, j) = sum_paths prod_t ||J_t||_F``, the product of norms, which
   bounds the norm of the product entrywise, ``H^s(j) <= (M_L^s ... M_1^s)(N-1, j)`` (triangle inequality
-  and submultiplicativity; checked on every sequence).
+  and submultiplicativity; checked on every sequence);
+- ``norms, per sequence, q = 1.5`` and ``q = 2``: the same products of norms with the paths added in the q-norm
+  (`compose_in_power`), as the rollout with a composition exponent adds them (``q = 2``: in quadrature).
 
 Compared by W1 / noise against ``m``, so that the error splits into steps that change one thing each:
 
@@ -89,10 +91,24 @@ def compose_last_row(layers, row: int = -1) -> np.ndarray:
     return vector
 
 
+POWERS = (1.5, 2.0)
+"""The exponents the composition test adds the paths' products of norms in, beside q = 1."""
+
+
 def pooled_profile(rows) -> np.ndarray:
     """``sum_s r_s / sum_{s, j} r_s[j]`` for rows ``(S, N)``: sequences weigh by their mass, as the measured profile."""
     rows = np.asarray(rows, dtype=np.float64)
     return rows.sum(0) / rows.sum()
+
+
+def compose_in_power(layers, q: float) -> np.ndarray:
+    """``(e_{N-1}^T M_L^{∘q} ... M_1^{∘q})^{1/q}``: the paths' products of norms added in the q-norm, ``(..., N)``.
+
+    q = 1 is `compose_last_row` (paths add linearly, the bound on the norm of the product); q = 2 adds them in
+    quadrature, the expected norm when the paths' vectors are independent and centred (design.md, "How paths
+    compose"; `jaxroll.RolloutModel.composition`).
+    """
+    return compose_last_row(np.asarray(layers, dtype=np.float64) ** q) ** (1.0 / q)
 
 
 def composed_profiles(local, transitions=None) -> dict[str, np.ndarray]:
@@ -100,15 +116,17 @@ def composed_profiles(local, transitions=None) -> dict[str, np.ndarray]:
 
     ``rows, product of means``: last row of ``prod_t rownorm(mean_s M_t^s)``; ``norms, product of means``: of
     ``prod_t mean_s M_t^s``; ``rows, per sequence``: mean over s of each ``prod_t rownorm(M_t^s)``'s last row
-    (each sums to 1); ``norms, per sequence``: `pooled_profile` of each ``prod_t M_t^s``'s last row. With
-    `transitions` ``(L, N, N)`` (today's ``R_t``), also ``R_t -> Mn_t at layer t`` for each t.
+    (each sums to 1); ``norms, per sequence``: `pooled_profile` of each ``prod_t M_t^s``'s last row;
+    ``norms, per sequence, q = Q``: the same with the paths added in the Q-norm (`compose_in_power`), Q in
+    `POWERS`. With `transitions` ``(L, N, N)`` (today's ``R_t``), also ``R_t -> Mn_t at layer t`` for each t.
     """
     local = np.asarray(local, dtype=np.float64)
     mean = local.mean(0)
     out = {"rows, product of means": _normalised(compose_last_row(row_normalise(mean))),
            "norms, product of means": _normalised(compose_last_row(mean)),
            "rows, per sequence": compose_last_row(row_normalise(local)).mean(0),
-           "norms, per sequence": pooled_profile(compose_last_row(local))}
+           "norms, per sequence": pooled_profile(compose_last_row(local)),
+           **{f"norms, per sequence, q = {q:g}": pooled_profile(compose_in_power(local, q)) for q in POWERS}}
     if transitions is not None:
         for t in range(local.shape[1]):
             swapped = np.array(transitions, dtype=np.float64)
@@ -378,7 +396,8 @@ CHAIN = ("today (jaxroll rollout)", "R_t, mean attention", "R_t, per sequence", 
 STEPS = (("today (jaxroll rollout)", "R_t, mean attention"), ("R_t, mean attention", "R_t, per sequence"),
          ("R_t, mean attention", "rows, product of means"), ("rows, product of means", "norms, product of means"),
          ("rows, product of means", "rows, per sequence"), ("norms, product of means", "norms, per sequence"),
-         ("norms, per sequence", "norm of the product"), ("norm of the product", "measured"))
+         ("norms, per sequence", "norm of the product"), ("norms, per sequence", "norms, per sequence, q = 2"),
+         ("norms, per sequence, q = 2", "norm of the product"), ("norm of the product", "measured"))
 """The split: each pair changes one thing (kernel, R_t per sequence, layer model, normalisation, ..., readout)."""
 
 
@@ -496,6 +515,7 @@ def layer_table(model: dict) -> str:
 SHOWN = (("today (jaxroll rollout)", "tab:blue", "-", "today: jaxroll rollout (R_t)"),
          ("rows, product of means", "tab:orange", "-", "local ||dh'/dh||, rows normalised, product of means"),
          ("norms, per sequence", "tab:green", "--", "local ||dh'/dh||, product of norms per sequence"),
+         ("norms, per sequence, q = 2", "tab:purple", "-.", "the same, paths added in quadrature (q = 2)"),
          ("norm of the product", "tab:red", ":", "norm of the product of the block Jacobians"))
 
 
