@@ -78,11 +78,15 @@ def _softmax_rows(z):
     return e / e.sum(-1, keepdims=True)
 
 
-def _roll(lambdas, kernels):
-    v = np.zeros(kernels.shape[-1])
+def _roll(lambdas, kernels, q=1.0):
+    """``(e_{N-1}^T R_T^q ... R_1^q)^{1/q}`` over its sum, ``R_t = (1 - lambda_t) I + lambda_t A_t`` (entries >= 0,
+    raised elementwise)."""
+    n = kernels.shape[-1]
+    v = np.zeros(n)
     v[-1] = 1.0
     for lam, kernel in zip(lambdas[::-1], kernels[::-1]):
-        v = (1 - lam) * v + lam * (v @ kernel)
+        v = v @ ((1 - lam) * np.eye(n) + lam * kernel) ** q
+    v = v ** (1.0 / q)
     return v / v.sum()
 
 
@@ -188,10 +192,10 @@ def _path_weights_by_loops(alpha):
     return out / (alpha.shape[0] * alpha.shape[1])
 
 
-def _closed_ratio_roll(lambdas, changed, unchanged, weights, changed_weights, shares, gains):
+def _closed_ratio_roll(lambdas, changed, unchanged, weights, changed_weights, shares, gains, q=1.0):
     """The closed-ratio layers ``(T, N, N)`` formed by hand and rolled out: ``P = K C'/C`` (1 where C = 0),
     ``B = (1 - rho) K' + rho sigma_i P_i / |P_i|``, ``R_i = ((1 - lambda) e_i + lambda B_i) / (1 - lambda +
-    lambda W_i)``, ``e_{N-1}^T R_T ... R_1`` over its sum."""
+    lambda W_i)``, ``(e_{N-1}^T R_T^q ... R_1^q)^{1/q}`` over its sum."""
     v = np.zeros(N)
     v[-1] = 1.0
     for t in reversed(range(len(lambdas))):
@@ -201,7 +205,8 @@ def _closed_ratio_roll(lambdas, changed, unchanged, weights, changed_weights, sh
         branch = (1 - shares[t]) * changed[t] + shares[t] * gains[t][:, None] * moved / moved.sum(-1, keepdims=True)
         lam = lambdas[t]
         layer = ((1 - lam) * np.eye(N) + lam * branch) / (1 - lam + lam * branch.sum(-1))[:, None]
-        v = v @ layer
+        v = v @ layer ** q
+    v = v ** (1.0 / q)
     return v / v.sum()
 
 
@@ -240,6 +245,31 @@ def test_the_closed_ratio_form_matches_a_numpy_float64_oracle():
     np.testing.assert_allclose(prediction.baseline, _roll(lam, unchanged), rtol=0, atol=1e-10)
     # The probability path moves the prediction: the form is not today's layer on the rows.
     assert np.abs(prediction.profile - prediction.rows_profile).max() > 1e-3
+
+
+def test_every_rollout_composes_its_paths_with_the_given_exponent():
+    """With a composition exponent q, the baseline, today's layer on the rows and the closed-ratio form each
+    compose as the hand-written q-norm rollouts (1e-10, as the q = 1 oracles above), and q moves them."""
+    model, ids = _bloom(), _ids()
+    tau, q, lam, rho = 1.5, 1.6, np.array([0.3, 0.55]), np.array([0.35, 0.5])
+    prediction = predict_rows(model, ids, lam, parse(f"tau={tau}"), batch_size=2, shares=rho, composition=q)
+    plain = predict_rows(model, ids, lam, parse(f"tau={tau}"), batch_size=2, shares=rho)
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    alphas = _bloom_rows(model, ids)
+    changed = np.stack([_softmax_rows(np.where(j <= i, np.log(np.where(j <= i, a, 1.0)) / tau, -np.inf))
+                        for a in alphas])
+    weights = np.stack([_path_weights_by_loops(a) for a in alphas])
+    changed_weights = np.stack([_path_weights_by_loops(a) for a in changed])
+    kernels, unchanged = changed.mean((1, 2)), alphas.mean((1, 2))
+    gains = np.full((2, N), 1.0 / tau)
+    np.testing.assert_allclose(prediction.baseline, _roll(lam, unchanged, q), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.rows_profile, _roll(lam, kernels, q), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(prediction.profile, _closed_ratio_roll(lam, kernels, unchanged, weights,
+                                                                      changed_weights, rho, gains, q),
+                               rtol=0, atol=1e-10)
+    assert np.abs(prediction.baseline - plain.baseline).max() > 1e-3
+    with pytest.raises(Exception, match="composition"):
+        predict_rows(model, ids, lam, parse(f"tau={tau}"), composition=2.5)
 
 
 def test_the_closed_ratio_form_without_a_change_is_the_rollout_of_the_mean_kernel():
@@ -394,6 +424,34 @@ def test_command_with_paths_runs_the_closed_ratio_form(measured, tmp_path, capsy
     np.testing.assert_allclose(io.read_profile(out / "profile.csv"), direct.profile, rtol=0, atol=1e-12)
     np.testing.assert_allclose(io.read_profile(out / "baseline_profile.csv"), _roll(arrays["lambdas"],
                                arrays["attention_mean"]), rtol=0, atol=1e-10)
+
+
+def test_command_composes_with_the_baselines_exponent(measured, tmp_path, capsys):
+    """A baseline whose config.yaml carries ``composition`` (as jaxroll measure writes a fitted q): every profile
+    the command writes composes with it, and rows.json says which q ran; one outside [1, 2] is refused in one
+    line."""
+    from jaxroll import io
+
+    composed = tmp_path / "composed"
+    composed.mkdir()
+    for name in ("metadata.json", "measurement.npz"):
+        (composed / name).write_bytes((measured / "base" / name).read_bytes())
+    config = (measured / "base" / "config.yaml").read_text()
+    config = "\n".join(line for line in config.splitlines() if not line.startswith("composition:"))
+    (composed / "config.yaml").write_text(config + "\ncomposition: 1.5\n")
+    out = tmp_path / "pred"
+    code, stdout, stderr = run_cli(["predict-rows", "--measured", composed, "--intervene", "tau=1.5", "--out", out,
+                                    "--json"], capsys)
+    assert code == 0, stderr
+    assert json.loads(stdout)["composition"] == 1.5
+    arrays = np.load(composed / "measurement.npz")
+    np.testing.assert_allclose(io.read_profile(out / "baseline_profile.csv"),
+                               _roll(arrays["lambdas"], arrays["attention_mean"], 1.5), rtol=0, atol=1e-10)
+    (composed / "config.yaml").write_text(config + "\ncomposition: 3\n")
+    code, _, stderr = run_cli(["predict-rows", "--measured", composed, "--intervene", "tau=1.5", "--out",
+                               tmp_path / "refused"], capsys)
+    assert code == 2 and stderr.count("\n") == 1 and "composition" in stderr and "[1, 2]" in stderr, stderr
+    assert not (tmp_path / "refused").exists()
 
 
 def _bad(measured, tmp_path):

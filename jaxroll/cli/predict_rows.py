@@ -26,7 +26,8 @@ def add_parser(commands) -> None:
                     "form: the path weights of the unchanged and changed rows move the mean kernel's shape, "
                     "weighted by the path's share rho = r / (1 + r) and the logit gain (1/tau, SSMax's s ln n_i; "
                     "a per-head tau as its heads' mean); without paths, today's layer on the rows. rows.json "
-                    "names the form that ran. Sequences stream in micro-batches. Writes profile.csv and "
+                    "names the form that ran. Every rollout composes its paths with the exponent q of DIR/config.yaml "
+                    "where jaxroll measure fitted one (rows.json: composition). Sequences stream in micro-batches. Writes profile.csv and "
                     "baseline_profile.csv (for jaxroll effect --predicted and --predicted-baseline) and "
                     "rows.json into --out (docs/interventions.md, 'Predicting by the per-sequence rows' and "
                     "'The probability path's shape').")
@@ -73,4 +74,6 @@ def _run_predict_rows(arguments) -> None:
     print(f"  form: {record['form']}; middle mass: predicted {middle['predicted']:.4f}, predicted baseline "
           f"{middle['predicted_baseline']:.4f}, change {middle['change']:+.4f} (today's layer on the rows: "
           f"{middle['change_rows_only']:+.4f})")
+    if record["composition"] is not None:
+        print(f"  paths composed with q = {record['composition']:.6g} (DIR/config.yaml, as jaxroll measure fitted it)")
     print(f"  wrote {', '.join(str(path) for path in paths)}")

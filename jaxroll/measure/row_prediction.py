@@ -51,6 +51,10 @@ with ``sigma_t(i) = mean_h a_{t,h}(i)`` the change's factor on the content logit
 only the shape ratio moves). With no change it is today's layer exactly, and the predicted baseline stays the
 rollout of the mean kernel. Without shares (a baseline measured without ``paths``) the prediction is the
 rollout of ``A'_t`` above.
+
+**The composition exponent.** Where the baseline's config.yaml has a ``composition`` q (`jaxroll measure` fits
+it, docs/design.md "How paths compose"), every rollout above, the predicted baseline included, composes its
+paths in the q-norm, ``p ∝ (e_{N-1}^T |R_T|^{∘q} ... |R_1|^{∘q})^{1/q}``, as the default route does.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction",
-           "working_bytes", "rolled_out", "path_rolled_out", "logit_gains", "PROFILE_FILE", "BASELINE_FILE",
+           "working_bytes", "rolled_out", "path_rolled_out", "logit_gains", "measured_composition", "PROFILE_FILE",
+           "BASELINE_FILE",
            "CLOSED_RATIO", "ROWS_ONLY"]
 
 PROFILE_FILE = "profile.csv"
@@ -141,12 +146,18 @@ def _check_memory(layers: int, heads: int, length: int, batch: int, limit: int |
                       allowed="a smaller --batch-size (or --max-memory SIZE to override)")
 
 
-def rolled_out(lambdas, kernels) -> np.ndarray:
+def rolled_out(lambdas, kernels, composition=None) -> np.ndarray:
     """``e_{N-1}^T R_T ... R_1`` over its sum, ``R_t = (1 - lambda_t) I + lambda_t A_t``: NumPy float64 ``(N,)``
-    (`jaxroll.numpy_rollout.influence_with_mass` on the dense kernels ``(T, N, N)``)."""
+    (`jaxroll.numpy_rollout.influence_with_mass` on the dense kernels ``(T, N, N)``). With a `composition`
+    exponent q the paths compose in the q-norm, ``(e_{N-1}^T |R_T|^q ... |R_1|^q)^{1/q}`` over its sum, by the
+    engine in float64 (`jaxroll.RolloutModel.composition`)."""
     from ..numpy_rollout import SmallModel, influence_with_mass
 
     kernels = np.asarray(kernels, dtype=np.float64)
+    if composition is not None:
+        from ..engine.dense import DenseKernel
+
+        return _engine_profile(DenseKernel.create(kernels), lambdas, kernels.shape[-1], composition)
     model = SmallModel(lambdas=np.asarray(lambdas, dtype=np.float64), sequence_length=kernels.shape[-1],
                        kind="dense", kernels=kernels)
     return influence_with_mass(model)[0]
@@ -173,12 +184,13 @@ def logit_gains(plan, layers: int, length: int, windows) -> np.ndarray:
     return gains
 
 
-def path_rolled_out(lambdas, kernels, baseline_kernels, weights, changed_weights, shares, gains) -> np.ndarray:
+def path_rolled_out(lambdas, kernels, baseline_kernels, weights, changed_weights, shares, gains,
+                    composition=None) -> np.ndarray:
     """The closed-ratio rollout (module docstring) ``(N,)`` float64: `jaxroll.engine.probability.with_path_shape`
     of ``K' = kernels`` and ``moved_shape(K, C, C')`` (K = `baseline_kernels`, C = `weights`, C' =
     `changed_weights`, each ``(T, N, N)``), shares rho ``(T,)``, gains sigma ``(T, N)``, rolled out with
-    `lambdas` ``(T,)`` by the engine in float64. Equal to `rolled_out` of `kernels` where ``C' = C`` and
-    ``sigma = 1``.
+    `lambdas` ``(T,)`` by the engine in float64, its paths composed with exponent `composition` (None: q = 1).
+    Equal to `rolled_out` of `kernels` where ``C' = C`` and ``sigma = 1``.
 
     Raises:
         ConfigError: one line naming ``probability_shares``, ``logit_gains`` or ``path_shape``.
@@ -186,16 +198,25 @@ def path_rolled_out(lambdas, kernels, baseline_kernels, weights, changed_weights
     import jax
 
     from ..engine.probability import moved_shape, with_path_shape
-    from ..model import RolloutModel
-    from ..rollout import influence
 
     kernels = np.asarray(kernels, dtype=np.float64)
     with jax.enable_x64(True):  # the rows' float64, as `rolled_out`'s NumPy
         shape = moved_shape(baseline_kernels, weights, changed_weights)
         kernel = with_path_shape(kernels, shape, np.asarray(shares, dtype=np.float64),
                                  np.asarray(gains, dtype=np.float64))
-        model = RolloutModel.create(kernel=kernel, lambdas=np.asarray(lambdas, dtype=np.float64),
-                                    sequence_length=kernels.shape[-1])
+        return _engine_profile(kernel, lambdas, kernels.shape[-1], composition)
+
+
+def _engine_profile(kernel, lambdas, n: int, composition) -> np.ndarray:
+    """`jaxroll.influence` of `kernel` with `lambdas` at length `n`, paths composed with `composition`, float64."""
+    import jax
+
+    from ..model import RolloutModel, checked_composition
+    from ..rollout import influence
+
+    with jax.enable_x64(True):
+        model = RolloutModel.create(kernel=kernel, lambdas=np.asarray(lambdas, dtype=np.float64), sequence_length=n,
+                                    composition=None if composition is None else checked_composition(composition))
         return np.asarray(influence(model), dtype=np.float64)
 
 
@@ -274,16 +295,19 @@ def _accumulate_rotated(sums, plan, resolved, capture, config):
     return on_query_key
 
 
-def _prediction(sums, count: int, lambdas, changes, plan, shares, windows, stream_norms=None) -> RowPrediction:
-    """The running sums of `count` sequences rolled out: today's layer on the rows (``rows_profile``), the
-    baseline (the mean kernel), and with `shares` the closed-ratio profile (`path_rolled_out`)."""
+def _prediction(sums, count: int, lambdas, changes, plan, shares, windows, stream_norms=None,
+                composition=None) -> RowPrediction:
+    """The running sums of `count` sequences rolled out (paths composed with `composition`): today's layer on the
+    rows (``rows_profile``), the baseline (the mean kernel), and with `shares` the closed-ratio profile
+    (`path_rolled_out`)."""
     baseline_kernels, kernels = sums["baseline"] / count, sums["changed"] / count
     mixed = lambdas
     branch = [change for change in changes if getattr(change, "torch_change", None) == "branch"]
     if plan.gammas is not None and branch:  # the intervention's own mixing rule, declared on its type
         mixed = np.asarray(type(branch[0]).mixed_lambdas(np.asarray(plan.gammas), lambdas, stream_norms),
                            dtype=np.float64)
-    rows_profile, baseline = rolled_out(mixed, kernels), rolled_out(lambdas, baseline_kernels)
+    rows_profile = rolled_out(mixed, kernels, composition)
+    baseline = rolled_out(lambdas, baseline_kernels, composition)
     prediction = RowPrediction(rows_profile, baseline, mixed, kernels, baseline_kernels, int(count), ROWS_ONLY,
                                rows_profile)
     if shares is None:
@@ -291,13 +315,13 @@ def _prediction(sums, count: int, lambdas, changes, plan, shares, windows, strea
     weights, changed_weights = sums["baseline_weights"] / count, sums["changed_weights"] / count
     layers, n = kernels.shape[0], kernels.shape[-1]
     gains = logit_gains(plan, layers, n, windows)
-    profile = path_rolled_out(mixed, kernels, baseline_kernels, weights, changed_weights, shares, gains)
+    profile = path_rolled_out(mixed, kernels, baseline_kernels, weights, changed_weights, shares, gains, composition)
     return dataclasses.replace(prediction, profile=profile, form=CLOSED_RATIO, weights=weights,
                                changed_weights=changed_weights, gains=gains)
 
 
 def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max_memory: int | None = None,
-                 plan=None, shares=None, stream_norms=None) -> RowPrediction:
+                 plan=None, shares=None, stream_norms=None, composition=None) -> RowPrediction:
     """The per-sequence-rows prediction of `changes` and of the unchanged model (module docstring):
 
         A'_t = mean_{s,h} softmax_j(a(i) (log alpha_{t,h}^s - b) + c(i) b + d(i, j))     (T, N, N)
@@ -320,6 +344,8 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
             baseline's ``probability_over_value``), or None for today's layer on the rows.
         stream_norms: ``(T,)`` the baseline's ``stream_norms``, which a branch scale's rule reads
             (`jaxroll.interventions.BranchScale`), or None for the plain formula.
+        composition: the exponent q in [1, 2] in which every rollout here composes its paths (the baseline's
+            config.yaml ``composition``, `jaxroll.RolloutModel.composition`), or None for q = 1.
 
     Returns:
         `RowPrediction`: profiles ``(N,)``, kernels ``(T, N, N)``, its form.
@@ -353,6 +379,10 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         if shares.shape != (layers,) or not np.all((shares >= 0) & (shares < 1)):
             raise ConfigError.of("probability_shares", f"shape {shares.shape}: {shares.tolist()}",
                                  f"({layers},) values in [0, 1), one per block")
+    if composition is not None:  # checked before the forward passes, as the shares are
+        from ..model import checked_composition
+
+        checked_composition(composition)
     plan = row_plan(changes, model.config) if plan is None else plan
     _check_memory(layers, resolved.num_heads, n, min(int(batch_size), ids.shape[0]), max_memory)
     bias = key_bias(model, resolved, n)
@@ -368,7 +398,8 @@ def predict_rows(model, token_ids, lambdas, changes, *, batch_size: int = 8, max
         for first in range(0, ids.shape[0], int(batch_size)):
             batch = torch.as_tensor(ids[first:first + int(batch_size)], dtype=torch.long, device=device)
             model(input_ids=batch, use_cache=False)
-    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows, stream_norms)
+    prediction = _prediction(sums, ids.shape[0], lambdas, changes, plan, shares, resolved.windows, stream_norms,
+                             composition)
     if not (np.all(np.isfinite(prediction.profile)) and np.all(np.isfinite(prediction.baseline))):
         raise ConfigError.of("per-sequence rows", "a non-finite profile", "finite attention rows")
     return prediction
@@ -417,6 +448,32 @@ def _measured_inputs(directory: Path, flag: str) -> tuple:
     return ids, lambdas, metadata or {}, shares, norms
 
 
+def measured_composition(directory: Path, flag: str = "--measured") -> float | None:
+    """The composition exponent q of the baseline's ``config.yaml`` (what `jaxroll measure` fitted and wrote), or
+    None where the folder has no config.yaml or it has no ``composition`` key (q = 1).
+
+    Raises:
+        ConfigError: one line naming the folder: a config.yaml that is not a YAML mapping, or a q outside [1, 2].
+    """
+    import yaml
+
+    from ..model import checked_composition
+
+    config = Path(directory) / "config.yaml"
+    if not config.is_file():
+        return None
+    try:
+        mapping = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError.of(f"{flag} {directory}", f"config.yaml unreadable ({type(error).__name__})",
+                             "the config.yaml jaxroll measure wrote") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError.of(f"{flag} {directory}", "config.yaml is not a mapping", "the config.yaml jaxroll "
+                             "measure wrote")
+    q = checked_composition(mapping.get("composition"))
+    return None if q is None else float(q)
+
+
 def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size: int = 8,
                              max_memory: int | None = None, device: str = "cpu", flag: str = "--measured"):
     """`predict_rows` of ``--intervene SPEC`` from a baseline measurement folder: ``(RowPrediction, record)``.
@@ -433,6 +490,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
     """
     directory = Path(directory)
     token_ids, lambdas, metadata, shares, norms = _measured_inputs(directory, flag)  # before torch, transformers
+    composition = measured_composition(directory, flag)
     from .loading import inspect_model, load_model
     from .torch_plan import parse_for, position_limit
 
@@ -456,7 +514,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
     dtype = str(metadata.get("dtype") or "float32")
     model = load_model(source, dtype=dtype, attn_implementation="eager", device=device)
     prediction = predict_rows(model, token_ids, lambdas, changes, batch_size=batch_size, max_memory=max_memory,
-                              plan=plan, shares=shares, stream_norms=norms)
+                              plan=plan, shares=shares, stream_norms=norms, composition=composition)
     from ..interventions import describe
     from .effect import middle_mass
 
@@ -466,7 +524,7 @@ def predict_from_measurement(directory, spec: str, *, model_dir=None, batch_size
               "middle_mass": {"predicted": float(middle_mass(prediction.profile)),
                               "predicted_baseline": float(middle_mass(prediction.baseline)),
                               "predicted_rows_only": float(middle_mass(prediction.rows_profile))},
-              "form": prediction.form, "method": _METHODS[prediction.form]}
+              "form": prediction.form, "method": _METHODS[prediction.form], "composition": composition}
     if norms is not None:  # what the branch-scale rule read (docs/interventions.md, "The stream under a branch scale")
         record["stream_norms"] = np.asarray(norms, dtype=np.float64).tolist()
     if shares is not None:
