@@ -212,3 +212,17 @@ def test_the_composition_test_adds_paths_in_the_same_q_norm(q):
     np.testing.assert_allclose(row / row.sum(), oracle_profile(q), atol=1e-12)
     np.testing.assert_allclose(composition.compose_in_power(layers, 1.0), composition.compose_last_row(layers),
                                atol=1e-15)
+
+
+@pytest.mark.parametrize("q", [1.0, 1.5, 2.0])
+def test_the_diagonal_closed_form_and_so_the_collapse_theorem_hold_for_every_q(q):
+    """Under a causal mask each R_t is lower triangular, so the powered product's diagonal is
+    ``prod_t R_t[i, i]^q`` and its q-th root is the paper's ``P_T[i, i]``: the composed matrix keeps the closed-form
+    diagonal (`jaxroll.theory.diagonal`), and with it the finite-mixing theorem. Oracle: the product of the NumPy
+    transitions' diagonals (float64, three factors: 1e-12)."""
+    from jaxroll.theory import diagonal
+
+    expected = np.prod([np.diag(transition) for transition in oracle_transitions()], axis=0)
+    matrix = np.asarray(jaxroll.rollout_matrix(model(q)))
+    np.testing.assert_allclose(np.diag(matrix), expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(diagonal(model(q))), expected, rtol=0, atol=1e-12)
