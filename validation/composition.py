@@ -9,7 +9,9 @@ For each model of ``--models`` (``bloom-trained``, ``llama-trained``; ``held_out
   next-token probability at the last position, normalised, mean over sequences weighted by mass), with its
   bootstrap noise (`jaxroll.measure.uncertainty.score`, 1000 resamples, seed 0);
 - **today's prediction**: ``jaxroll rollout`` of that measurement's ``config.yaml`` (measured lambda_t and
-  kernel: BLOOM the ALiBi slopes with measured content, Llama the measured mean attention);
+  kernel: BLOOM the ALiBi slopes with measured content, Llama the measured mean attention; its paths composed
+  with the exponent q that ``jaxroll measure`` fitted), and the same transitions composed linearly
+  (``today, q = 1``);
 - **each block's full local Jacobian norm** ``M_t^s(i, j) = ||d h'_i / d h_j||_F`` for every i, j and every
   sequence s (`local_influence`), and its paths (`jaxroll.measure.paths.layer_paths` at ``--path-queries``
   query rows);
@@ -334,13 +336,15 @@ def measure_and_roll_out(family: str, models: Path, out: Path, samples: int):
     return arrays, read_profile(rolled / "profile.csv"), measured / "config.yaml"
 
 
-def todays_transitions(config_path: Path, n: int) -> np.ndarray:
-    """Today's ``R_t = (1 - lambda_t) I + lambda_t A_t`` ``(L, N, N)`` of the measured configuration."""
+def todays_transitions(config_path: Path, n: int) -> tuple[np.ndarray, float]:
+    """Today's ``R_t = (1 - lambda_t) I + lambda_t A_t`` ``(L, N, N)`` of the measured configuration, and the
+    exponent q its rollout composes them with (config.yaml's ``composition``, 1 without it)."""
     import jaxroll
     from jaxroll.rollout import transition
 
     model = jaxroll.load_config(config_path)
-    return np.stack([np.asarray(transition(model, t, n), dtype=np.float64) for t in range(model.num_layers)])
+    q = 1.0 if model.composition is None else float(model.composition)
+    return np.stack([np.asarray(transition(model, t, n), dtype=np.float64) for t in range(model.num_layers)]), q
 
 
 def sequence_transitions(model, token_ids, lambdas) -> dict[str, np.ndarray]:
@@ -393,7 +397,8 @@ def layer_rows(local, paths, queries, lambdas, lambda_gradient, transitions) -> 
 CHAIN = ("today (jaxroll rollout)", "R_t, mean attention", "R_t, per sequence", "rows, product of means",
          "norms, product of means", "rows, per sequence", "norms, per sequence", "norm of the product")
 
-STEPS = (("today (jaxroll rollout)", "R_t, mean attention"), ("R_t, mean attention", "R_t, per sequence"),
+STEPS = (("today (jaxroll rollout)", "today, q = 1"), ("today, q = 1", "R_t, mean attention"),
+         ("R_t, mean attention", "R_t, per sequence"),
          ("R_t, mean attention", "rows, product of means"), ("rows, product of means", "norms, product of means"),
          ("rows, product of means", "rows, per sequence"), ("norms, product of means", "norms, per sequence"),
          ("norms, per sequence", "norm of the product"), ("norms, per sequence", "norms, per sequence, q = 2"),
@@ -439,8 +444,9 @@ def study(family: str, arguments, log) -> dict:
     seconds["paths"] = time.perf_counter() - clock
     clock = time.perf_counter()
     sequences = sequence_transitions(model, ids, arrays["lambdas"])
-    transitions = todays_transitions(config_path, n)
+    transitions, q = todays_transitions(config_path, n)
     profiles = {"today (jaxroll rollout)": np.asarray(today, dtype=np.float64),
+                "today, q = 1": _normalised(compose_last_row(transitions)),
                 "R_t, mean attention": _normalised(compose_last_row(sequences["mean_attention"])),
                 "R_t, per sequence": compose_last_row(sequences["per_sequence"]).mean(0),
                 **composed_profiles(local, transitions), "norm of the product": pooled_profile(stack)}
@@ -449,14 +455,15 @@ def study(family: str, arguments, log) -> dict:
     products = compose_last_row(local)  # (S, N): sum over paths of the product of norms
     checks = {
         "local vs direct (max abs, last query, 4 sequences)": float(np.abs(direct - local[:4, :, n - 1]).max()),
-        "today: product of R_t vs jaxroll rollout (max abs)":
-            float(np.abs(_normalised(compose_last_row(transitions)) - profiles[CHAIN[0]]).max()),
+        "today: product of R_t in the q-norm vs jaxroll rollout (max abs)":
+            float(np.abs(_normalised(compose_in_power(transitions, q)) - profiles[CHAIN[0]]).max()),
         "norm of product / product of norms (max over s, j; <= 1)":
             float(np.max(stack / np.where(products > 0, products, np.inf))),
         "mean lambda_positions vs measured lambda (max abs)":
             float(np.abs(sequences["mixing"].mean(0) - arrays["lambdas"]).max())}
     seconds["ingredients and scores"] = time.perf_counter() - clock
     result = {"family": family, "sequences": int(ids.shape[0]), "length": int(n), "path_queries": queries,
+              "composition": q,
               "noise": noise, "noise_q95": scores[CHAIN[0]].noise_q95, "n_eff": scores[CHAIN[0]].n_eff,
               "scores": {name: {"w1": s.w1, "ratio": s.ratio, "ratio_interval": list(s.ratio_interval),
                                 "p_value": s.p_value} for name, s in scores.items()},
@@ -512,7 +519,7 @@ def layer_table(model: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SHOWN = (("today (jaxroll rollout)", "tab:blue", "-", "today: jaxroll rollout (R_t)"),
+SHOWN = (("today (jaxroll rollout)", "tab:blue", "-", "today: jaxroll rollout (R_t, fitted q)"),
          ("rows, product of means", "tab:orange", "-", "local ||dh'/dh||, rows normalised, product of means"),
          ("norms, per sequence", "tab:green", "--", "local ||dh'/dh||, product of norms per sequence"),
          ("norms, per sequence, q = 2", "tab:purple", "-.", "the same, paths added in quadrature (q = 2)"),
