@@ -67,9 +67,8 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["RowPrediction", "row_plan", "predict_rows", "predict_from_measurement", "write_prediction",
-           "working_bytes", "rolled_out", "path_rolled_out", "logit_gains", "measured_composition", "PROFILE_FILE",
-           "BASELINE_FILE",
-           "CLOSED_RATIO", "ROWS_ONLY"]
+           "working_bytes", "rolled_out", "path_rolled_out", "logit_gains", "measured_composition",
+           "PROFILE_FILE", "BASELINE_FILE", "CLOSED_RATIO", "ROWS_ONLY"]
 
 PROFILE_FILE = "profile.csv"
 """The predicted profile of the intervened model (``jaxroll effect --predicted``)."""
