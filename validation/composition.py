@@ -249,8 +249,6 @@ def local_influence(model, token_ids, batch: int = 8) -> np.ndarray:
     give row i for every j. Query i runs on the first i + 1 tokens (the model is causal: the block
     inputs at positions <= i are those of the whole sequence). Float64 NumPy.
     """
-    import torch
-
     blocks = _checked_blocks(model)
     ids = np.asarray(token_ids)
     count, n = ids.shape
