@@ -268,7 +268,9 @@ def test_every_rollout_composes_its_paths_with_the_given_exponent():
                                                                       changed_weights, rho, gains, q),
                                rtol=0, atol=1e-10)
     assert np.abs(prediction.baseline - plain.baseline).max() > 1e-3
-    with pytest.raises(Exception, match="composition"):
+    from jaxroll.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"composition.*\[1, 2\]"):
         predict_rows(model, ids, lam, parse(f"tau={tau}"), composition=2.5)
 
 

@@ -16,7 +16,6 @@ prediction's, and the middle-mass change. Writes ``RUN/composition-fit.md`` and 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -165,17 +164,12 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    arguments = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    import torch
-    torch.set_num_threads(1)
+    out = runs.start_run(__doc__, argv)
     log = functools.partial(print, flush=True)
-    rows = [row for wave, family in MODELS for row in model_rows(wave, family, arguments.out, log)]
-    (arguments.out / "composition-fit.json").write_text(json.dumps(rows, indent=1) + "\n")
+    rows = [row for wave, family in MODELS for row in model_rows(wave, family, out, log)]
+    (out / "composition-fit.json").write_text(json.dumps(rows, indent=1) + "\n")
     table = markdown(rows)
-    (arguments.out / "composition-fit.md").write_text(table)
+    (out / "composition-fit.md").write_text(table)
     log(table)
     return 0
 

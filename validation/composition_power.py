@@ -21,13 +21,11 @@ model only, as the issue's targets allow. Writes ``RUN/composition-power.md`` an
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import transformers
 
@@ -125,16 +123,11 @@ def markdown(all_rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    arguments = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    import torch
-    torch.set_num_threads(1)
-    rows = [row for name in RUNS for row in rows_of(name, arguments.out)]
-    (arguments.out / "composition-power.json").write_text(json.dumps(rows, indent=1) + "\n")
+    out = runs.start_run(__doc__, argv)
+    rows = [row for name in RUNS for row in rows_of(name, out)]
+    (out / "composition-power.json").write_text(json.dumps(rows, indent=1) + "\n")
     table = markdown(rows)
-    (arguments.out / "composition-power.md").write_text(table)
+    (out / "composition-power.md").write_text(table)
     print(table)
     return 0
 

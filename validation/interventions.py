@@ -205,6 +205,17 @@ def held_stream(models_dir: Path) -> np.ndarray:
     return pipeline.token_stream(tokenizer, held_texts)
 
 
+def start_run(doc: str, argv=None) -> Path:
+    """The ``--out`` of a validation script's command line (``doc``'s first line its description), with JAX in
+    float64 and one torch thread (the machine is shared): what the probes of issue 53 start with."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    out = parser.parse_args(argv).out
+    jax.config.update("jax_enable_x64", True)
+    torch.set_num_threads(1)
+    return out
+
+
 def profile_of(rows):
     return rows.sum(0) / rows.sum()
 

@@ -17,13 +17,11 @@ Writes ``RUN/rows-composition.md`` and ``.json``.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import transformers
 
@@ -49,9 +47,6 @@ def model_rows(wave: str, family: str, out: Path, default: dict, log) -> list[di
     baseline = runs.measure(model_dir, texts, folder / "baseline", runs.BASE_STATS[family], samples)
     hf_config = transformers.AutoConfig.from_pretrained(model_dir)
     layers, heads = hf_config.num_hidden_layers, hf_config.num_attention_heads
-    lambdas = np.asarray(baseline["lambdas"], dtype=np.float64)
-    ratio = np.nan_to_num(np.asarray(baseline["probability_over_value"], dtype=np.float64), nan=0.0)
-    shares = ratio / (1.0 + ratio)
     rows = []
     for entry in runs.INTERVENTIONS[family]:
         if entry.startswith("sinks"):
@@ -72,8 +67,9 @@ def model_rows(wave: str, family: str, out: Path, default: dict, log) -> list[di
         # q = 1 from the same mean rows, path weights and gains: only the exponent differs.
         unit_profile = (rolled_out(prediction.lambdas, prediction.kernels) if prediction.weights is None else
                         path_rolled_out(prediction.lambdas, prediction.kernels, prediction.baseline_kernels,
-                                        prediction.weights, prediction.changed_weights, shares, prediction.gains))
-        predictions = {"q=1": (rolled_out(lambdas, prediction.baseline_kernels), unit_profile),
+                                        prediction.weights, prediction.changed_weights,
+                                        record["probability_shares"], prediction.gains))
+        predictions = {"q=1": (rolled_out(record["lambdas"], prediction.baseline_kernels), unit_profile),
                        "fitted": (prediction.baseline, prediction.profile)}
         intervened = runs.measure(model_dir, texts, folder / slug, runs.STATS[family], samples, n, spec)
         row = {"model": f"{wave} {family}", "intervention": entry, "q": 1.0 if q is None else q}
@@ -124,21 +120,16 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    arguments = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    import torch
-    torch.set_num_threads(1)
+    out = runs.start_run(__doc__, argv)
     log = functools.partial(print, flush=True)
     default = {(r["model"], r["intervention"]): r for r in json.loads(DEFAULT_ROUTE.read_text())}
     rows = []
     for wave, family in fit.MODELS:
         log(f"{wave} {family}")
-        rows += model_rows(wave, family, arguments.out, default, log)
-    (arguments.out / "rows-composition.json").write_text(json.dumps(rows, indent=1) + "\n")
+        rows += model_rows(wave, family, out, default, log)
+    (out / "rows-composition.json").write_text(json.dumps(rows, indent=1) + "\n")
     table = markdown(rows)
-    (arguments.out / "rows-composition.md").write_text(table)
+    (out / "rows-composition.md").write_text(table)
     log(table)
     return 0
 

@@ -22,7 +22,6 @@ pooled profiles). Writes ``RUN/temperature-lambda.md``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import sys
@@ -32,16 +31,12 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import composition_fit as fit  # noqa: E402
 import interventions as runs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-MODELS = {("wave5", "bloom"): (64, 64), ("wave5", "llama"): (64, 64), ("wave6", "bloom"): (128, 48),
-          ("wave6", "llama"): (128, 48)}
+MODELS = fit.MODELS  # the validation models, their N and S, as every issue-53 run reads them
 CHANGES = ("tau=0.7", "tau=1.5", "ssmax_scale=0.3")
-
-
-def pooled(rows) -> np.ndarray:
-    return rows.sum(0) / rows.sum()
 
 
 def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
@@ -55,7 +50,7 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
     folder = out / wave / family
     baseline = runs.measure(model_dir, texts, folder / "baseline", runs.BASE_STATS[family], samples)
     config = jaxroll.load_config(folder / "baseline" / "config.yaml")
-    measured_base = middle_mass(pooled(baseline["influence_per_sequence"]))
+    measured_base = middle_mass(runs.profile_of(baseline["influence_per_sequence"]))
     predicted_base = middle_mass(np.asarray(jaxroll.influence(config), dtype=np.float64))
     lines = []
     for spec in CHANGES:
@@ -70,7 +65,7 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
                    for name, model in profiles.items()}
         ratio = lam / np.asarray(baseline["lambdas"], dtype=np.float64)
         line = (f"| {wave} {family} | `{spec}` | {ratio.min():.3f}-{ratio.max():.3f} | "
-                f"{middle_mass(pooled(intervened['influence_per_sequence'])) - measured_base:+.4f} | "
+                f"{middle_mass(runs.profile_of(intervened['influence_per_sequence'])) - measured_base:+.4f} | "
                 + " | ".join(f"{value:+.4f}" for value in changes.values()) + " |")
         log(line)
         lines.append(line)
@@ -78,19 +73,14 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    arguments = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    import torch
-    torch.set_num_threads(1)
+    out = runs.start_run(__doc__, argv)
     log = functools.partial(print, flush=True)
     lines = ["| model | change | lambda'_t / lambda_t (min-max over layers) | middle mass change: measured | "
              "predicted: default route | with measured lambda' | lambda' alone |", "|---|---|---:|---:|---:|---:|---:|"]
     for wave, family in MODELS:
-        lines += model_rows(wave, family, arguments.out, log)
+        lines += model_rows(wave, family, out, log)
     text = "\n".join(lines) + "\n"
-    (arguments.out / "temperature-lambda.md").write_text(text)
+    (out / "temperature-lambda.md").write_text(text)
     log(text)
     return 0
 
