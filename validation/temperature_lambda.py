@@ -17,7 +17,14 @@ ways from the baseline's config.yaml (with its fitted q):
 - lambda'_t alone, on the unchanged kernel.
 
 Each is reported as its middle-mass change beside the measured one (`jaxroll.measure.effect.middle_mass` of the
-pooled profiles). Writes ``RUN/temperature-lambda.md``.
+pooled profiles).
+
+Is lambda'_t a property of layer t alone? For each temperature and each layer t, the model is measured once more
+(``lambda`` only, a forward pass) with the temperature at layer t only (a YAML ``tau`` of shape (T, 1), 1 elsewhere):
+layer t then reads the baseline's input, so its lambda_t is the *local* lambda'_t, what a first-order rule computed
+from the baseline (its attention outputs at the changed gain) would give. The second table sets it beside the
+measured lambda'_t and predicts with it as with the measured one. (SSMax has no neutral value per layer, s ln n,
+so it has no local row.) Writes ``RUN/temperature-lambda.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,22 @@ MODELS = fit.MODELS  # the validation models, their N and S, as every issue-53 r
 CHANGES = ("tau=0.7", "tau=1.5", "ssmax_scale=0.3")
 
 
-def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
+def local_lambdas(model_dir: Path, texts: Path, folder: Path, tau: float, layers: int, samples: int,
+                  n: int) -> np.ndarray:
+    """``(T,)``: lambda_t measured with the temperature `tau` at layer t alone, one run per layer (lambda only)."""
+    import yaml
+
+    local = np.empty(layers)
+    for layer in range(layers):
+        run = folder / f"local{layer}"
+        run.mkdir(parents=True, exist_ok=True)
+        spec = run / "interventions.yaml"
+        spec.write_text(yaml.safe_dump({"tau": [[tau if t == layer else 1.0] for t in range(layers)]}))
+        local[layer] = runs.measure(model_dir, texts, run, "lambda", samples, n, str(spec))["lambdas"][layer]
+    return local
+
+
+def model_rows(wave: str, family: str, out: Path, log) -> tuple[list[str], list[str]]:
     import jaxroll
     from jaxroll import interventions
     from jaxroll.measure.effect import middle_mass
@@ -52,7 +74,8 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
     config = jaxroll.load_config(folder / "baseline" / "config.yaml")
     measured_base = middle_mass(runs.profile_of(baseline["influence_per_sequence"]))
     predicted_base = middle_mass(np.asarray(jaxroll.influence(config), dtype=np.float64))
-    lines = []
+    lines, local_lines = [], []
+    lambdas = np.asarray(baseline["lambdas"], dtype=np.float64)
     for spec in CHANGES:
         slug = spec.replace("=", "")
         intervened = runs.measure(model_dir, texts, folder / slug, "lambda,influence", samples, n, spec)
@@ -69,7 +92,23 @@ def model_rows(wave: str, family: str, out: Path, log) -> list[str]:
                 + " | ".join(f"{value:+.4f}" for value in changes.values()) + " |")
         log(line)
         lines.append(line)
-    return lines
+        if not spec.startswith("tau="):
+            continue
+        local = local_lambdas(model_dir, texts, folder / slug, float(spec[4:]), len(lambdas), samples, n)
+        if abs(local[0] - lam[0]) > 1e-10:  # layer 0 reads the embeddings either way: the two runs must agree
+            raise RuntimeError(f"{wave} {family} {spec}: local lambda'_0 {local[0]!r} != measured {lam[0]!r}")
+        with_local = {"with local lambda'": dataclasses.replace(changed, lambdas=jax.numpy.asarray(local)),
+                      "local lambda' alone": dataclasses.replace(config, lambdas=jax.numpy.asarray(local))}
+        local_changes = [middle_mass(np.asarray(jaxroll.influence(model), dtype=np.float64)) - predicted_base
+                         for model in with_local.values()]
+        line = (f"| {wave} {family} | `{spec}` | " + ", ".join(f"{v:.3f}" for v in lam / lambdas) + " | "
+                + ", ".join(f"{v:.3f}" for v in local / lambdas) + " | "
+                + f"{np.median((local - lambdas) / (lam - lambdas)):.2f} | "
+                + " | ".join(f"{v:+.4f}" for v in (changes["with measured lambda'"], local_changes[0],
+                                                    changes["lambda' alone"], local_changes[1])) + " |")
+        log(line)
+        local_lines.append(line)
+    return lines, local_lines
 
 
 def main(argv=None) -> int:
@@ -77,9 +116,14 @@ def main(argv=None) -> int:
     log = functools.partial(print, flush=True)
     lines = ["| model | change | lambda'_t / lambda_t (min-max over layers) | middle mass change: measured | "
              "predicted: default route | with measured lambda' | lambda' alone |", "|---|---|---:|---:|---:|---:|---:|"]
+    local = ["| model | change | lambda'_t / lambda_t, measured (per layer) | local: the change at layer t only | "
+             "local share of the change (median over layers) | predicted: with measured lambda' | with local lambda' | "
+             "measured lambda' alone | local lambda' alone |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for wave, family in MODELS:
-        lines += model_rows(wave, family, out, log)
-    text = "\n".join(lines) + "\n"
+        rows, local_rows = model_rows(wave, family, out, log)
+        lines += rows
+        local += local_rows
+    text = "\n".join(lines) + "\n\n" + "\n".join(local) + "\n"
     (out / "temperature-lambda.md").write_text(text)
     log(text)
     return 0
