@@ -44,9 +44,10 @@ def held_out_union(files, lengths, refuse) -> list[dict]:
     return rows
 
 
-def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path, label: str, fit: int = 64) -> Path:
-    """compare-task's per-case figure (link fitted at N = `fit`), titled with the model rather than the work
-    folders."""
+def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path, label: str, fit: int = 64,
+                    per_depth: int = 10) -> Path:
+    """compare-task's per-case figure (link fitted at N = `fit`, `per_depth` measured prompts a depth), titled with
+    the model rather than the work folders."""
     from jaxroll.plot import plot_accuracy_table
     from jaxroll.task import external, per_case
 
@@ -54,7 +55,7 @@ def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path,
                                        fit_settings=[f"L={fit}"])
     return plot_accuracy_table(path, result, level=external.LEVEL, title=(
         f"{label}: held-out accuracy by depth; each prompt's own rollout row over its gold record "
-        f"(10 a depth), link fitted at N = {fit}"))
+        f"({per_depth} a depth), link fitted at N = {fit}"))
 
 
 def mean_of_own_rollouts(table_path: Path, folders: dict, lengths) -> dict:
