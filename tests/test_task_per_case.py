@@ -227,4 +227,59 @@ def test_compare_task_per_case_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert "per-case sequence_rollout_per_sequence" in summary["source"]
     written = {path.name for path in (tmp_path / "out").iterdir()}
     assert written == {"compare.csv", "compare.json", "compare.txt", "compare.png"}
-    assert "mass_cases" in (tmp_path / "out" / "compare.csv").read_text().splitlines()[0]
+    header = (tmp_path / "out" / "compare.csv").read_text().splitlines()[0].split(",")
+    assert "mass_cases" in header and "mass_se" in header
+    statement = (tmp_path / "out" / "compare.txt").read_text().splitlines()
+    assert any(line.startswith("Per case: 2 measured cases a row") for line in statement)
+
+
+def _oracle_groups(rows, arrays_by_length, table, key):
+    """Each table row's list of its measured cases' masses, summed position by position (as `_oracle`)."""
+    groups = []
+    for length, start, end in zip(table.lengths, table.starts, table.ends):
+        arrays = arrays_by_length[int(length)]
+        spans = {tuple(row["prompt_ids"]): _span(row) for row in rows if len(row["prompt_ids"]) == length}
+        groups.append([sum(float(arrays[key][s, j]) for j in range(start, end))
+                       for s, ids in enumerate(arrays["token_ids"].tolist()) if spans[tuple(ids)] == (start, end)])
+    return groups
+
+
+def test_each_per_case_mass_carries_its_standard_error(tmp_path):
+    """``mass_se`` = sd(m_s) / sqrt(n) with the n - 1 denominator, written as a loop here (1e-12: a few sums)."""
+    rows = _cases(per=4)
+    cases = _write_cases(tmp_path / "cases.jsonl", rows)
+    arrays = {12: _fake_measurement(tmp_path / "m12", rows, 12, 5), 16: _fake_measurement(tmp_path / "m16", rows, 16, 6)}
+    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
+    result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+    expected = []
+    for masses in _oracle_groups(rows, arrays, table, "sequence_rollout_per_sequence"):
+        mean = sum(masses) / len(masses)
+        expected.append((sum((m - mean) ** 2 for m in masses) / (len(masses) - 1) / len(masses)) ** 0.5)
+    np.testing.assert_allclose(result.mass_standard_errors, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose([row["mass_se"] for row in result.rows()], expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("error, says", [(0.2, "at least the median gap between neighbouring depths (0.15), so the "
+                                               "ranking may be sampling: measure more prompts a row."),
+                                         (0.1, "below the median gap between neighbouring depths (0.15)."),
+                                         (np.nan, None)])
+def test_the_statement_weighs_the_standard_errors_against_the_gaps_between_depths(tmp_path, error, says):
+    """Masses chosen by hand: at N = 12 in depth order 0.1, 0.3, 0.2 (gaps 0.2, 0.1), at 16 0.1, 0.15, 0.4 (gaps
+    0.05, 0.25): the median gap is 0.15."""
+    import dataclasses
+
+    rows = _cases(per=2)
+    cases = _write_cases(tmp_path / "cases.jsonl", rows)
+    for length, seed in ((12, 1), (16, 2)):
+        _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
+    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
+    result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+    result = dataclasses.replace(result, masses=np.array([0.1, 0.3, 0.2, 0.1, 0.15, 0.4]),
+                                 mass_standard_errors=np.full(6, error))
+    line = next(line for line in result.statement() if line.startswith("Per case:"))
+    if says is None:
+        assert line == ("Per case: one measured case a row, so the masses' sampling error is unknown; measure more "
+                        "prompts a row.")
+    else:
+        assert line == (f"Per case: 2 measured cases a row; the masses' standard error (median {error:.2g}) is "
+                        + says)

@@ -333,6 +333,7 @@ class TableComparison:
     scores: dict  # group ("fitted", "held out", or a setting) -> its statistics (`_scores`)
     source: str = ""
     cases_per_row: np.ndarray | None = None  # (R,) measured cases behind each per-case mass (jaxroll.task.per_case)
+    mass_standard_errors: np.ndarray | None = None  # (R,) each per-case mass's standard error (per_case.standard_errors)
 
     def rows(self) -> list[dict]:
         """One dict per table row: setting, role, span, depth (the span's midpoint over L), measured and predicted."""
@@ -347,6 +348,9 @@ class TableComparison:
         if self.cases_per_row is not None:  # per-case masses: how many measured cases each mass averages
             for row, count in zip(rows, self.cases_per_row):
                 row["mass_cases"] = int(count)
+        if self.mass_standard_errors is not None:
+            for row, error in zip(rows, self.mass_standard_errors):
+                row["mass_se"] = float(error)
         return rows
 
     def statement(self) -> list[str]:
@@ -449,7 +453,36 @@ def table_conclusions(result: TableComparison) -> list[str]:
         lines.append("Cannot conclude an agreement out of sample: the interval includes 0 or lies below it.")
     if held["rmse"] >= held["rmse_constant"]:
         lines.append("The link predicts the held-out accuracies no better than a constant does.")
-    return lines + [_CAUSE]
+    return lines + _sampling(result) + [_CAUSE]
+
+
+def _neighbour_gap(result: TableComparison) -> float:
+    """The median, over settings and their rows in order of depth, of ``|x_{r+1} - x_r|`` (NaN with one row a
+    setting): how far apart the masses of neighbouring depths are."""
+    t, gaps = result.table, []
+    for name in t.setting_names():
+        rows = np.flatnonzero(np.asarray(t.settings) == name)
+        gaps += np.abs(np.diff(result.masses[rows[np.argsort(t.starts[rows] / t.lengths[rows], kind="stable")]])).tolist()
+    return float(np.median(gaps)) if gaps else float("nan")
+
+
+def _sampling(result: TableComparison) -> list[str]:
+    """Per-case masses only: whether their standard errors let the rows be ranked (`_neighbour_gap`)."""
+    if result.mass_standard_errors is None:
+        return []
+    errors = result.mass_standard_errors[np.isfinite(result.mass_standard_errors)]
+    counts = result.cases_per_row
+    spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
+    if not len(errors):
+        return ["Per case: one measured case a row, so the masses' sampling error is unknown; measure more prompts "
+                "a row."]
+    error, gap = float(np.median(errors)), _neighbour_gap(result)
+    if error >= gap:
+        return [f"Per case: {spread} measured cases a row; the masses' standard error (median {error:.2g}) is at "
+                f"least the median gap between neighbouring depths ({gap:.2g}), so the ranking may be sampling: "
+                "measure more prompts a row."]
+    return [f"Per case: {spread} measured cases a row; the masses' standard error (median {error:.2g}) is below the "
+            f"median gap between neighbouring depths ({gap:.2g})."]
 
 
 _CAUSE = ("Cannot conclude: that influence causes the accuracy. The rollout ranks positions; the table's accuracy also "

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["ROWS", "MeasuredCases", "read_measured_cases", "per_case_masses", "compare_per_case"]
+__all__ = ["ROWS", "MeasuredCases", "read_measured_cases", "per_case_masses", "standard_errors", "compare_per_case"]
 
 ROWS = {"sequence_rollout": "sequence_rollout_per_sequence", "influence": "influence_per_sequence"}
 """The per-sequence rows a span mass can come from: ``--per-case-rows`` name -> the array of measurement.npz."""
@@ -144,9 +144,23 @@ def per_case_masses(table, measured) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         ConfigError: a length of the table with no measurement; a row no measured case has the span of.
     """
-    masses, counts = np.empty(len(table.starts)), np.zeros(len(table.starts), dtype=np.int64)
+    groups = _row_masses(table, measured)
+    return np.array([g.mean() for g in groups]), np.array([len(g) for g in groups], dtype=np.int64)
+
+
+def standard_errors(groups) -> np.ndarray:
+    """``(R,)``: the standard error of each row's mean mass, ``sd(m_s) / sqrt(n_r)`` (``ddof = 1``), NaN for one case.
+
+    The sampling error of ``x_r`` from measuring ``n_r`` of the row's cases: the per-case masses vary from prompt to
+    prompt, so a few prompts a row can rank rows by noise (docs/task.md, "Every held-out case measured")."""
+    return np.array([g.std(ddof=1) / np.sqrt(len(g)) if len(g) > 1 else np.nan for g in groups])
+
+
+def _row_masses(table, measured) -> list[np.ndarray]:
+    """Each table row's measured cases' own span masses ``m_s`` (one array a row), with `per_case_masses`' refusals."""
+    groups = []
     own = {length: (cases.span_masses(), cases.spans) for length, cases in measured.items()}
-    for r, (length, start, end, line) in enumerate(zip(table.lengths, table.starts, table.ends, table.lines)):
+    for length, start, end, line in zip(table.lengths, table.starts, table.ends, table.lines):
         if int(length) not in own:
             raise ConfigError(f"--measured: no folder measured at length {int(length)} (table line {int(line)}; "
                               f"measured: {', '.join(map(str, sorted(own)))}); allowed: one folder per length")
@@ -156,8 +170,8 @@ def per_case_masses(table, measured) -> tuple[np.ndarray, np.ndarray]:
             raise ConfigError(f"--accuracy {table.source} line {int(line)}: no measured case at length {int(length)} "
                               f"has the gold span [{int(start)}, {int(end)}); allowed: rows whose span is a measured "
                               "case's gold record")
-        masses[r], counts[r] = float(values[mine].mean()), int(mine.sum())
-    return masses, counts
+        groups.append(values[mine])
+    return groups
 
 
 def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", fit_settings=None,
@@ -176,7 +190,7 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
 
     Returns:
         The `TableComparison`: its ``masses`` the ``x_r``, its ``cases_per_row`` ``(R,)`` the number of measured
-        cases behind each.
+        cases behind each, its ``mass_standard_errors`` ``(R,)`` their `standard_errors`.
 
     Raises:
         ConfigError: everything `read_measured_cases` and `per_case_masses` refuse; two folders at one length.
@@ -193,7 +207,8 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
             raise ConfigError(f"--measured: two folders measured at length {found.length} "
                               f"({measured[found.length].folder}, {folder}); allowed: one folder per length")
         measured[found.length] = found
-    masses, counts = per_case_masses(table, measured)
+    groups = _row_masses(table, measured)
+    masses, counts = np.array([g.mean() for g in groups]), np.array([len(g) for g in groups], dtype=np.int64)
     if not np.all(masses > 0):
         row = int(table.lines[np.argmin(masses)])
         raise ConfigError(f"--per-case-rows {rows}: the span mass of table line {row} is {masses.min():.3g}; "
@@ -202,7 +217,7 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
     source = f"per-case {ROWS[rows]} of {', '.join(map(str, folders))} ({counts.sum()} cases, {spread} per row)"
     result = compare_accuracy_table(table, None, fit_settings=fit_settings, resamples=resamples, seed=seed,
                                     source=source, masses=masses)
-    return dataclasses.replace(result, cases_per_row=counts)
+    return dataclasses.replace(result, cases_per_row=counts, mass_standard_errors=standard_errors(groups))
 
 
 def _read_cases(path) -> list:
