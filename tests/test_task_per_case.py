@@ -248,7 +248,8 @@ def test_each_per_case_mass_carries_its_standard_error(tmp_path):
     """``mass_se`` = sd(m_s) / sqrt(n) with the n - 1 denominator, written as a loop here (1e-12: a few sums)."""
     rows = _cases(per=4)
     cases = _write_cases(tmp_path / "cases.jsonl", rows)
-    arrays = {12: _fake_measurement(tmp_path / "m12", rows, 12, 5), 16: _fake_measurement(tmp_path / "m16", rows, 16, 6)}
+    arrays = {length: _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
+              for length, seed in ((12, 5), (16, 6))}
     table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
     result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
     expected = []

@@ -333,7 +333,7 @@ class TableComparison:
     scores: dict  # group ("fitted", "held out", or a setting) -> its statistics (`_scores`)
     source: str = ""
     cases_per_row: np.ndarray | None = None  # (R,) measured cases behind each per-case mass (jaxroll.task.per_case)
-    mass_standard_errors: np.ndarray | None = None  # (R,) each per-case mass's standard error (per_case.standard_errors)
+    mass_standard_errors: np.ndarray | None = None  # (R,) each per-case mass's standard error (per_case)
 
     def rows(self) -> list[dict]:
         """One dict per table row: setting, role, span, depth (the span's midpoint over L), measured and predicted."""
@@ -462,7 +462,8 @@ def _neighbour_gap(result: TableComparison) -> float:
     t, gaps = result.table, []
     for name in t.setting_names():
         rows = np.flatnonzero(np.asarray(t.settings) == name)
-        gaps += np.abs(np.diff(result.masses[rows[np.argsort(t.starts[rows] / t.lengths[rows], kind="stable")]])).tolist()
+        in_depth_order = rows[np.argsort(t.starts[rows] / t.lengths[rows], kind="stable")]
+        gaps += np.abs(np.diff(result.masses[in_depth_order])).tolist()
     return float(np.median(gaps)) if gaps else float("nan")
 
 

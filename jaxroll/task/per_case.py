@@ -144,12 +144,16 @@ def per_case_masses(table, measured) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         ConfigError: a length of the table with no measurement; a row no measured case has the span of.
     """
-    groups = _row_masses(table, measured)
+    return _means_and_counts(_row_masses(table, measured))
+
+
+def _means_and_counts(groups) -> tuple[np.ndarray, np.ndarray]:
     return np.array([g.mean() for g in groups]), np.array([len(g) for g in groups], dtype=np.int64)
 
 
 def standard_errors(groups) -> np.ndarray:
-    """``(R,)``: the standard error of each row's mean mass, ``sd(m_s) / sqrt(n_r)`` (``ddof = 1``), NaN for one case.
+    """``(R,)``: the standard error of each row's mean mass, ``sd(m_s) / sqrt(n_r)`` (``ddof = 1``), NaN for one case;
+    `groups` holds one array of the row's per-case masses ``m_s`` a row.
 
     The sampling error of ``x_r`` from measuring ``n_r`` of the row's cases: the per-case masses vary from prompt to
     prompt, so a few prompts a row can rank rows by noise (docs/task.md, "Every held-out case measured")."""
@@ -208,7 +212,7 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
                               f"({measured[found.length].folder}, {folder}); allowed: one folder per length")
         measured[found.length] = found
     groups = _row_masses(table, measured)
-    masses, counts = np.array([g.mean() for g in groups]), np.array([len(g) for g in groups], dtype=np.int64)
+    masses, counts = _means_and_counts(groups)
     if not np.all(masses > 0):
         row = int(table.lines[np.argmin(masses)])
         raise ConfigError(f"--per-case-rows {rows}: the span mass of table line {row} is {masses.min():.3g}; "
