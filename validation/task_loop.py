@@ -190,7 +190,7 @@ def measured(folders: dict) -> list:
     return [item for n in LENGTHS for item in ("--measured", folders[n])]
 
 
-def predict(table: Path, folders: dict, out: Path, per_depth: int) -> dict:
+def predict(table: Path, folders: dict, out: Path) -> dict:
     """``jaxroll compare-task --accuracy`` on the rollout of each length's measurement (one profile per length),
     and with ``--per-case``: each measured prompt's own rollout row over its own gold span; fitted on each length."""
     found = {}
@@ -203,8 +203,7 @@ def predict(table: Path, folders: dict, out: Path, per_depth: int) -> dict:
                    "--force", "--json")
         found[f"per case, fit L={fit}"] = task_prediction.brief(json.loads(text))
     found.update(task_prediction.mean_of_own_rollouts(table, folders, LENGTHS))
-    task_prediction.per_case_figure(table, folders, HELD_OUT, out / "per-case.png", model_label(), fit=LENGTHS[0],
-                                    per_depth=per_depth)
+    task_prediction.per_case_figure(table, folders, HELD_OUT, out / "per-case.png", model_label(), fit=LENGTHS[0])
     return found
 
 
@@ -562,7 +561,7 @@ def main(argv=None) -> int:
     log("baseline scored; measuring")
     folders = measure(files, arguments.work, len(DEPTHS) * arguments.samples_per_depth)
     results = {"model": str(MODEL.relative_to(ROOT) if MODEL.is_relative_to(ROOT) else MODEL),
-               "prediction": predict(table, folders, arguments.out, arguments.samples_per_depth),
+               "prediction": predict(table, folders, arguments.out),
                "measured bound": bound(table, folders, arguments.out),
                "gold among records": task_prediction.gold_among_records(folders, HELD_OUT, LENGTHS)}
     (arguments.out / "prediction.md").write_text(task_prediction.prediction_table(results, LENGTHS))

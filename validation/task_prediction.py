@@ -44,15 +44,16 @@ def held_out_union(files, lengths, refuse) -> list[dict]:
     return rows
 
 
-def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path, label: str, fit: int = 64,
-                    per_depth: int = 10) -> Path:
-    """compare-task's per-case figure (link fitted at N = `fit`, `per_depth` measured prompts a depth), titled with
-    the model rather than the work folders."""
+def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path, label: str, fit: int = 64) -> Path:
+    """compare-task's per-case figure (link fitted at N = `fit`), titled with the model and the number of measured
+    prompts a depth rather than the work folders."""
     from jaxroll.plot import plot_accuracy_table
     from jaxroll.task import external, per_case
 
     result = per_case.compare_per_case(external.read_accuracy_table(table_path), list(folders.values()), held_out,
                                        fit_settings=[f"L={fit}"])
+    counts = result.cases_per_row
+    per_depth = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
     return plot_accuracy_table(path, result, level=external.LEVEL, title=(
         f"{label}: held-out accuracy by depth; each prompt's own rollout row over its gold record "
         f"({per_depth} a depth), link fitted at N = {fit}"))

@@ -76,20 +76,23 @@ def model_rows(wave: str, family: str, out: Path, log) -> tuple[list[str], list[
     predicted_base = middle_mass(np.asarray(jaxroll.influence(config), dtype=np.float64))
     lines, local_lines = [], []
     lambdas = np.asarray(baseline["lambdas"], dtype=np.float64)
+
+    def predicted_change(model) -> float:
+        return middle_mass(np.asarray(jaxroll.influence(model), dtype=np.float64)) - predicted_base
+
+    def with_lambdas(changed, values) -> tuple:
+        """The changed model and the unchanged one, each with `values` as lambda_t."""
+        return tuple(dataclasses.replace(model, lambdas=jax.numpy.asarray(values)) for model in (changed, config))
     for spec in CHANGES:
         slug = spec.replace("=", "")
         intervened = runs.measure(model_dir, texts, folder / slug, "lambda,influence", samples, n, spec)
         lam = np.asarray(intervened["lambdas"], dtype=np.float64)
         changed = interventions.apply_all(config, interventions.parse(spec))
-        profiles = {"default route": changed,
-                    "with measured lambda'": dataclasses.replace(changed, lambdas=jax.numpy.asarray(lam)),
-                    "lambda' alone": dataclasses.replace(config, lambdas=jax.numpy.asarray(lam))}
-        changes = {name: middle_mass(np.asarray(jaxroll.influence(model), dtype=np.float64)) - predicted_base
-                   for name, model in profiles.items()}
-        ratio = lam / np.asarray(baseline["lambdas"], dtype=np.float64)
+        changes = [predicted_change(model) for model in (changed, *with_lambdas(changed, lam))]
+        ratio = lam / lambdas
         line = (f"| {wave} {family} | `{spec}` | {ratio.min():.3f}-{ratio.max():.3f} | "
                 f"{middle_mass(runs.profile_of(intervened['influence_per_sequence'])) - measured_base:+.4f} | "
-                + " | ".join(f"{value:+.4f}" for value in changes.values()) + " |")
+                + " | ".join(f"{value:+.4f}" for value in changes) + " |")
         log(line)
         lines.append(line)
         if not spec.startswith("tau="):
@@ -97,15 +100,12 @@ def model_rows(wave: str, family: str, out: Path, log) -> tuple[list[str], list[
         local = local_lambdas(model_dir, texts, folder / slug, float(spec[4:]), len(lambdas), samples, n)
         if abs(local[0] - lam[0]) > 1e-10:  # layer 0 reads the embeddings either way: the two runs must agree
             raise RuntimeError(f"{wave} {family} {spec}: local lambda'_0 {local[0]!r} != measured {lam[0]!r}")
-        with_local = {"with local lambda'": dataclasses.replace(changed, lambdas=jax.numpy.asarray(local)),
-                      "local lambda' alone": dataclasses.replace(config, lambdas=jax.numpy.asarray(local))}
-        local_changes = [middle_mass(np.asarray(jaxroll.influence(model), dtype=np.float64)) - predicted_base
-                         for model in with_local.values()]
-        line = (f"| {wave} {family} | `{spec}` | " + ", ".join(f"{v:.3f}" for v in lam / lambdas) + " | "
+        local_changes = [predicted_change(model) for model in with_lambdas(changed, local)]
+        line = (f"| {wave} {family} | `{spec}` | " + ", ".join(f"{v:.3f}" for v in ratio) + " | "
                 + ", ".join(f"{v:.3f}" for v in local / lambdas) + " | "
                 + f"{np.median((local - lambdas) / (lam - lambdas)):.2f} | "
-                + " | ".join(f"{v:+.4f}" for v in (changes["with measured lambda'"], local_changes[0],
-                                                    changes["lambda' alone"], local_changes[1])) + " |")
+                + " | ".join(f"{v:+.4f}" for v in (changes[1], local_changes[0], changes[2], local_changes[1]))
+                + " |")
         log(line)
         local_lines.append(line)
     return lines, local_lines
