@@ -20,16 +20,15 @@ same 32 sequences, N = 64, float64, as the composition test. Writes ``RUN/mixing
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import composition as comp  # noqa: E402
+import interventions as runs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "composition-run-q" / "results.json"
@@ -47,12 +46,16 @@ def candidates(model, arrays: dict, layers: list[dict], n: int) -> dict[str, np.
               "local Jacobians' off-diagonal share": np.array([r["mixing_local_mean"] for r in layers]) / (1 - diagonal),
               "branch share (paths statistic)": np.asarray(arrays["branch_share"], dtype=np.float64),
               "gradient share": np.array([r["lambda_gradient"] for r in layers])}
-    q_fit = 1.0 if model.composition is None else float(model.composition)
-    out = {"lambda_t, the config's fitted q (the default route)": _roll(A, lam, q_fit)}
+    out = {"lambda_t, the config's fitted q (the default route)": _roll(A, lam, fitted_q(model))}
     for name, mix in shares.items():
         for q in (1.0, 2.0):
             out[f"{name}, q = {q:g}"] = _roll(A, mix, q)
     return out
+
+
+def fitted_q(model) -> float:
+    """The composition exponent of the config (1 where it has none)."""
+    return 1.0 if model.composition is None else float(model.composition)
 
 
 def _roll(kernels, mix, q):
@@ -62,10 +65,7 @@ def _roll(kernels, mix, q):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    arguments = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
+    out = runs.start_run(__doc__, argv)
     import jaxroll
     from jaxroll.measure.uncertainty import score
 
@@ -74,16 +74,16 @@ def main(argv=None) -> int:
     comp.STATS = stats
     table, fitted = {}, {}
     for family in comp.FAMILIES:
-        arrays, _, config = comp.measure_and_roll_out(family, HERE / "models" / "wave5", arguments.out, 32)
+        arrays, _, config = comp.measure_and_roll_out(family, HERE / "models" / "wave5", out, 32)
         model = jaxroll.load_config(config)
-        fitted[family] = 1.0 if model.composition is None else float(model.composition)
+        fitted[family] = fitted_q(model)
         profiles = candidates(model, arrays, results["models"][family]["layers"], comp.LENGTH)
         table[family] = {name: score(p, arrays["influence_per_sequence"], B=1000, seed=0).ratio
                          for name, p in profiles.items()}
     lines = ["| mixing share, composition | bloom | llama |", "|---|---:|---:|"]
     lines += [f"| {name} | {table['bloom'][name]:.2f} | {table['llama'][name]:.2f} |" for name in table["bloom"]]
     text = "\n".join(lines) + f"\n\nThe config's fitted q: {fitted['bloom']:.4g} (bloom), {fitted['llama']:.4g} (llama).\n"
-    (arguments.out / "mixing-quadrature.md").write_text(text)
+    (out / "mixing-quadrature.md").write_text(text)
     print(text)
     return 0
 
