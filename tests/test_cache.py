@@ -93,12 +93,17 @@ def test_a_second_process_compiles_nothing_and_concurrent_processes_share_safely
     kernel = tmp_path / "kernel.yaml"
     kernel.write_text(KERNEL_CONFIG)
     # Two processes at once on an empty cache: each compiles both programs and writes the same
-    # entries, unless (on a loaded machine) one starts late enough to find the other's entry for
-    # JAX's own cache: then that one program is a hit and is not compiled.
+    # entries, unless (on a loaded machine) one starts late enough to find the other's entry: a hit
+    # in JAX's own cache is not compiled, and an ALiBi executable found in cache.compiled is loaded,
+    # not compiled. So each process asks JAX's cache once and compiles its misses plus at most the
+    # ALiBi executable (CI stop 66 saw the second case).
     first = [start(folder, tmp_path / f"out{i}", CONFIG, kernel) for i in range(2)]
     events = [finish(process) for process in first]
-    assert all(e.get(MISSES, 0) + e.get(HITS, 0) == 1 and e.get(COMPILES, 0) == 2 - e.get(HITS, 0)
+    assert all(e.get(MISSES, 0) + e.get(HITS, 0) == 1 and e.get(COMPILES, 0) - e.get(MISSES, 0) in (0, 1)
                for e in events), events
+    # Someone compiled each program: the cache started empty.
+    assert sum(e.get(MISSES, 0) for e in events) >= 1, events
+    assert sum(e.get(COMPILES, 0) - e.get(MISSES, 0) for e in events) >= 1, events
     assert cache.info(folder).entries >= 2
     assert list((folder / "compilation" / "executables").glob(".tmp-*")) == []  # renamed, none left half-written
     # A third process afterwards: the ALiBi executable loaded untraced, the kernel's program a cache
