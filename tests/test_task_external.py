@@ -121,6 +121,42 @@ def test_spearman_and_wilson_against_their_oracles():
     assert abs(low - (0.5 - half)) < 1e-12 and abs(high - (0.5 + half)) < 1e-12
 
 
+def test_the_noise_ceiling_is_the_expected_spearman_of_the_true_accuracies_by_enumeration():
+    """Every outcome of three rows of 4 cases (5^3) with its binomial probability, scipy's Spearman each: the
+    exact expectation. 20,000 draws: the Monte-Carlo standard error is below sd / sqrt(20000) < 0.008."""
+    import itertools
+
+    from scipy import stats
+
+    y, n = np.array([0.25, 0.5, 0.75]), np.array([4, 4, 4])
+    p, shrink = external.true_accuracies(y, n)
+    # by hand: var(y) = 1/16; noise = mean(y (1 - y) / 3) = (3/16 + 1/4 + 3/16) / 9 = 5/72
+    assert shrink == 0.0 and np.all(p == 0.5)  # the spread is within the noise: nothing to rank
+    assert math.isnan(external.noise_ceiling(y, n, resamples=50, rng=0)["spearman_ceiling"])
+    y, n = np.array([0.1, 0.5, 0.9]), np.array([4, 4, 4])
+    p, shrink = external.true_accuracies(y, n)
+    spread, noise = 0.16, (0.09 + 0.25 + 0.09) / 3 / 3
+    assert abs(shrink - math.sqrt((spread - noise) / spread)) < 1e-12
+    np.testing.assert_allclose(p, 0.5 + shrink * (y - 0.5), rtol=0, atol=1e-15)
+    expected, weight = 0.0, 0.0
+    for k in itertools.product(range(5), repeat=3):
+        chance = math.prod(stats.binom.pmf(ki, 4, pi) for ki, pi in zip(k, p))
+        if len(set(k)) > 1:  # a constant draw has no Spearman and is left out
+            expected += chance * stats.spearmanr(p, k).statistic
+            weight += chance
+    ceiling = external.noise_ceiling(y, n, resamples=20_000, rng=1)
+    assert abs(ceiling["spearman_ceiling"] - expected / weight) < 0.02, (ceiling, expected / weight)
+    low, high = ceiling["spearman_ceiling_interval"]
+    assert -1 <= low < ceiling["spearman_ceiling"] < high <= 1
+
+
+def test_the_noise_ceiling_rises_with_the_cases_a_row_towards_one():
+    y = np.linspace(0.1, 0.6, 8)
+    ceilings = [external.noise_ceiling(y, np.full(8, k), resamples=500, rng=2)["spearman_ceiling"]
+                for k in (20, 200, 20_000)]
+    assert ceilings[0] < ceilings[1] < ceilings[2] and ceilings[2] > 0.99, ceilings
+
+
 def _two_settings(tmp_path):
     lines = []
     for setting, length, docs in (("docs=5", 50, 5), ("docs=10", 100, 10)):
@@ -151,7 +187,8 @@ def test_the_link_is_fitted_on_the_named_settings_and_tested_on_the_others(tmp_p
     low, high = held["spearman_interval"]
     assert -1 <= low <= high <= 1
     assert np.all((result.predicted >= 0.2) & (result.predicted <= 0.9))
-    assert any("Held out" in line for line in result.statement())
+    assert any("Held out" in line and "noise ceiling" in line for line in result.statement())
+    assert -1 <= held["spearman_ceiling_interval"][0] <= held["spearman_ceiling"] <= 1
 
 
 def test_compare_task_accuracy_end_to_end(tmp_path, capsys):

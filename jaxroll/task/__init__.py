@@ -34,7 +34,8 @@ _NAMES = {
     "record_influence": "versus_influence",
     "AccuracyTable": "external", "TableComparison": "external", "Link": "external",
     "read_accuracy_table": "external", "span_masses": "external", "fit_link": "external",
-    "compare_accuracy_table": "external", "write_table_comparison": "external",
+    "compare_accuracy_table": "external", "write_table_comparison": "external", "noise_ceiling": "external",
+    "true_accuracies": "external",
     "MeasuredCases": "per_case", "read_measured_cases": "per_case", "per_case_masses": "per_case",
     "compare_per_case": "per_case",
 }

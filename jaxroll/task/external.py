@@ -32,6 +32,20 @@ when b > 0) with a parametric bootstrap interval (``y_r`` redrawn as
 ``Binomial(n_r, y_r) / n_r``, the prediction held fixed), and the
 prediction's error in accuracy units, ``sqrt(sum n_r (y_r - y_hat_r)^2 /
 sum n_r)``, beside that of a constant (the fitted rows' mean accuracy).
+
+No prediction ranks a finite table perfectly: the table's own sampling
+error caps Spearman. Its noise ceiling (`noise_ceiling`) is the Spearman a
+predictor that knew each row's true accuracy would score against the
+table. The true accuracies are estimated by shrinking the observed ones
+towards their mean until their spread is the observed one less the
+binomial noise (method of moments; ``ybar`` the mean of ``y_r``):
+
+    p_r = ybar + s (y_r - ybar),
+    s^2 = max(0, var(y) - mean_r y_r (1 - y_r) / (n_r - 1)) / var(y),
+
+then ``E Spearman(p, Binomial(n_r, p_r) / n_r)`` over draws, with its 95 %
+interval. A Spearman target above the ceiling asks for more cases a row,
+not a better prediction.
 """
 
 from __future__ import annotations
@@ -47,7 +61,9 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["AccuracyTable", "Link", "TableComparison", "read_accuracy_table", "span_masses", "fit_link",
-           "split_settings", "compare_accuracy_table", "spearman", "wilson_interval", "write_table_comparison"]
+           "split_settings", "compare_accuracy_table", "spearman", "true_accuracies", "noise_ceiling",
+           "wilson_interval",
+           "write_table_comparison"]
 
 LEVEL = 0.95
 SPANS = (("start", "end"), ("start_fraction", "end_fraction"))
@@ -284,6 +300,45 @@ def spearman(x, y) -> float:
     return float(np.sum(rx * ry) / math.sqrt(np.sum(rx ** 2) * np.sum(ry ** 2)))
 
 
+def true_accuracies(accuracy, n_cases) -> tuple[np.ndarray, float]:
+    """The rows' true accuracies estimated by moments: ``(p, s)`` with ``p_r = ybar + s (y_r - ybar)``,
+
+    ``s^2 = max(0, var(y) - mean_r y_r (1 - y_r) / (n_r - 1)) / var(y)`` (``var`` with ddof 1), since
+    ``y_r (1 - y_r) / (n_r - 1)`` is unbiased for the binomial variance ``p_r (1 - p_r) / n_r``: the observed
+    spread less the sampling noise. ``s = 0`` (every p the mean) when the spread is all noise."""
+    y, n = np.asarray(accuracy, dtype=np.float64), np.asarray(n_cases, dtype=np.float64)
+    spread = float(np.var(y, ddof=1)) if len(y) > 1 else 0.0
+    if spread == 0:
+        return y.copy(), 0.0
+    noise = float(np.mean(y * (1 - y) / np.maximum(n - 1, 1)))
+    shrink = math.sqrt(max(0.0, spread - noise) / spread)
+    return np.clip(y.mean() + shrink * (y - y.mean()), 0.0, 1.0), shrink
+
+
+def noise_ceiling(accuracy, n_cases, *, resamples: int = 2000, rng=None) -> dict:
+    """The Spearman that a predictor knowing the true accuracies would score against a table like this one.
+
+    ``E Spearman(p, Binomial(n_r, p_r) / n_r)`` over `resamples` draws, with ``p`` from `true_accuracies`
+    (draws where either side is constant are left out), and the draws' 95 % interval.
+
+    Returns:
+        ``{"spearman_ceiling": mean, "spearman_ceiling_interval": [low, high], "true_spread": s}``; NaN where
+        the estimated true accuracies are all equal (``s = 0``: nothing to rank).
+    """
+    rng = np.random.default_rng(rng)
+    p, shrink = true_accuracies(accuracy, n_cases)
+    n = np.asarray(n_cases, dtype=np.int64)
+    rhos = np.array([spearman(p, draw / n) for draw in rng.binomial(n, p, size=(resamples, len(p)))])
+    rhos = rhos[np.isfinite(rhos)]
+    if shrink == 0 or not len(rhos):
+        return {"spearman_ceiling": float("nan"), "spearman_ceiling_interval": [float("nan")] * 2,
+                "true_spread": shrink}
+    tail = (1 - LEVEL) / 2
+    return {"spearman_ceiling": float(rhos.mean()),
+            "spearman_ceiling_interval": [float(q) for q in np.quantile(rhos, [tail, 1 - tail])],
+            "true_spread": shrink}
+
+
 def wilson_interval(accuracy, n_cases, level: float = LEVEL):
     """Wilson's score interval of a binomial proportion: ``(low, high)``, arrays like `accuracy`."""
     from statistics import NormalDist
@@ -380,7 +435,7 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
         profile_at: ``length -> (length,)`` influence profile (e.g. ``lambda L: jaxroll.influence(model, L)``),
             called once per length of the table.
         fit_settings: the settings the link is fitted on (default: the file's first; `split_settings`).
-        resamples: draws of the parametric bootstrap of Spearman's interval.
+        resamples: draws of the parametric bootstrap of Spearman's interval and of its noise ceiling.
         seed: its random seed.
         source: where the profiles came from, for the statement.
         masses: ``(R,)`` the rows' span masses given directly instead of `span_masses` of `profile_at`'s
@@ -389,8 +444,8 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
 
     Returns:
         A `TableComparison`; ``scores`` holds ``"fitted"`` (in sample), ``"held out"`` (all held-out rows) and
-        one entry per held-out setting: rows, cases, spearman and its interval, rmse, mae, and rmse_constant
-        (the error of predicting the fitted rows' mean accuracy everywhere).
+        one entry per held-out setting: rows, cases, spearman and its interval, rmse, mae, rmse_constant
+        (the error of predicting the fitted rows' mean accuracy everywhere) and `noise_ceiling`'s entries.
     """
     fit_names, held_names = split_settings(table, fit_settings)
     if masses is None:
@@ -413,6 +468,9 @@ def compare_accuracy_table(table: AccuracyTable, profile_at, *, fit_settings=Non
         groups.update({name: settings == name for name in held_names} if len(held_names) > 1 else {})
     scores = {name: _scores(masses[rows], y[rows], n[rows], predicted[rows], baseline, resamples, rng)
               for name, rows in groups.items()}
+    draws = np.random.default_rng([seed, 1])  # its own stream: the Spearman intervals stay as they were
+    for name, rows in groups.items():
+        scores[name].update(noise_ceiling(y[rows], n[rows], resamples=resamples, rng=draws))
     low, high = wilson_interval(y, n)
     return TableComparison(table, masses, predicted, low, high, fitted, link, fit_names, held_names, scores, source)
 
@@ -421,6 +479,14 @@ def _rho(score) -> str:
     low, high = score["spearman_interval"]
     return f"Spearman {score['spearman']:.2f} [{low:.2f}, {high:.2f}]" if np.isfinite(score["spearman"]) else \
         "Spearman n/a (a constant column)"
+
+
+def _ceiling(score) -> str:
+    low, high = score["spearman_ceiling_interval"]
+    if not np.isfinite(score["spearman_ceiling"]):
+        return "noise ceiling n/a (the accuracies' spread is within their sampling error: nothing to rank)"
+    return (f"noise ceiling {score['spearman_ceiling']:.2f} [{low:.2f}, {high:.2f}] (the Spearman of a predictor "
+            "that knew the true accuracies)")
 
 
 def table_conclusions(result: TableComparison) -> list[str]:
@@ -442,7 +508,8 @@ def table_conclusions(result: TableComparison) -> list[str]:
     for name in ["held out"] + [n for n in result.held_settings if n in result.scores]:
         score = result.scores[name]
         lines.append(f"Held out{'' if name == 'held out' else f' {name}'} ({score['rows']} rows): {_rho(score)}, "
-                     f"error {score['rmse']:.3f} in accuracy (constant {score['rmse_constant']:.3f}).")
+                     f"error {score['rmse']:.3f} in accuracy (constant {score['rmse_constant']:.3f}); "
+                     f"{_ceiling(score)}.")
     low = held["spearman_interval"][0]
     if not np.isfinite(held["spearman"]):
         lines.append("Cannot conclude: the held-out masses or accuracies are constant, there is nothing to rank.")
