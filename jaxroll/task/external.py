@@ -62,8 +62,7 @@ from ..errors import ConfigError
 
 __all__ = ["AccuracyTable", "Link", "TableComparison", "read_accuracy_table", "span_masses", "fit_link",
            "split_settings", "compare_accuracy_table", "spearman", "true_accuracies", "noise_ceiling",
-           "wilson_interval",
-           "write_table_comparison"]
+           "wilson_interval", "write_table_comparison"]
 
 LEVEL = 0.95
 SPANS = (("start", "end"), ("start_fraction", "end_fraction"))
