@@ -106,7 +106,7 @@ under a dose, so the held-out result tests it."""
 DOSE_RULE_EVERY = ("of every candidate's doses whose answer-loss change on the selection cases is <= 0 at every "
                    "length, the one with the largest mean selection middle gain, on the held-out cases beside 1 sink "
                    "token")
-"""``--dose-every-candidate``, declared 2026-12-07 at 22:58 UTC after `DOSE_RULE`'s two replications missed because the
+"""``--dose-every-candidate``, declared 2026-12-07 at 22:50 UTC after `DOSE_RULE`'s two replications missed because the
 loop's choice (by the full-strength selection gain, where every candidate lowers the middle) had no dose at a
 lower answer loss; committed before the model it is first run on (a new seed of bloom-a5-step9000's recipe) was
 trained."""
