@@ -393,7 +393,9 @@ def plot_doses(found: dict, selection: int, path: Path) -> Path:
     """Middle gain against answer-loss change on the selection cases, one panel per length, a line per family
     (each starting at the unchanged model, 0, 0), paired 95 % intervals on both axes."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(LENGTHS), figsize=(12, 5.4))
+    families = len(dict.fromkeys(d["family"] for d in found.values()))
+    legend = 0.035 * families + 0.02  # the legend's share of the figure, one line a family
+    fig, axes = plt.subplots(1, len(LENGTHS), figsize=(12, 4.6 / (1 - legend)))
     for ax, n in zip(axes, map(str, LENGTHS)):
         for family in dict.fromkeys(d["family"] for d in found.values()):
             full = found.get(family + " x1", {}).get("record", {})
@@ -417,7 +419,7 @@ def plot_doses(found: dict, selection: int, path: Path) -> Path:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=8, ncol=1)
     fig.suptitle(f"task-u-alibi/{MODEL.name}: middle gain against loss cost, doses of the designed change and of "
                  "sink tokens (each line starts at the unchanged model, 0, 0)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.tight_layout(rect=(0, legend, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
