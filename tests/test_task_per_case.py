@@ -284,3 +284,20 @@ def test_the_statement_weighs_the_standard_errors_against_the_gaps_between_depth
     else:
         assert line == (f"Per case: 2 measured cases a row; the masses' standard error (median {error:.2g}) is "
                         + says)
+
+
+def test_with_one_row_a_setting_the_standard_errors_are_not_weighed_against_a_gap(tmp_path):
+    """Every row its own setting: no neighbouring depths, so no gap (NaN) and no comparison with one."""
+    import dataclasses
+
+    rows = _cases(per=2)
+    cases = _write_cases(tmp_path / "cases.jsonl", rows)
+    for length, seed in ((12, 1), (16, 2)):
+        _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
+    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
+    result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+    alone = dataclasses.replace(table, settings=tuple(f"row {r}" for r in range(len(table.settings))))
+    result = dataclasses.replace(result, table=alone, mass_standard_errors=np.full(len(table.settings), 0.1))
+    line = next(line for line in result.statement() if line.startswith("Per case:"))
+    assert line == ("Per case: 2 measured cases a row; the masses' standard error (median 0.1) has no neighbouring "
+                    "depths to be weighed against (one row a setting).")

@@ -36,12 +36,11 @@ def main() -> None:
         folder = table.parent
         rows = {source: _rows(folder, source) for source, _ in SOURCES}
         for length in sorted({int(row["length"]) for row in rows["predict"]}):
-            cells = []
-            for source, _ in SOURCES:
-                here = [row for row in rows[source] if int(row["length"]) == length]
-                accuracy = np.array([float(row["accuracy"]) for row in here])
-                cells.append(spearman([float(row["mass"]) for row in here], accuracy))
-            n = np.array([int(row["n_cases"]) for row in here])
+            here = {source: [row for row in found if int(row["length"]) == length] for source, found in rows.items()}
+            # every source's compare.csv holds the same table rows: accuracy and cases from one of them
+            accuracy = np.array([float(row["accuracy"]) for row in here["predict"]])
+            n = np.array([int(row["n_cases"]) for row in here["predict"]])
+            cells = [spearman([float(row["mass"]) for row in here[source]], accuracy) for source, _ in SOURCES]
             ceiling = noise_ceiling(accuracy, n, resamples=4000, rng=0)
             low, high = ceiling["spearman_ceiling_interval"]
             print(f"| {folder.relative_to(RUNS)} | {length} | " + " | ".join(f"{c:.2f}" for c in cells)

@@ -549,14 +549,14 @@ def main(argv=None) -> int:
         shutil.copy(Path(results["designs"][chosen]["folder"]) / name, arguments.out / name)
     results["changes"] = apply_held_out(arguments.work, files, results["designs"], chosen, base, log)
     plot_accuracy({k: v for k, v in results["changes"].items()}, arguments.out / "accuracy-by-depth.png")
-    levers = {f"designed ({chosen})": results["designs"][chosen]}
-    if chosen != "slope global":  # the new lever (ALiBi's slopes) dosed too
-        levers["slope global"] = results["designs"]["slope global"]
-    families = {f"designed ({chosen})"}
-    results["dose_rule"] = DOSE_RULE
     if arguments.dose_every_candidate:
         levers = {f"designed ({name})": d for name, d in results["designs"].items()}
         families, results["dose_rule"] = set(levers), DOSE_RULE_EVERY
+    else:
+        levers = {f"designed ({chosen})": results["designs"][chosen]}
+        if chosen != "slope global":  # the new lever (ALiBi's slopes) dosed too
+            levers["slope global"] = results["designs"]["slope global"]
+        families, results["dose_rule"] = {f"designed ({chosen})"}, DOSE_RULE
     results["doses"] = doses(arguments.work, files, levers, base_selection, log)
     results["equal_cost"] = equal_cost(results["doses"])
     plot_doses(results["doses"], arguments.selection, arguments.out / "doses.png")

@@ -52,11 +52,9 @@ def per_case_figure(table_path: Path, folders: dict, held_out: Path, path: Path,
 
     result = per_case.compare_per_case(external.read_accuracy_table(table_path), list(folders.values()), held_out,
                                        fit_settings=[f"L={fit}"])
-    counts = result.cases_per_row
-    per_depth = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
     return plot_accuracy_table(path, result, level=external.LEVEL, title=(
         f"{label}: held-out accuracy by depth; each prompt's own rollout row over its gold record "
-        f"({per_depth} a depth), link fitted at N = {fit}"))
+        f"({external._count_range(result.cases_per_row)} a depth), link fitted at N = {fit}"))
 
 
 def mean_of_own_rollouts(table_path: Path, folders: dict, lengths) -> dict:

@@ -533,17 +533,25 @@ def _neighbour_gap(result: TableComparison) -> float:
     return float(np.median(gaps)) if gaps else float("nan")
 
 
+def _count_range(counts) -> str:
+    """``"n"`` when every row has n measured cases, else ``"min-max"``."""
+    low, high = int(np.min(counts)), int(np.max(counts))
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _sampling(result: TableComparison) -> list[str]:
     """Per-case masses only: whether their standard errors let the rows be ranked (`_neighbour_gap`)."""
     if result.mass_standard_errors is None:
         return []
     errors = result.mass_standard_errors[np.isfinite(result.mass_standard_errors)]
-    counts = result.cases_per_row
-    spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
+    spread = _count_range(result.cases_per_row)
     if not len(errors):
         return ["Per case: one measured case a row, so the masses' sampling error is unknown; measure more prompts "
                 "a row."]
     error, gap = float(np.median(errors)), _neighbour_gap(result)
+    if not np.isfinite(gap):
+        return [f"Per case: {spread} measured cases a row; the masses' standard error (median {error:.2g}) has no "
+                "neighbouring depths to be weighed against (one row a setting)."]
     if error >= gap:
         return [f"Per case: {spread} measured cases a row; the masses' standard error (median {error:.2g}) is at "
                 f"least the median gap between neighbouring depths ({gap:.2g}), so the ranking may be sampling: "

@@ -199,7 +199,7 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
     Raises:
         ConfigError: everything `read_measured_cases` and `per_case_masses` refuse; two folders at one length.
     """
-    from .external import compare_accuracy_table, split_settings
+    from .external import _count_range, compare_accuracy_table, split_settings
 
     split_settings(table, fit_settings)  # a bad --fit-settings is refused before the folders are read
     if not isinstance(cases, (list, tuple)):
@@ -217,8 +217,8 @@ def compare_per_case(table, folders, cases, *, rows: str = "sequence_rollout", f
         row = int(table.lines[np.argmin(masses)])
         raise ConfigError(f"--per-case-rows {rows}: the span mass of table line {row} is {masses.min():.3g}; "
                           "allowed: positive masses (the link is in ln mass)")
-    spread = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
-    source = f"per-case {ROWS[rows]} of {', '.join(map(str, folders))} ({counts.sum()} cases, {spread} per row)"
+    source = (f"per-case {ROWS[rows]} of {', '.join(map(str, folders))} ({counts.sum()} cases, "
+              f"{_count_range(counts)} per row)")
     result = compare_accuracy_table(table, None, fit_settings=fit_settings, resamples=resamples, seed=seed,
                                     source=source, masses=masses)
     return dataclasses.replace(result, cases_per_row=counts, mass_standard_errors=standard_errors(groups))
