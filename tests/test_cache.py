@@ -92,24 +92,25 @@ def test_a_second_process_compiles_nothing_and_concurrent_processes_share_safely
     # CONFIG (ALiBi: cache.compiled's executable) and a relative-position kernel (JAX's own cache).
     kernel = tmp_path / "kernel.yaml"
     kernel.write_text(KERNEL_CONFIG)
-    # Two processes at once on an empty cache: each compiles both programs and writes the same
-    # entries, unless (on a loaded machine) one starts late enough to find the other's entry: a hit
-    # in JAX's own cache is not compiled, and an ALiBi executable found in cache.compiled is loaded,
-    # not compiled. So each process asks JAX's cache once and compiles its misses plus at most the
-    # ALiBi executable (CI stop 66 saw the second case).
+    # Two processes at once on an empty cache. Each asks JAX's cache once, for the kernel's program: a
+    # miss (compiled) or, if it starts late enough to find the other's entry, a hit. Each also compiles
+    # the ALiBi executable or loads the other's from cache.compiled. JAX records a compile event for a
+    # hit too, so a process's compiles are its misses + hits + (1 if it compiled ALiBi itself). CI
+    # on a loaded machine saw both late cases: an executable loaded, and a hit beside an ALiBi compile.
     first = [start(folder, tmp_path / f"out{i}", CONFIG, kernel) for i in range(2)]
     events = [finish(process) for process in first]
-    assert all(e.get(MISSES, 0) + e.get(HITS, 0) == 1 and e.get(COMPILES, 0) - e.get(MISSES, 0) in (0, 1)
-               for e in events), events
+    alibi_compiled = [e.get(COMPILES, 0) - e.get(MISSES, 0) - e.get(HITS, 0) for e in events]
+    assert all(e.get(MISSES, 0) + e.get(HITS, 0) == 1 for e in events), events
+    assert all(n in (0, 1) for n in alibi_compiled), events
     # Someone compiled each program: the cache started empty.
-    assert sum(e.get(MISSES, 0) for e in events) >= 1, events
-    assert sum(e.get(COMPILES, 0) - e.get(MISSES, 0) for e in events) >= 1, events
+    assert sum(e.get(MISSES, 0) for e in events) >= 1 and sum(alibi_compiled) >= 1, events
     assert cache.info(folder).entries >= 2
     assert list((folder / "compilation" / "executables").glob(".tmp-*")) == []  # renamed, none left half-written
     # A third process afterwards: the ALiBi executable loaded untraced, the kernel's program a cache
     # hit (traced, so the cache key is known): no compilation at all.
     third = finish(start(folder, tmp_path / "out2", CONFIG, kernel))
-    assert third.get(MISSES, 0) == 0 and third.get(HITS, 0) == 1 and third.get(TRACES, 0) == 1, third
+    assert third.get(MISSES, 0) == 0 and third.get(HITS, 0) == third.get(COMPILES, 0) == 1, third
+    assert third.get(TRACES, 0) == 1, third
     for name in (CONFIG.stem, kernel.stem):
         profiles = [jaxroll.read_profile(next((tmp_path / f"out{i}").glob(f"*{name}*")) / "profile.csv")
                     for i in range(3)]
