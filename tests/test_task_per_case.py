@@ -301,3 +301,55 @@ def test_with_one_row_a_setting_the_standard_errors_are_not_weighed_against_a_ga
     line = next(line for line in result.statement() if line.startswith("Per case:"))
     assert line == ("Per case: 2 measured cases a row; the masses' standard error (median 0.1) has no neighbouring "
                     "depths to be weighed against (one row a setting).")
+
+
+def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_matrix_product():
+    """validation/task_extended_rows.py's four per-prompt rows against the product of the layers formed here.
+
+    Oracle: ``e_{N-1}^T R_T ... R_1`` as a NumPy float64 matrix product of the dense ``R_t`` built in this test
+    (``R_t(i, :) = ((1 - l) e_i + l B(i, :)) / (1 - l + l sum_j B(i, j))`` with ``B = (1 - rho) K + rho C / sum_j C``,
+    ``C = A sqrt(1 - 2A + sum_k A_k^2)`` per head, averaged over heads, and the first row's empty C left empty).
+    1e-12: float64, a few products of 9 x 9 matrices. With no probability path (P = 0) the shape variants are
+    today's rows; every row sums to 1.
+    """
+    import validation_scripts
+
+    script = validation_scripts.load("task_extended_rows")
+    rng = np.random.default_rng(3)
+    layers, heads, n = 3, 2, 9
+    causal = np.tril(np.ones((n, n)))
+    alpha = [(lambda w: w / w.sum(-1, keepdims=True))(rng.uniform(0.1, 1, (heads, n, n)) * causal)
+             for _ in range(layers)]
+    x_norms = [rng.uniform(1, 2, n) for _ in range(layers)]
+    a_norms = [rng.uniform(0, 2, n) for _ in range(layers)]
+    paths = rng.uniform(0.5, 3, (4, layers))
+
+    def product(lambdas, branches):
+        total = np.eye(n)
+        for lam, branch in zip(lambdas, branches):
+            layer = ((1 - lam) * np.eye(n) + lam * branch) / (1 - lam + lam * branch.sum(-1, keepdims=True))
+            total = layer @ total
+        return total[-1]
+
+    means = [a.mean(0) for a in alpha]
+    shapes = []
+    for a in alpha:
+        c = np.mean([a[h] * np.sqrt(1 - 2 * a[h] + (a[h] ** 2).sum(-1, keepdims=True)) for h in range(heads)], 0)
+        sums = c.sum(-1, keepdims=True)
+        assert sums[0, 0] == 0 and np.all(sums[1:] > 0)  # the first row has one key
+        shapes.append(c / np.where(sums > 0, sums, 1.0))
+    ratio = [np.mean(a / (x + a)) for x, a in zip(x_norms, a_norms)]
+    share = (paths[1] + paths[2]) / paths[:3].sum(0)
+    rho = paths[2] / (paths[1] + paths[2])
+    mixed = [(1 - r) * k + r * c for r, k, c in zip(rho, means, shapes)]
+    expected = {"base": product(ratio, means), "share": product(share, means), "shape": product(ratio, mixed),
+                "both": product(share, mixed)}
+    rows = script.variant_rows(alpha, x_norms, a_norms, paths)
+    for name, row in expected.items():
+        np.testing.assert_allclose(rows[name], row, rtol=0, atol=1e-12, err_msg=name)
+        assert abs(rows[name].sum() - 1) < 1e-12
+    assert np.abs(rows["shape"] - rows["base"]).max() > 1e-4  # the path's shape moves the row: the test can fail
+    no_path = paths.copy()
+    no_path[2] = 0.0
+    rows = script.variant_rows(alpha, x_norms, a_norms, no_path)
+    np.testing.assert_allclose(rows["shape"], rows["base"], rtol=0, atol=1e-12)

@@ -41,13 +41,25 @@ VARIANTS = ("base", "share", "shape", "both")
 
 
 def last_row(lambdas: np.ndarray, kernels: np.ndarray) -> np.ndarray:
-    """``e_{N-1}^T R_T ... R_1`` with ``R_t = (1 - lambda_t) I + lambda_t K_t``, float64 ``(N,)``."""
+    """``e_{N-1}^T R_T ... R_1`` with ``R_t = (1 - lambda_t) I + lambda_t K_t``, float64 ``(N,)``; `lambdas`
+    ``(T,)`` or one per row ``(T, N)``."""
     n = kernels.shape[-1]
+    lambdas = np.broadcast_to(np.asarray(lambdas, dtype=np.float64).reshape(len(kernels), -1), (len(kernels), n))
     row = np.zeros(n)
     row[-1] = 1.0
     for lam, kernel in zip(lambdas[::-1], kernels[::-1]):
-        row = (1.0 - lam) * row + lam * (row @ kernel)
+        row = (1.0 - lam) * row + (lam * row) @ kernel
     return row
+
+
+def with_branch(lambdas: np.ndarray, branch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The layers ``R_t(i, :) = ((1 - l_t) e_i + l_t B_t(i, :)) / (1 - l_t + l_t sum_j B_t(i, j))`` as one lambda
+    per row and a row-stochastic kernel: ``(l_t W_i / (1 - l_t + l_t W_i), B_t(i, :) / W_i)``, ``W_i = sum_j B_t(i, j)``
+    (docs/design.md, "The probability path"; a row whose branch is empty keeps its identity)."""
+    weight = branch.sum(-1)
+    lam = np.asarray(lambdas, dtype=np.float64)[:, None]
+    kernels = branch / np.where(weight > 0, weight, 1.0)[..., None]
+    return lam * weight / (1.0 - lam + lam * weight), kernels
 
 
 def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray) -> dict:
@@ -63,10 +75,11 @@ def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray) -
     rho = probability / (value + probability)
     with jax.enable_x64(True):
         shapes = np.stack([np.asarray(path_weights(jnp.asarray(a))).mean(0) for a in alpha])
+    # A row with one key (the first) has C = 0: its probability path carries nothing there.
     shapes /= np.where(shapes.sum(-1, keepdims=True) > 0, shapes.sum(-1, keepdims=True), 1.0)
-    mixed = (1.0 - rho)[:, None, None] * kernels + rho[:, None, None] * shapes
+    branch = (1.0 - rho)[:, None, None] * kernels + rho[:, None, None] * shapes
     return {"base": last_row(ratio, kernels), "share": last_row(share, kernels),
-            "shape": last_row(ratio, mixed), "both": last_row(share, mixed)}
+            "shape": last_row(*with_branch(ratio, branch)), "both": last_row(*with_branch(share, branch))}
 
 
 def rows_of(model, folder: Path, batch: int = 8) -> dict:
