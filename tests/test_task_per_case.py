@@ -304,11 +304,12 @@ def test_with_one_row_a_setting_the_standard_errors_are_not_weighed_against_a_ga
 
 
 def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_matrix_product():
-    """validation/task_extended_rows.py's four per-prompt rows against the product of the layers formed here.
+    """validation/task_extended_rows.py's five per-prompt rows against the product of the layers formed here.
 
     Oracle: ``e_{N-1}^T R_T ... R_1`` as a NumPy float64 matrix product of the dense ``R_t`` built in this test
     (``R_t(i, :) = ((1 - l) e_i + l B(i, :)) / (1 - l + l sum_j B(i, j))`` with ``B = (1 - rho) K + rho C / sum_j C``,
     ``C = A sqrt(1 - 2A + sum_k A_k^2)`` per head, averaged over heads, and the first row's empty C left empty).
+    ``norm``: each head's rows weighted by its value norms, renormalised, averaged over heads.
     1e-12: float64, a few products of 9 x 9 matrices. With no probability path (P = 0) the shape variants are
     today's rows; every row sums to 1.
     """
@@ -323,6 +324,7 @@ def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_m
     x_norms = [rng.uniform(1, 2, n) for _ in range(layers)]
     a_norms = [rng.uniform(0, 2, n) for _ in range(layers)]
     paths = rng.uniform(0.5, 3, (4, layers))
+    value_norms = [rng.uniform(0.5, 2, (heads, n)) for _ in range(layers)]
 
     def product(lambdas, branches):
         total = np.eye(n)
@@ -342,14 +344,17 @@ def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_m
     share = (paths[1] + paths[2]) / paths[:3].sum(0)
     rho = paths[2] / (paths[1] + paths[2])
     mixed = [(1 - r) * k + r * c for r, k, c in zip(rho, means, shapes)]
+    weighted = [np.mean([a[h] * v[h] / (a[h] * v[h]).sum(-1, keepdims=True) for h in range(heads)], 0)
+                for a, v in zip(alpha, value_norms)]
     expected = {"base": product(ratio, means), "share": product(share, means), "shape": product(ratio, mixed),
-                "both": product(share, mixed)}
-    rows = script.variant_rows(alpha, x_norms, a_norms, paths)
+                "both": product(share, mixed), "norm": product(ratio, weighted)}
+    rows = script.variant_rows(alpha, x_norms, a_norms, paths, value_norms)
     for name, row in expected.items():
         np.testing.assert_allclose(rows[name], row, rtol=0, atol=1e-12, err_msg=name)
         assert abs(rows[name].sum() - 1) < 1e-12
-    assert np.abs(rows["shape"] - rows["base"]).max() > 1e-4  # the path's shape moves the row: the test can fail
+    for name in ("shape", "norm"):  # each moves the row: the test can fail
+        assert np.abs(rows[name] - rows["base"]).max() > 1e-4, name
     no_path = paths.copy()
     no_path[2] = 0.0
-    rows = script.variant_rows(alpha, x_norms, a_norms, no_path)
+    rows = script.variant_rows(alpha, x_norms, a_norms, no_path, value_norms)
     np.testing.assert_allclose(rows["shape"], rows["base"], rtol=0, atol=1e-12)

@@ -15,7 +15,12 @@ declared before any was scored:
            C_t^s = mean_h A_h * sqrt(1 - 2 A_h + sum_k A_{h,ik}^2) (orthogonal equal value deviations)
     both   the share's lambda and the shape's B
 
-and scores each as compare-task --per-case does (each table row's mean span mass through the two-parameter
+A fifth variant was declared after those four were scored, before it ran (2026-12-08 01:28 UTC), the rollout refinement that
+weighs each head's attention by its value vectors' norms (docs/refinements.md, `norm`; Kobayashi et al. 2020):
+
+    norm   norm ratio, K_t^s = mean_h (A_h(i, j) ||W_O^h v_h(j)|| / sum_k A_h(i, k) ||W_O^h v_h(k)||)
+
+It scores each as compare-task --per-case does (each table row's mean span mass through the two-parameter
 link, fitted at one length and tested at the other). The measurement folders are task_loop.py's
 (``--only-predict --samples-per-depth 200 --work W``: W/measure-N, with paths and sequence_rollout).
 
@@ -37,7 +42,7 @@ import numpy as np
 from jaxroll.engine.probability import path_weights
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("base", "share", "shape", "both")
+VARIANTS = ("base", "share", "shape", "both", "norm")
 
 
 def last_row(lambdas: np.ndarray, kernels: np.ndarray) -> np.ndarray:
@@ -62,10 +67,10 @@ def with_branch(lambdas: np.ndarray, branch: np.ndarray) -> tuple[np.ndarray, np
     return lam * weight / (1.0 - lam + lam * weight), kernels
 
 
-def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray) -> dict:
-    """One prompt's four last rows ``{variant: (N,)}`` from its per-layer ``alpha (H, N, N)``, the norms ``(N,)`` of
-    the block input and the attention output, and its measured paths ``(4, T)`` (identity, value, probability,
-    MLP) at the last row."""
+def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray, value_norms: list) -> dict:
+    """One prompt's last rows ``{variant: (N,)}`` from its per-layer ``alpha (H, N, N)``, the norms ``(N,)`` of
+    the block input and the attention output, its measured paths ``(4, T)`` (identity, value, probability,
+    MLP) at the last row, and its per-layer ``||W_O^h v_h(j)|| (H, N)``."""
     kernels = np.stack([a.mean(0) for a in alpha])
     kernels /= kernels.sum(-1, keepdims=True)
     ratio = np.array([np.mean(np.where(x + a > 0, a / np.where(x + a > 0, x + a, 1.0), 0.0))
@@ -79,11 +84,19 @@ def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray) -
     shapes /= np.where(shapes.sum(-1, keepdims=True) > 0, shapes.sum(-1, keepdims=True), 1.0)
     branch = (1.0 - rho)[:, None, None] * kernels + rho[:, None, None] * shapes
     return {"base": last_row(ratio, kernels), "share": last_row(share, kernels),
-            "shape": last_row(*with_branch(ratio, branch)), "both": last_row(*with_branch(share, branch))}
+            "shape": last_row(*with_branch(ratio, branch)), "both": last_row(*with_branch(share, branch)),
+            "norm": last_row(ratio, np.stack([_norm_kernel(a, v) for a, v in zip(alpha, value_norms)]))}
+
+
+def _norm_kernel(alpha: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
+    """``mean_h`` of ``A_h(i, j) n_h(j) / sum_k A_h(i, k) n_h(k)`` (a row with no weight keeps ``A_h``), ``(N, N)``."""
+    weighted = alpha * value_norms[:, None, :]
+    total = weighted.sum(-1, keepdims=True)
+    return np.where(total > 0, weighted / np.where(total > 0, total, 1.0), alpha).mean(0)
 
 
 def rows_of(model, folder: Path, batch: int = 8) -> dict:
-    """Every measured prompt's four rows ``{variant: (S, N)}`` from one forward pass a batch (float64)."""
+    """Every measured prompt's rows ``{variant: (S, N)}`` from one forward pass a batch (float64)."""
     import torch
 
     from jaxroll.measure.layer_maps import resolve
@@ -100,7 +113,7 @@ def rows_of(model, folder: Path, batch: int = 8) -> dict:
         states[row][(kind, layer)] = value.double().cpu().numpy()
 
     found = {v: np.zeros(ids.shape) for v in VARIANTS}
-    handles = _attach(resolved, ("attention", "position"), deliver)
+    handles = _attach(resolved, ("attention", "position", "norm"), deliver)
     try:
         model.eval()
         for first in range(0, ids.shape[0], batch):
@@ -112,7 +125,8 @@ def rows_of(model, folder: Path, batch: int = 8) -> dict:
                 s = first + offset
                 rows = variant_rows([state[("alpha", t)] for t in range(layers)],
                                     [state[("x", t)] for t in range(layers)],
-                                    [state[("a", t)] for t in range(layers)], paths[s])
+                                    [state[("a", t)] for t in range(layers)], paths[s],
+                                    [state[("value_norms", t)] for t in range(layers)])
                 for v in VARIANTS:
                     found[v][s] = rows[v]
     finally:
