@@ -15,8 +15,9 @@ declared before any was scored:
            C_t^s = mean_h A_h * sqrt(1 - 2 A_h + sum_k A_{h,ik}^2) (orthogonal equal value deviations)
     both   the share's lambda and the shape's B
 
-A fifth variant was declared after those four were scored, before it ran (2026-12-08 01:28 UTC), the rollout refinement that
-weighs each head's attention by its value vectors' norms (docs/refinements.md, `norm`; Kobayashi et al. 2020):
+A fifth variant was declared after those four were scored, before it ran (2026-12-08 01:28 UTC): the rollout
+refinement that weighs each head's attention by its value vectors' norms (docs/refinements.md, `norm`;
+Kobayashi et al. 2020):
 
     norm   norm ratio, K_t^s = mean_h (A_h(i, j) ||W_O^h v_h(j)|| / sum_k A_h(i, k) ||W_O^h v_h(k)||)
 
