@@ -161,7 +161,10 @@ def main(argv=None) -> int:
     parser.add_argument("--accuracy", type=Path, required=True, help="task_loop.py's accuracy-table.csv")
     parser.add_argument("--lengths", type=int, nargs=2, default=(64, 128))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--force", action="store_true", help="write over --out's results.json and scores.md")
     arguments = parser.parse_args(argv)
+    if (arguments.out / "results.json").exists() and not arguments.force:
+        parser.error(f"--out {arguments.out}: holds results.json; allowed: a new folder, or --force to write over it")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(arguments.model, attn_implementation="eager",
-                                                 torch_dtype=torch.float64)
+                                                 dtype=torch.float64)
     table = external.read_accuracy_table(arguments.accuracy)
     cases = [case for path in arguments.held_out for case in read_cases(path)]
     measured = {}
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
         print(f"N = {n}: {len(spans)} prompts rolled out", file=sys.stderr)
     results = {}
     for v in VARIANTS:
-        masses, counts = per_case.per_case_masses(table, {n: measured[n][v] for n in arguments.lengths})
+        masses, _ = per_case.per_case_masses(table, {n: measured[n][v] for n in arguments.lengths})
         for fit in arguments.lengths:
             result = external.compare_accuracy_table(table, None, fit_settings=[f"L={fit}"], masses=masses,
                                                      source=f"per-case rows, {v}")
