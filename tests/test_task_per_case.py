@@ -260,6 +260,16 @@ def test_each_per_case_mass_carries_its_standard_error(tmp_path):
     np.testing.assert_allclose([row["mass_se"] for row in result.rows()], expected, rtol=0, atol=1e-12)
 
 
+def _two_cases_a_row(tmp_path):
+    """The table of `_cases` with two measured cases a row, and its per-case comparison."""
+    rows = _cases(per=2)
+    cases = _write_cases(tmp_path / "cases.jsonl", rows)
+    for length, seed in ((12, 1), (16, 2)):
+        _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
+    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
+    return table, per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+
+
 @pytest.mark.parametrize("error, says", [(0.2, "at least the median gap between neighbouring depths (0.15), so the "
                                                "ranking may be sampling: measure more prompts a row."),
                                          (0.1, "below the median gap between neighbouring depths (0.15)."),
@@ -269,12 +279,7 @@ def test_the_statement_weighs_the_standard_errors_against_the_gaps_between_depth
     0.05, 0.25): the median gap is 0.15."""
     import dataclasses
 
-    rows = _cases(per=2)
-    cases = _write_cases(tmp_path / "cases.jsonl", rows)
-    for length, seed in ((12, 1), (16, 2)):
-        _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
-    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
-    result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+    _, result = _two_cases_a_row(tmp_path)
     result = dataclasses.replace(result, masses=np.array([0.1, 0.3, 0.2, 0.1, 0.15, 0.4]),
                                  mass_standard_errors=np.full(6, error))
     line = next(line for line in result.statement() if line.startswith("Per case:"))
@@ -290,12 +295,7 @@ def test_with_one_row_a_setting_the_standard_errors_are_not_weighed_against_a_ga
     """Every row its own setting: no neighbouring depths, so no gap (NaN) and no comparison with one."""
     import dataclasses
 
-    rows = _cases(per=2)
-    cases = _write_cases(tmp_path / "cases.jsonl", rows)
-    for length, seed in ((12, 1), (16, 2)):
-        _fake_measurement(tmp_path / f"m{length}", rows, length, seed)
-    table = external.read_accuracy_table(_table(tmp_path / "table.csv", rows))
-    result = per_case.compare_per_case(table, [tmp_path / "m12", tmp_path / "m16"], cases, resamples=20)
+    table, result = _two_cases_a_row(tmp_path)
     alone = dataclasses.replace(table, settings=tuple(f"row {r}" for r in range(len(table.settings))))
     result = dataclasses.replace(result, table=alone, mass_standard_errors=np.full(len(table.settings), 0.1))
     line = next(line for line in result.statement() if line.startswith("Per case:"))
