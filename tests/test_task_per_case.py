@@ -304,7 +304,8 @@ def test_with_one_row_a_setting_the_standard_errors_are_not_weighed_against_a_ga
 
 
 def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_matrix_product():
-    """validation/task_extended_rows.py's five per-prompt rows against the product of the layers formed here.
+    """validation/task_extended_rows.py's five per-prompt layers, rolled out by `rollouts_per_sequence`, against the
+    product of the layers formed here.
 
     Oracle: ``e_{N-1}^T R_T ... R_1`` as a NumPy float64 matrix product of the dense ``R_t`` built in this test
     (``R_t(i, :) = ((1 - l) e_i + l B(i, :)) / (1 - l + l sum_j B(i, j))`` with ``B = (1 - rho) K + rho C / sum_j C``,
@@ -313,7 +314,10 @@ def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_m
     1e-12: float64, a few products of 9 x 9 matrices. With no probability path (P = 0) the shape variants are
     today's rows; every row sums to 1.
     """
+    torch = pytest.importorskip("torch")
     import validation_scripts
+
+    from jaxroll.theory.sequence_mean import rollouts_per_sequence
 
     script = validation_scripts.load("task_extended_rows")
     rng = np.random.default_rng(3)
@@ -325,6 +329,13 @@ def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_m
     a_norms = [rng.uniform(0, 2, n) for _ in range(layers)]
     paths = rng.uniform(0.5, 3, (4, layers))
     value_norms = [rng.uniform(0.5, 2, (heads, n)) for _ in range(layers)]
+    state = {(kind, t): torch.as_tensor(values[t]) for t in range(layers)
+             for kind, values in (("alpha", alpha), ("x", x_norms), ("a", a_norms), ("value_norms", value_norms))}
+
+    def rows(paths):
+        found = script.variant_layers(state, layers, paths)
+        return {name: rollouts_per_sequence(lam[None], kernels[None], [n - 1])[0, 0]
+                for name, (lam, kernels) in found.items()}
 
     def product(lambdas, branches):
         total = np.eye(n)
@@ -348,13 +359,14 @@ def test_the_extended_per_case_rows_of_validation_reduce_to_todays_and_match_a_m
                 for a, v in zip(alpha, value_norms)]
     expected = {"base": product(ratio, means), "share": product(share, means), "shape": product(ratio, mixed),
                 "both": product(share, mixed), "norm": product(ratio, weighted)}
-    rows = script.variant_rows(alpha, x_norms, a_norms, paths, value_norms)
+    found = rows(paths)
+    assert found.keys() == expected.keys()
     for name, row in expected.items():
-        np.testing.assert_allclose(rows[name], row, rtol=0, atol=1e-12, err_msg=name)
-        assert abs(rows[name].sum() - 1) < 1e-12
+        np.testing.assert_allclose(found[name], row, rtol=0, atol=1e-12, err_msg=name)
+        assert abs(found[name].sum() - 1) < 1e-12
     for name in ("shape", "norm"):  # each moves the row: the test can fail
-        assert np.abs(rows[name] - rows["base"]).max() > 1e-4, name
+        assert np.abs(found[name] - found["base"]).max() > 1e-4, name
     no_path = paths.copy()
     no_path[2] = 0.0
-    rows = script.variant_rows(alpha, x_norms, a_norms, no_path, value_norms)
-    np.testing.assert_allclose(rows["shape"], rows["base"], rtol=0, atol=1e-12)
+    found = rows(no_path)
+    np.testing.assert_allclose(found["shape"], found["base"], rtol=0, atol=1e-12)

@@ -41,21 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroll.engine.probability import path_weights
+from jaxroll.measure.sequence_rollout import _own_ingredients
+from jaxroll.theory.sequence_mean import rollouts_per_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("base", "share", "shape", "both", "norm")
-
-
-def last_row(lambdas: np.ndarray, kernels: np.ndarray) -> np.ndarray:
-    """``e_{N-1}^T R_T ... R_1`` with ``R_t = (1 - lambda_t) I + lambda_t K_t``, float64 ``(N,)``; `lambdas`
-    ``(T,)`` or one per row ``(T, N)``."""
-    n = kernels.shape[-1]
-    lambdas = np.broadcast_to(np.asarray(lambdas, dtype=np.float64).reshape(len(kernels), -1), (len(kernels), n))
-    row = np.zeros(n)
-    row[-1] = 1.0
-    for lam, kernel in zip(lambdas[::-1], kernels[::-1]):
-        row = (1.0 - lam) * row + (lam * row) @ kernel
-    return row
 
 
 def with_branch(lambdas: np.ndarray, branch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,14 +58,14 @@ def with_branch(lambdas: np.ndarray, branch: np.ndarray) -> tuple[np.ndarray, np
     return lam * weight / (1.0 - lam + lam * weight), kernels
 
 
-def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray, value_norms: list) -> dict:
-    """One prompt's last rows ``{variant: (N,)}`` from its per-layer ``alpha (H, N, N)``, the norms ``(N,)`` of
-    the block input and the attention output, its measured paths ``(4, T)`` (identity, value, probability,
-    MLP) at the last row, and its per-layer ``||W_O^h v_h(j)|| (H, N)``."""
-    kernels = np.stack([a.mean(0) for a in alpha])
-    kernels /= kernels.sum(-1, keepdims=True)
-    ratio = np.array([np.mean(np.where(x + a > 0, a / np.where(x + a > 0, x + a, 1.0), 0.0))
-                      for x, a in zip(x_norms, a_norms)])
+def variant_layers(state: dict, layers: int, paths: np.ndarray) -> dict:
+    """One prompt's layers per variant, ``{variant: (lambdas (T, N), kernels (T, N, N))}``, float64.
+
+    `state` is what the hooks delivered for the prompt (`jaxroll.measure.sequence_rollout._own_ingredients`'s
+    input, plus ``("value_norms", t)``: ``||W_O^h v_h(j)|| (H, N)``); `paths` ``(4, T)`` its measured paths
+    (identity, value, probability, MLP) at the last row."""
+    ratio, kernels = _own_ingredients(state, layers)  # today's per-sequence layer, as sequence_rollout forms it
+    alpha = [state[("alpha", t)].double().numpy() for t in range(layers)]
     identity, value, probability = paths[0], paths[1], paths[2]
     share = (value + probability) / (identity + value + probability)
     rho = probability / (value + probability)
@@ -84,9 +74,15 @@ def variant_rows(alpha: list, x_norms: list, a_norms: list, paths: np.ndarray, v
     # A row with one key (the first) has C = 0: its probability path carries nothing there.
     shapes /= np.where(shapes.sum(-1, keepdims=True) > 0, shapes.sum(-1, keepdims=True), 1.0)
     branch = (1.0 - rho)[:, None, None] * kernels + rho[:, None, None] * shapes
-    return {"base": last_row(ratio, kernels), "share": last_row(share, kernels),
-            "shape": last_row(*with_branch(ratio, branch)), "both": last_row(*with_branch(share, branch)),
-            "norm": last_row(ratio, np.stack([_norm_kernel(a, v) for a, v in zip(alpha, value_norms)]))}
+    norm = np.stack([_norm_kernel(a, state[("value_norms", t)].double().numpy()) for t, a in enumerate(alpha)])
+    n = kernels.shape[-1]
+    return {"base": (_per_row(ratio, n), kernels), "share": (_per_row(share, n), kernels),
+            "shape": with_branch(ratio, branch), "both": with_branch(share, branch), "norm": (_per_row(ratio, n), norm)}
+
+
+def _per_row(lambdas, n: int) -> np.ndarray:
+    """One lambda a layer ``(T,)`` as one a row ``(T, N)``, so every variant's layers stack alike."""
+    return np.repeat(np.asarray(lambdas, dtype=np.float64)[:, None], n, axis=1)
 
 
 def _norm_kernel(alpha: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
@@ -97,7 +93,8 @@ def _norm_kernel(alpha: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
 
 
 def rows_of(model, folder: Path, batch: int = 8) -> dict:
-    """Every measured prompt's rows ``{variant: (S, N)}`` from one forward pass a batch (float64)."""
+    """Every measured prompt's last row per variant ``{variant: (S, N)}``: one forward pass a batch (float64), each
+    batch's layers rolled out by `jaxroll.theory.sequence_mean.rollouts_per_sequence`."""
     import torch
 
     from jaxroll.measure.layer_maps import resolve
@@ -111,7 +108,7 @@ def rows_of(model, folder: Path, batch: int = 8) -> dict:
     states: list[dict] = []
 
     def deliver(kind, layer, value, row=0):
-        states[row][(kind, layer)] = value.double().cpu().numpy()
+        states[row][(kind, layer)] = value.double().cpu()
 
     found = {v: np.zeros(ids.shape) for v in VARIANTS}
     handles = _attach(resolved, ("attention", "position", "norm"), deliver)
@@ -122,14 +119,10 @@ def rows_of(model, folder: Path, batch: int = 8) -> dict:
             states[:] = [{} for _ in range(chunk.shape[0])]
             with torch.no_grad(), full_precision(model):
                 model(input_ids=chunk, use_cache=False)
-            for offset, state in enumerate(states):
-                s = first + offset
-                rows = variant_rows([state[("alpha", t)] for t in range(layers)],
-                                    [state[("x", t)] for t in range(layers)],
-                                    [state[("a", t)] for t in range(layers)], paths[s],
-                                    [state[("value_norms", t)] for t in range(layers)])
-                for v in VARIANTS:
-                    found[v][s] = rows[v]
+            prompts = [variant_layers(state, layers, paths[first + k]) for k, state in enumerate(states)]
+            for v in VARIANTS:
+                lambdas, kernels = (np.stack(part) for part in zip(*(prompt[v] for prompt in prompts)))
+                found[v][first:first + len(prompts)] = rollouts_per_sequence(lambdas, kernels, [ids.shape[1] - 1])[:, 0]
     finally:
         for handle in handles:
             handle.remove()
